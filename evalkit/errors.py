@@ -1,0 +1,22 @@
+"""The few exceptions library code raises; only the CLI turns them into messages and exit codes.
+
+Owns: the exception types. Does not: print, exit, or format anything.
+"""
+
+
+class EvalkitError(Exception):
+    """Base of every error evalkit raises on purpose."""
+
+    exit_code = 1
+
+
+class BadInput(EvalkitError):
+    """The user asked for something that cannot be done as asked (exit 2, DB untouched)."""
+
+    exit_code = 2
+
+
+class RunFailed(EvalkitError):
+    """A run or gate failed at run time (exit 1)."""
+
+    exit_code = 1

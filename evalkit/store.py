@@ -1,0 +1,270 @@
+"""The DuckDB file: opening, migrating, and the few reads and writes evalkit makes.
+
+Owns: `open_store` (the only place that connects for writing and migrates),
+short write transactions with a bounded retry on DuckDB's single-writer file
+lock, run-id resolution, and read-only SQL for `evalkit query`. Does not:
+compute metrics, format output, or decide exit codes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import duckdb
+
+from evalkit.errors import BadInput
+from evalkit.migrations import MIGRATIONS
+
+DEFAULT_DB = Path("reports") / "evalkit.duckdb"
+LOCK_TIMEOUT_S = float(os.environ.get("EVALKIT_LOCK_TIMEOUT", "120"))
+
+# statement types `evalkit query` lets through; everything else may write.
+_READ_STATEMENTS = {"SELECT", "EXPLAIN", "PRAGMA", "SHOW", "DESCRIBE", "SUMMARIZE"}
+
+
+def db_path(path: str | os.PathLike | None = None) -> Path:
+    """The DB file to use: the argument, else $EVALKIT_DB, else reports/evalkit.duckdb."""
+    return Path(path or os.environ.get("EVALKIT_DB") or DEFAULT_DB)
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "lock" in text and ("conflict" in text or "could not set" in text)
+
+
+def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """Connect, waiting (bounded, with jitter) while another process holds the file lock."""
+    if read_only and not path.exists():
+        raise BadInput(f"no evalkit database at {path}")
+    if path.exists() and path.is_dir():
+        raise BadInput(f"{path} is a directory, not a DuckDB file")
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    delay = 0.05
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.Error as exc:
+            if _is_lock_error(exc) and time.monotonic() < deadline:
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
+                continue
+            if _is_lock_error(exc):
+                raise
+            raise BadInput(f"{path} is not a readable DuckDB file ({str(exc).splitlines()[0]})") from exc
+
+
+def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Names of the migrations already applied, in order (reads only)."""
+    exists = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
+    ).fetchone()[0]
+    if not exists:
+        return []
+    return [r[0] for r in con.execute("SELECT name FROM schema_version ORDER BY version").fetchall()]
+
+
+def pending(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Names of the migrations not yet applied (reads only)."""
+    done = set(applied(con))
+    return [m.__name__ for m in MIGRATIONS if m.__name__ not in done]
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Apply pending migrations, each with its record in one transaction; return their names."""
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS schema_version "
+        "(version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)"
+    )
+    done = set(applied(con))
+    ran = []
+    for version, migration in enumerate(MIGRATIONS, start=1):
+        if migration.__name__ in done:
+            continue
+        con.execute("BEGIN TRANSACTION")
+        try:
+            migration(con)
+            con.execute(
+                "INSERT INTO schema_version VALUES (?, ?, ?)",
+                [version, migration.__name__, _now()],
+            )
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        ran.append(migration.__name__)
+    return ran
+
+
+def _looks_like_evalkit(con: duckdb.DuckDBPyConnection) -> bool:
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    return not tables or "schema_version" in tables
+
+
+@contextlib.contextmanager
+def open_store(path: str | os.PathLike | None = None, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Connect to the evalkit DB (migrating it when writable) and close it on exit.
+
+    Keep the block short: while it is open, no other process can write the file.
+    """
+    path = db_path(path)
+    if not read_only:
+        if path.exists() and not _has_duckdb_header(path):
+            raise BadInput(f"{path} is not a DuckDB file")
+        path.parent.mkdir(parents=True, exist_ok=True)
+    con = _connect(path, read_only)
+    try:
+        if not _looks_like_evalkit(con):
+            raise BadInput(f"{path} is a DuckDB file but not an evalkit database")
+        if not read_only:
+            migrate(con)
+        elif pending(con):
+            raise BadInput(f"{path} needs migrating: run any evalkit command that writes, e.g. `evalkit runs`")
+        yield con
+    finally:
+        con.close()
+
+
+def _has_duckdb_header(path: Path) -> bool:
+    """A DuckDB file carries the magic bytes 'DUCK' at offset 8; an empty file is not one either."""
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+    return len(head) == 12 and head[8:12] == b"DUCK"
+
+
+@contextlib.contextmanager
+def transaction(path: str | os.PathLike | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """One short write transaction on the DB, committed on success, rolled back on error."""
+    with open_store(path) as con:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            yield con
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+# ---- runs -------------------------------------------------------------------
+
+RUN_COLUMNS = (
+    "id", "created_at", "finished_at", "status", "name", "model", "model_args",
+    "model_fingerprint", "dtype", "quant", "template", "template_text", "system_prompt",
+    "tasks", "seed", "batch_size", "sample_limit", "top_k", "first_temperature",
+    "ban_openers", "opener_lexicon_version", "evalkit_version", "lm_eval_version",
+    "transformers_version", "torch_version", "git_commit", "host", "duration_s",
+    "config", "error",
+)
+
+
+def insert_run(path, row: dict[str, Any]) -> None:
+    """Record a run as it starts (status 'running')."""
+    unknown = set(row) - set(RUN_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown run columns: {sorted(unknown)}")
+    cols = list(row)
+    with transaction(path) as con:
+        con.execute(
+            f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+            [row[c] for c in cols],
+        )
+
+
+def update_run(path, run_id: str, **fields: Any) -> None:
+    """Set some columns of one run (e.g. status, finished_at, error)."""
+    unknown = set(fields) - set(RUN_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown run columns: {sorted(unknown)}")
+    assignments = ", ".join(f"{c} = ?" for c in fields)
+    with transaction(path) as con:
+        con.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*fields.values(), run_id])
+
+
+SAMPLE_COLUMNS = (
+    "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
+    "first_token", "first_token_id", "first_unit", "ft_outcome", "lang", "category",
+    "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass",
+    "prior_drift", "top3_mass", "top3_share", "unstable", "entropy", "needle_depth",
+    "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
+)
+METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n")
+TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
+
+
+def _insert_rows(con, table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    """Bulk insert through a columnar Arrow table (fast; executemany is row by row)."""
+    if not rows:
+        return
+    import pyarrow as pa
+
+    data = {c: [r.get(c) for r in rows] for c in columns}
+    arrow = pa.table(data)  # noqa: F841  (read by DuckDB's replacement scan)
+    con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM arrow")
+
+
+def finish_run(path, run_id: str, *, metrics, samples, topk, **fields: Any) -> None:
+    """Write a run's results and mark it finished, all in one transaction."""
+    with transaction(path) as con:
+        _insert_rows(con, "metrics", METRIC_COLUMNS, metrics)
+        _insert_rows(con, "samples", SAMPLE_COLUMNS, samples)
+        _insert_rows(con, "first_token_topk", TOPK_COLUMNS, topk)
+        assignments = ", ".join(f"{c} = ?" for c in fields)
+        con.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*fields.values(), run_id])
+
+
+def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
+    """A run id from an id, a unique id prefix, `latest`, or `tag:NAME`."""
+    ref = ref.strip()
+    if ref == "latest":
+        row = con.execute("SELECT id FROM runs ORDER BY created_at DESC, id DESC LIMIT 1").fetchone()
+        if row is None:
+            raise BadInput("no runs in the database yet")
+        return row[0]
+    if ref.startswith("tag:"):
+        tag = ref[4:]
+        row = con.execute(
+            "SELECT t.run_id FROM tags t JOIN runs r ON r.id = t.run_id "
+            "WHERE t.tag = ? ORDER BY r.created_at DESC, t.created_at DESC LIMIT 1",
+            [tag],
+        ).fetchone()
+        if row is None:
+            raise BadInput(f"no run has the tag {tag!r}")
+        return row[0]
+    if not ref:
+        raise BadInput("empty run id")
+    ids = [r[0] for r in con.execute("SELECT id FROM runs WHERE starts_with(id, ?) ORDER BY id", [ref]).fetchall()]
+    if not ids:
+        raise BadInput(f"unknown run {ref!r}")
+    if len(ids) > 1:
+        raise BadInput(f"run id prefix {ref!r} is ambiguous: {', '.join(ids[:5])}")
+    return ids[0]
+
+
+def read_query(path, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run read-only SQL and return (column names, rows); writes are refused as BadInput."""
+    with open_store(path, read_only=True) as con:
+        try:
+            statements = con.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
+        if not statements:
+            raise BadInput("empty SQL")
+        for st in statements:
+            kind = st.type.name
+            if kind not in _READ_STATEMENTS:
+                raise BadInput(f"evalkit query is read-only: {kind} statements are refused")
+        try:
+            cur = con.execute(sql)
+            cols = [d[0] for d in cur.description] if cur.description else []
+            return cols, cur.fetchall()
+        except duckdb.Error as exc:
+            raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
