@@ -1,0 +1,75 @@
+"""The JSONL prompt format of the first-token tasks, shipped and user-supplied.
+
+One JSON object per line:
+    {"prompt": "What is recursion?", "answers": ["Recursion"], "lang": "en",
+     "id": "my-001", "category": "definition"}
+`prompt`, `answers` (non-empty list of accepted answer starts) and `lang` are
+required; `id` (default: FILE-LINE) and `category` (default: "") are optional.
+
+Owns: reading and validating such a file. Does not: score anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from evalkit.errors import BadInput
+
+FIELDS = ("id", "lang", "category", "prompt", "answers")
+
+
+def load_prompts(path: str | Path) -> list[dict]:
+    """Read and validate a prompts JSONL file; any problem is a BadInput naming file and line."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise BadInput(f"prompts file not found: {path}") from exc
+    except OSError as exc:
+        raise BadInput(f"cannot read prompts file {path}: {exc.strerror}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{path} is not UTF-8 text (byte {exc.start})") from exc
+    docs, seen = [], set()
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"{where}: not valid JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict):
+            raise BadInput(f"{where}: each line must be a JSON object")
+        for key in ("prompt", "answers", "lang"):
+            if key not in obj:
+                raise BadInput(f"{where}: missing field {key!r}")
+        if not isinstance(obj["prompt"], str) or not obj["prompt"].strip():
+            raise BadInput(f"{where}: 'prompt' must be non-empty text")
+        answers = obj["answers"]
+        if (
+            not isinstance(answers, list)
+            or not answers
+            or not all(isinstance(a, str) and a.strip() for a in answers)
+        ):
+            raise BadInput(f"{where}: 'answers' must be a non-empty list of non-empty strings")
+        if not isinstance(obj["lang"], str) or not obj["lang"].strip():
+            raise BadInput(f"{where}: 'lang' must be a language code such as 'en' or 'zh'")
+        doc_id = str(obj.get("id") or f"{path.stem}-{lineno}")
+        if doc_id in seen:
+            raise BadInput(f"{where}: duplicate id {doc_id!r}")
+        seen.add(doc_id)
+        docs.append(
+            {
+                "id": doc_id,
+                "lang": obj["lang"].strip(),
+                "category": str(obj.get("category") or ""),
+                "prompt": obj["prompt"],
+                "answers": [a.strip() for a in answers],
+            }
+        )
+    if not docs:
+        raise BadInput(f"prompts file {path} has no prompts")
+    return docs

@@ -1,0 +1,43 @@
+"""lm-eval hooks of the first-token tasks: load the JSONL data, score responses.
+
+The tasks run under evalkit and under plain `lm_eval --include_path tasks`;
+both paths score with the same evalkit functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evalkit.lexicon import load_lexicon
+from evalkit.metrics import score_response
+from evalkit.prompts import load_prompts
+
+DATA = Path(__file__).parent / "data"
+
+
+def _dataset(path: Path):
+    import datasets
+
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(load_prompts(path))})
+
+
+def load_en(**kwargs):
+    return _dataset(DATA / "firsttoken_en.jsonl")
+
+
+def load_zh(**kwargs):
+    return _dataset(DATA / "firsttoken_zh.jsonl")
+
+
+def load_user(**kwargs):
+    """A user's own JSONL, named by the `prompts_file` metadata key (see README)."""
+    path = kwargs.get("prompts_file")
+    if not path:
+        raise ValueError("firsttoken_user needs metadata prompts_file=PATH")
+    return _dataset(Path(path))
+
+
+def process_results(doc, results):
+    """results: [response] — a string, a list of sampled strings, or evalkit's probe dict."""
+    values, _ = score_response(doc, results[0], load_lexicon().entries)
+    return values
