@@ -1,0 +1,65 @@
+"""Prompt templates, a run dimension: how a task's prompt is put in front of the model.
+
+Owns: reading the packaged `data/templates.yaml` and a user's extension file.
+Does not: apply chat templates itself (lm-eval does, through
+`apply_chat_template` and `system_instruction`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import yaml
+
+from evalkit.errors import BadInput
+
+PACKAGED = Path(__file__).parent / "data" / "templates.yaml"
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    chat: bool
+    system: str | None
+    description: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _read(path: Path) -> dict[str, Template]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise BadInput(f"templates file not found: {path}") from exc
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise BadInput(f"templates file {path} is not valid YAML") from exc
+    if not isinstance(raw, dict):
+        raise BadInput(f"templates file {path} must map template names to definitions")
+    out = {}
+    for name, spec in raw.items():
+        if not isinstance(spec, dict) or not isinstance(spec.get("chat"), bool):
+            raise BadInput(f"template {name!r} in {path} needs `chat: true|false`")
+        system = spec.get("system")
+        if system is not None and not isinstance(system, str):
+            raise BadInput(f"template {name!r} in {path}: `system` must be text or null")
+        out[str(name)] = Template(str(name), spec["chat"], system, str(spec.get("description", "")))
+    return out
+
+
+def load_templates(extra: str | os.PathLike | None = None) -> dict[str, Template]:
+    """The packaged templates, overridden and extended by `extra` or $EVALKIT_TEMPLATES."""
+    templates = _read(PACKAGED)
+    extra = extra or os.environ.get("EVALKIT_TEMPLATES")
+    if extra:
+        templates.update(_read(Path(extra)))
+    return templates
+
+
+def get_template(name: str, extra: str | os.PathLike | None = None) -> Template:
+    templates = load_templates(extra)
+    if name not in templates:
+        raise BadInput(f"unknown template {name!r} (known: {', '.join(sorted(templates))})")
+    return templates[name]
