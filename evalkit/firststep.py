@@ -1,0 +1,457 @@
+"""The exact first-step engine: one prefill, and everything evalkit reads off the first step.
+
+Owns, for a batch of already-templated prompts on a Hugging Face causal LM:
+- one batched prefill (left padding, explicit position ids, KV cache kept) giving the
+  full-vocabulary first-step distribution: top-k, entropy, float32 log-softmax;
+- candidate-string probabilities (SPEC 1.1 `ft_hit_prob`): P(response starts with a
+  string) as the product of its tokens' teacher-forced conditional probabilities,
+  the string tokenised in its real context; one extra batched forward per prompt over
+  all its candidates, reusing a copy of the prompt's KV cache;
+- a greedy continuation from the same cache, with first-step interventions (banned
+  first tokens, a sampled first token at a given temperature);
+- pure helpers on the results: `top_mass`, `topk_dict`, `first_unit_ids`.
+
+Does not: import lm-eval, store anything, apply chat templates, normalise or cut text
+(stop strings only stop generation; cutting the text before them is the caller's job).
+Other tokenisations of a candidate string than its tokenisation in context are not
+counted in its probability.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+# Most cache positions (rows x tokens) one candidate forward may hold; more candidates
+# than fit are scored in several forwards (long prompts with many candidates).
+CANDIDATE_CACHE_TOKENS = 16384
+
+_SEED_STRIDE = 1_000_003
+
+
+@dataclass
+class FirstStep:
+    """What one prompt's first step looked like, and what the model went on to say."""
+
+    context_ids: list[int]  # prompt tokens (no padding)
+    topk_ids: list[int]  # k most likely first tokens, descending
+    topk_logprobs: list[float]  # natural-log probabilities, same order
+    entropy: float  # full-vocabulary entropy in nats
+    logprobs: torch.Tensor  # (V,) float32 log-softmax of the first step
+    candidate_probs: dict[str, float] = field(default_factory=dict)  # candidate -> P(response starts with it)
+    response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
+    first_token_id: int = -1  # the token chosen at step 1 (== response_ids[0] unless it was eos)
+
+
+def probe(
+    model,
+    tokenizer,
+    contexts: list[str],
+    candidates: list[list[str]] | None = None,
+    *,
+    top_k: int = 50,
+    max_new_tokens: int = 32,
+    stop: Sequence[str] = (),
+    batch_size: int = 8,
+    first_temperature: float | None = None,
+    banned_first_ids: set[int] | frozenset = frozenset(),
+    seed: int = 0,
+    add_special_tokens: bool = False,
+    prune_below: float = 0.0,
+) -> list[FirstStep]:
+    """Prefill each context once and read its first step; see the module docstring.
+
+    `contexts` are complete prompts (already templated, assistant header and any
+    prefill included). `candidates[i]` are the strings whose probability of starting
+    the response to `contexts[i]` is wanted (duplicates counted once). The first
+    generated token is the argmax after `banned_first_ids` are removed, or a sample
+    at `first_temperature` (> 0) drawn with a generator seeded from `seed` and the
+    prompt's index in `contexts`; later tokens are greedy. With `max_new_tokens=0`
+    nothing is generated but `first_token_id` is still chosen. Results are in the
+    order of `contexts` and do not depend on `batch_size`.
+
+    `prune_below` > 0 stops teacher forcing below a trie node whose prefix
+    probability is under it: every candidate under that node gets 0.0, an error
+    of less than `prune_below` each (0, the default, is exact).
+    """
+    if candidates is not None and len(candidates) != len(contexts):
+        raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not contexts:
+        return []
+    context_ids = [_encode(tokenizer, c, add_special_tokens) for c in contexts]
+    for i, ids in enumerate(context_ids):
+        if not ids:
+            raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
+    engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
+                     banned_first_ids, seed, add_special_tokens, prune_below)
+    # longest first, so a batch holds prompts of similar length (little padding)
+    order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
+    results: list[FirstStep | None] = [None] * len(contexts)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            steps = engine.run_batch(
+                rows,
+                [contexts[i] for i in rows],
+                [context_ids[i] for i in rows],
+                [list(candidates[i]) if candidates is not None else [] for i in rows],
+            )
+            for i, step in zip(rows, steps):
+                results[i] = step
+    return results  # type: ignore[return-value]
+
+
+def candidate_ids(
+    tokenizer,
+    context: str,
+    candidate: str,
+    context_ids: list[int] | None = None,
+    add_special_tokens: bool = False,
+) -> list[int]:
+    """The candidate's tokens in its real context: ids(context + candidate) past ids(context).
+
+    When the joint tokenisation does not start with the context's own tokens (a merge
+    across the boundary), the candidate is tokenised alone instead.
+    """
+    if context_ids is None:
+        context_ids = _encode(tokenizer, context, add_special_tokens)
+    joint = _encode(tokenizer, context + candidate, add_special_tokens)
+    n = len(context_ids)
+    if len(joint) > n and joint[:n] == context_ids:
+        return joint[n:]
+    return _encode(tokenizer, candidate, False)
+
+
+def top_mass(logprobs: torch.Tensor, k: int = 3, temperature: float = 1.0) -> float:
+    """Probability mass of the k most likely tokens of softmax(logits / temperature).
+
+    `logprobs` may be logits or log-probabilities: log_softmax(logits) / T renormalised
+    equals logits / T renormalised. Temperature 0 means argmax (mass 1).
+
+    >>> lp = torch.log(torch.tensor([0.5, 0.3, 0.1, 0.1]))
+    >>> round(top_mass(lp, k=3), 4)
+    0.9
+    >>> round(top_mass(lp, k=1, temperature=0.5), 4)  # 0.25 / (0.25 + 0.09 + 0.01 + 0.01)
+    0.6944
+    >>> top_mass(torch.tensor([]))
+    0.0
+    """
+    if logprobs.numel() == 0 or k <= 0:
+        return 0.0
+    if temperature <= 0:
+        return 1.0
+    probs = torch.softmax(logprobs.detach().float().reshape(-1) / temperature, dim=-1)
+    return float(torch.topk(probs, min(k, probs.numel())).values.sum())
+
+
+def topk_dict(step: FirstStep, k: int) -> dict[int, float]:
+    """The step's k most likely first tokens as `token_id -> logprob`, most likely first.
+
+    >>> s = FirstStep([5], [17, 4, 9], [-0.1, -2.3, -4.0], 0.5, torch.zeros(0))
+    >>> topk_dict(s, 2)
+    {17: -0.1, 4: -2.3}
+    >>> topk_dict(s, 0)
+    {}
+    """
+    if k <= 0:
+        return {}
+    return dict(zip(step.topk_ids[:k], step.topk_logprobs[:k]))
+
+
+def first_unit_ids(decode: Callable[[list[int]], str], ids: Sequence[int]) -> tuple[str, int]:
+    """The first unit (SPEC "The first unit"): shortest prefix of `ids` whose text is whole.
+
+    Whole: at least one non-whitespace character and no U+FFFD (a split UTF-8 character
+    or byte-fallback token decodes to one until its last byte arrives). Returns the
+    prefix's text, stripped, and its length in tokens; ("", len(ids)) if none qualifies.
+
+    >>> pieces = {1: b" ", 2: b"\\xe9", 3: b"\\x80\\x92", 4: b"x"}  # "递" = e9 80 92
+    >>> decode = lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
+    >>> first_unit_ids(decode, [1, 2, 3, 4])
+    ('递', 3)
+    >>> first_unit_ids(decode, [1, 2])
+    ('', 2)
+    >>> first_unit_ids(decode, [])
+    ('', 0)
+    """
+    ids = list(ids)
+    for n in range(1, len(ids) + 1):
+        text = decode(ids[:n])
+        if "\ufffd" not in text and text.strip():
+            return text.strip(), n
+    return "", len(ids)
+
+
+# --- internals -------------------------------------------------------------------
+
+
+def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+
+def _model_device(model) -> torch.device:
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else next(model.parameters()).device
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    """Token ids that end a response: tokenizer eos, `<|im_end|>`, generation-config eos."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if isinstance(im_end, int) and im_end >= 0 and im_end != unk:
+        ids.add(im_end)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif isinstance(gen_eos, Iterable):
+        ids.update(int(i) for i in gen_eos)
+    return ids
+
+
+def _fork_cache(cache, rows: torch.Tensor):
+    """A new cache holding `cache`'s batch rows `rows` (repeats allowed); `cache` is left as is.
+
+    The layers are shallow copies; `batch_select_indices` with an index tensor then
+    rebinds each copy's keys/values to fresh tensors (advanced indexing copies), and
+    a dynamic layer's `update` rebinds by concatenation, so nothing is shared in place.
+    """
+    fork = copy.copy(cache)
+    fork.layers = [copy.copy(layer) for layer in cache.layers]
+    fork.batch_select_indices(rows)
+    return fork
+
+
+def _truncate_cache(cache, length: int) -> None:
+    """Keep the first `length` positions of every layer (`crop`'s meaning differs across
+    transformers versions, so the layers are sliced directly)."""
+    for layer in cache.layers:
+        if getattr(layer, "keys", None) is not None:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+
+
+class _Engine:
+    """One probe call's settings, and the forward passes for one batch of prompts."""
+
+    def __init__(self, model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
+                 banned_first_ids, seed, add_special_tokens, prune_below=0.0):
+        self.model = model
+        self.prune_below = float(prune_below)
+        self.tokenizer = tokenizer
+        self.top_k = top_k
+        self.max_new_tokens = max_new_tokens
+        self.stop = [s for s in stop if s]
+        self.first_temperature = first_temperature
+        self.banned = sorted(int(i) for i in banned_first_ids)
+        self.seed = seed
+        self.add_special_tokens = add_special_tokens
+        self.device = _model_device(model)
+        self.float_dtype = next(
+            (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32
+        )
+        self.eos = _eos_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        self.pad_id = int(pad)
+        params = inspect.signature(model.forward).parameters
+        # transformers 5 renamed `past_key_values` to `cache` (old name deprecated)
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.keep_kw = "logits_to_keep" in params
+
+    def forward(self, input_ids, attention_mask, position_ids, cache=None, last_only=False):
+        """Model forward with a cache kept: (logits, cache)."""
+        kwargs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "use_cache": True,
+            self.cache_kw: cache,
+        }
+        if last_only and self.keep_kw:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(**kwargs)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = getattr(out, "past_key_values", None)
+        return out.logits, new_cache
+
+    def run_batch(self, indices, contexts, ids_list, cand_lists) -> list[FirstStep]:
+        """Prefill one batch together; `indices` are the prompts' places in `contexts` (seeds)."""
+        B, P = len(ids_list), max(len(ids) for ids in ids_list)
+        input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, P), dtype=torch.long)
+        for r, ids in enumerate(ids_list):
+            input_ids[r, P - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            mask[r, P - len(ids) :] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self.forward(input_ids, mask, position_ids, last_only=True)
+        logprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (B, V)
+
+        steps = []
+        k = max(0, min(self.top_k, logprobs.shape[-1]))
+        top = torch.topk(logprobs, k, dim=-1)
+        entropy = torch.special.entr(logprobs.exp()).sum(-1)
+        for r in range(B):
+            steps.append(FirstStep(
+                context_ids=list(ids_list[r]),
+                topk_ids=top.indices[r].tolist(),
+                topk_logprobs=top.values[r].tolist(),
+                entropy=float(entropy[r]),
+                logprobs=logprobs[r].detach().cpu().clone(),
+            ))
+        if any(cand_lists):
+            for r, probs in enumerate(self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs)):
+                steps[r].candidate_probs = probs
+
+        first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
+        for r in range(B):
+            steps[r].first_token_id = int(first[r])
+        if self.max_new_tokens > 0:
+            responses = self.generate(first.to(self.device), cache, mask, position_ids[:, -1])
+            for r in range(B):
+                steps[r].response_ids = responses[r]
+        return steps
+
+    def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs) -> list[dict[str, float]]:
+        """[{candidate: P(response starts with it)}] for every prompt of the prefilled batch.
+
+        Teacher forcing over the token trie of each prompt's candidates, one trie level
+        per forward for the whole batch. The level's nodes (proper prefixes of some
+        candidate) are packed side by side after the prompt in the batch's own KV cache,
+        each attending to its prompt and its ancestors only (a custom 4-D mask), so
+        shared prefixes are fed once and the cache is never copied. The cache is cropped
+        back to the prompt afterwards.
+        """
+        B, P = mask.shape
+        n_real = mask.sum(-1).tolist()
+        toks_of: list[dict[str, list[int]]] = []
+        for r in range(B):
+            toks_of.append({
+                c: candidate_ids(self.tokenizer, contexts[r], c, ids_list[r], self.add_special_tokens)
+                for c in dict.fromkeys(cand_lists[r])
+            })
+        node_lp: dict[tuple[int, ...], torch.Tensor] = {(r,): logprobs[r] for r in range(B)}  # (row, *prefix) -> (V,)
+        node_sum: dict[tuple[int, ...], float] = {(r,): 0.0 for r in range(B)}  # log P(prefix)
+        slot: dict[tuple[int, ...], int] = {}  # node -> its column after the prompt
+        floor = math.log(self.prune_below) if self.prune_below > 0 else -math.inf
+        dtype = self.float_dtype
+        neg = torch.finfo(dtype).min
+        used = 0  # extension columns so far (the same for every row; short rows are padded)
+        depth_max = max((len(tk) for d in toks_of for tk in d.values()), default=0) - 1
+        try:
+            for depth in range(1, depth_max + 1):
+                level: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
+                for r in range(B):
+                    for tk in toks_of[r].values():
+                        if len(tk) <= depth:
+                            continue
+                        node, parent = (r, *tk[:depth]), (r, *tk[: depth - 1])
+                        if parent not in node_lp or node in node_sum:
+                            continue  # parent pruned, or node already queued
+                        node_sum[node] = node_sum[parent] + float(node_lp[parent][node[-1]])
+                        if node_sum[node] >= floor:  # else P(prefix) < prune_below bounds all below
+                            level[r].append(node)
+                Q = max(len(nodes) for nodes in level)
+                if Q == 0:
+                    break
+                inp = torch.full((B, Q), self.pad_id, dtype=torch.long)
+                pos = torch.zeros((B, Q), dtype=torch.long)
+                allow = torch.zeros((B, Q, P + used + Q), dtype=torch.bool)
+                allow[:, :, :P] = mask.bool().cpu().unsqueeze(1)
+                for r, nodes in enumerate(level):
+                    for j, node in enumerate(nodes):
+                        inp[r, j] = node[-1]
+                        pos[r, j] = n_real[r] + depth - 1
+                        for k in range(2, len(node)):  # ancestors (row, t0), (row, t0, t1), ...
+                            allow[r, j, P + slot[node[:k]]] = True
+                        allow[r, j, P + used + j] = True
+                        slot[node] = used + j
+                attn = torch.zeros(allow.shape, dtype=dtype).masked_fill(~allow, neg).unsqueeze(1)
+                logits, _ = self.forward(inp.to(self.device), attn.to(self.device), pos.to(self.device), cache=cache)
+                lp = torch.log_softmax(logits.float(), dim=-1)  # (B, Q, V)
+                for r, nodes in enumerate(level):
+                    for j, node in enumerate(nodes):
+                        node_lp[node] = lp[r, j]
+                used += Q
+        finally:
+            if used:
+                _truncate_cache(cache, P)
+        out = []
+        for r in range(B):
+            probs = {}
+            for cand, tk in toks_of[r].items():
+                if not tk:
+                    probs[cand] = 1.0
+                    continue
+                last = (r, *tk[:-1])
+                if last not in node_lp:  # pruned: P(cand) <= P(prefix) < prune_below
+                    probs[cand] = 0.0
+                    continue
+                probs[cand] = math.exp(node_sum[last] + float(node_lp[last][tk[-1]]))
+            out.append({c: probs[c] for c in dict.fromkeys(cand_lists[r])})
+        return out
+
+    def first_token(self, row_logprobs: torch.Tensor, index: int) -> int:
+        """Step-1 token: argmax, or a seeded sample at `first_temperature`, bans applied."""
+        lp = row_logprobs
+        if self.banned:
+            V = lp.shape[-1]
+            banned = [i for i in self.banned if 0 <= i < V]
+            if len(banned) >= V:
+                raise ValueError("banned_first_ids covers the whole vocabulary")
+            lp = lp.clone()
+            lp[torch.tensor(banned, dtype=torch.long, device=lp.device)] = float("-inf")
+        T = self.first_temperature
+        if T is None or T <= 0:
+            return int(torch.argmax(lp))
+        generator = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + index)
+        probs = torch.softmax(lp.float().cpu() / T, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def generate(self, first: torch.Tensor, cache, mask, last_pos) -> list[list[int]]:
+        """Greedy continuation of each row after its step-1 token; rows finish independently.
+
+        Mutates `cache` (finished rows are dropped from it with `batch_select_indices`).
+        """
+        B = first.shape[0]
+        responses: list[list[int]] = [[] for _ in range(B)]
+        rows = list(range(B))  # batch row of each cache row
+        tokens = first  # (len(rows),) last token of each cache row
+        going = [self.accept(responses[r], int(t)) for r, t in zip(rows, tokens.tolist())]
+        while any(going):
+            if not all(going):
+                keep = torch.tensor([j for j, g in enumerate(going) if g], dtype=torch.long, device=self.device)
+                cache.batch_select_indices(keep)
+                rows = [rows[j] for j in keep.tolist()]
+                mask, last_pos, tokens = mask[keep], last_pos[keep], tokens[keep]
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            last_pos = last_pos + 1
+            logits, cache = self.forward(tokens.unsqueeze(-1), mask, last_pos.unsqueeze(-1), cache, last_only=True)
+            tokens = torch.argmax(logits[:, -1, :], dim=-1)
+            going = [self.accept(responses[r], int(t)) for r, t in zip(rows, tokens.tolist())]
+        return responses
+
+    def accept(self, response: list[int], token: int) -> bool:
+        """Append `token` to `response` unless it is eos; True while the row goes on."""
+        if token in self.eos:
+            return False
+        response.append(token)
+        if len(response) >= self.max_new_tokens:
+            return False
+        if self.stop:
+            text = self.tokenizer.decode(response)
+            if any(s in text for s in self.stop):
+                return False
+        return True

@@ -1,0 +1,266 @@
+"""The first-step engine against independent references on the tiny random Llama."""
+
+from __future__ import annotations
+
+import doctest
+import math
+
+import pytest
+import torch
+
+from evalkit import firststep
+from evalkit.firststep import candidate_ids, first_unit_ids, probe, top_mass, topk_dict
+from tests.tiny import build_tiny_model, load_tiny
+
+QUESTIONS = [
+    "What is recursion?",
+    "法国的首都是哪里？请简短回答。",
+    "Hi",
+    "Explain the capital of France and of Japan in a long answer, with many words please.",
+    "用一个词回答：递归是什么？",
+    "Say hello.",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    model, tokenizer = load_tiny(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def contexts(tiny):
+    _, tokenizer = tiny
+    return [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in QUESTIONS
+    ]
+
+
+def ids_of(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def reference_logprobs(model, ids):
+    """Plain forward on unpadded ids, no cache: (len(ids), V) float32 log-softmax."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+
+def test_tiny_tokenizer_splits_chinese_into_bytes(tiny):
+    _, tokenizer = tiny
+    ids = ids_of(tokenizer, "递归")
+    assert len(ids) > 2
+    assert "\ufffd" in tokenizer.decode(ids[:1])
+    assert tokenizer.decode(ids) == "递归"
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_topk_matches_plain_forward(tiny, contexts):
+    model, tokenizer = tiny
+    steps = probe(model, tokenizer, contexts, top_k=20, max_new_tokens=0, batch_size=4)
+    for context, step in zip(contexts, steps):
+        ids = ids_of(tokenizer, context)
+        assert step.context_ids == ids
+        ref = reference_logprobs(model, ids)[-1]
+        values, indices = torch.topk(ref, 20)
+        assert step.topk_ids == indices.tolist()
+        assert step.topk_logprobs == pytest.approx(values.tolist(), abs=1e-5)
+        assert torch.allclose(step.logprobs, ref, atol=1e-5)
+        assert step.entropy == pytest.approx(float(-(ref.exp() * ref).sum()), abs=1e-5)
+        assert step.first_token_id == step.topk_ids[0]
+
+
+def test_candidate_probs_match_plain_softmax_product(tiny, contexts):
+    model, tokenizer = tiny
+    context = contexts[0]
+    greedy = probe(model, tokenizer, [context], max_new_tokens=3)[0]
+    likely = tokenizer.decode(greedy.response_ids)  # high-probability candidate
+    cands = ["Recursion", "递归", likely, "Recursion"]
+    step = probe(model, tokenizer, [context], [cands], max_new_tokens=0)[0]
+    assert set(step.candidate_probs) == {"Recursion", "递归", likely}
+
+    ctx_ids = ids_of(tokenizer, context)
+    for cand in ["Recursion", "递归", likely]:
+        full = ids_of(tokenizer, context + cand)
+        assert full[: len(ctx_ids)] == ctx_ids
+        assert candidate_ids(tokenizer, context, cand) == full[len(ctx_ids) :]
+        with torch.no_grad():
+            logits = model(torch.tensor([full])).logits[0]
+        expected = 1.0
+        for i in range(len(ctx_ids), len(full)):
+            expected *= float(torch.softmax(logits[i - 1].float(), dim=-1)[full[i]])
+        got = step.candidate_probs[cand]
+        assert got == pytest.approx(expected, abs=1e-5)
+        assert math.log(got) == pytest.approx(math.log(expected), abs=1e-4)  # tiny probabilities too
+    assert len(candidate_ids(tokenizer, context, "递归")) >= 4  # several byte tokens
+    assert step.candidate_probs[likely] > 1e-3
+
+
+def test_candidate_tokenised_alone_when_context_merges():
+    class Chars:  # a tokenizer that merges "ab" into one token
+        def __call__(self, text, add_special_tokens=False):
+            out, i = [], 0
+            while i < len(text):
+                if text[i : i + 2] == "ab":
+                    out.append(1000)
+                    i += 2
+                else:
+                    out.append(ord(text[i]))
+                    i += 1
+            return {"input_ids": out}
+
+    tok = Chars()
+    assert candidate_ids(tok, "xa", "b") == [ord("b")]
+    assert candidate_ids(tok, "x ", "ab") == [1000]
+
+
+def test_batched_and_unbatched_agree(tiny, contexts):
+    model, tokenizer = tiny
+    cands = [["Recursion", "递归", "Paris"], ["巴黎", "递归"], ["Hello", "Hi there"], ["Paris"], ["递归"], ["Hello"]]
+    batched = probe(model, tokenizer, contexts, cands, top_k=10, max_new_tokens=8, batch_size=4)
+    single = probe(model, tokenizer, contexts, cands, top_k=10, max_new_tokens=8, batch_size=1)
+    assert len({len(s.context_ids) for s in single}) > 3  # really different lengths
+    for a, b in zip(batched, single):
+        assert a.context_ids == b.context_ids
+        assert a.topk_ids == b.topk_ids
+        assert a.topk_logprobs == pytest.approx(b.topk_logprobs, abs=1e-5)
+        assert a.candidate_probs.keys() == b.candidate_probs.keys()
+        for cand in a.candidate_probs:
+            assert a.candidate_probs[cand] == pytest.approx(b.candidate_probs[cand], abs=1e-5)
+            assert math.log(a.candidate_probs[cand]) == pytest.approx(math.log(b.candidate_probs[cand]), abs=1e-4)
+        assert a.response_ids == b.response_ids
+        assert len(a.response_ids) == 8
+    # scoring candidates must not disturb the cache the generation continues from
+    plain = probe(model, tokenizer, contexts, top_k=10, max_new_tokens=8, batch_size=4)
+    assert [s.response_ids for s in plain] == [s.response_ids for s in batched]
+    assert all(s.candidate_probs == {} for s in plain)
+
+
+def test_greedy_matches_generate(tiny, contexts):
+    model, tokenizer = tiny
+    eos = {tokenizer.eos_token_id}
+    for context in contexts[:3]:
+        ids = ids_of(tokenizer, context)
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False, max_new_tokens=16, pad_token_id=tokenizer.pad_token_id,
+            )
+        expected = out[0, len(ids) :].tolist()
+        if expected and expected[-1] in eos:
+            expected = expected[:-1]
+        step = probe(model, tokenizer, [context], max_new_tokens=16)[0]
+        assert step.response_ids == expected
+        assert step.first_token_id == step.response_ids[0] == step.topk_ids[0]
+
+
+def test_generation_stops_at_stop_string(tiny, contexts):
+    model, tokenizer = tiny
+    full = probe(model, tokenizer, [contexts[0]], max_new_tokens=12)[0].response_ids
+    stop_text = tokenizer.decode(full[4:5])
+    cut = probe(model, tokenizer, [contexts[0]], max_new_tokens=12, stop=[stop_text])[0].response_ids
+    assert stop_text in tokenizer.decode(cut)
+    assert stop_text not in tokenizer.decode(cut[:-1])
+    assert cut == full[: len(cut)] and len(cut) <= 5
+
+
+def test_banned_first_ids_apply_to_step_one_only(tiny, contexts):
+    model, tokenizer = tiny
+    checked_later_use = False
+    for context in contexts:
+        base = probe(model, tokenizer, [context], max_new_tokens=0)[0]
+        banned = base.topk_ids[0]
+        step = probe(model, tokenizer, [context], max_new_tokens=32, banned_first_ids={banned})[0]
+        assert step.first_token_id == step.response_ids[0] == base.topk_ids[1]
+        assert step.topk_ids == base.topk_ids  # the reported distribution is the model's own
+        # later steps: plain greedy from context + the chosen first token
+        ids = ids_of(tokenizer, context) + [step.first_token_id]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                 do_sample=False, max_new_tokens=31, pad_token_id=tokenizer.pad_token_id)
+        rest = out[0, len(ids) :].tolist()
+        if rest and rest[-1] == tokenizer.eos_token_id:
+            rest = rest[:-1]
+        assert step.response_ids[1:] == rest
+        checked_later_use |= banned in rest
+    assert checked_later_use  # at least one prompt used the banned token after step 1
+
+
+def test_first_temperature_sampling(tiny, contexts):
+    model, tokenizer = tiny
+    context, n = contexts[0], 300
+    base = probe(model, tokenizer, [context], max_new_tokens=0)[0]
+    top = base.topk_ids[0]
+
+    def draws(temperature, seed):
+        steps = probe(model, tokenizer, [context] * n, max_new_tokens=0, batch_size=100,
+                      first_temperature=temperature, seed=seed)
+        return [s.first_token_id for s in steps]
+
+    first = draws(0.5, 3)
+    assert first == draws(0.5, 3)
+    assert first != draws(0.5, 4)
+    assert draws(0.0, 3) == [top] * n  # temperature 0 is argmax
+    for temperature in (0.5, 1.0):
+        p_top = float(torch.softmax(base.logprobs / temperature, dim=-1)[top])
+        freq = draws(temperature, 0).count(top) / n
+        assert freq == pytest.approx(p_top, abs=0.08)
+    assert top_mass(base.logprobs, 1, 0.5) - top_mass(base.logprobs, 1, 1.0) > 0.3  # the two differ
+    # independent of batch composition: the same prompt index draws the same token
+    alone = probe(model, tokenizer, [context] * 5, max_new_tokens=0, batch_size=2, first_temperature=1.0, seed=7)
+    together = probe(model, tokenizer, [context] * 5, max_new_tokens=0, batch_size=5, first_temperature=1.0, seed=7)
+    assert [s.first_token_id for s in alone] == [s.first_token_id for s in together]
+
+
+def test_top_mass_examples():
+    lp = torch.log(torch.tensor([0.5, 0.3, 0.1, 0.1]))
+    assert top_mass(lp, 3) == pytest.approx(0.9)
+    assert top_mass(lp, 1) == pytest.approx(0.5)
+    assert top_mass(lp, 1, temperature=0.5) == pytest.approx(0.25 / 0.36)
+    assert top_mass(lp + 7.0, 2) == pytest.approx(0.8)  # logits work too
+    assert top_mass(lp, 10) == pytest.approx(1.0)
+    assert top_mass(lp, 2, temperature=0) == 1.0
+    assert top_mass(torch.tensor([])) == 0.0
+    assert top_mass(lp, 0) == 0.0
+
+
+def test_topk_dict(tiny, contexts):
+    model, tokenizer = tiny
+    step = probe(model, tokenizer, contexts[:1], top_k=5, max_new_tokens=0)[0]
+    d = topk_dict(step, 3)
+    assert list(d) == step.topk_ids[:3]
+    assert list(d.values()) == step.topk_logprobs[:3]
+    assert topk_dict(step, 0) == {}
+
+
+def test_first_unit_ids_on_chinese(tiny):
+    _, tokenizer = tiny
+    decode = tokenizer.decode
+    ids = ids_of(tokenizer, "递归是")
+    n_first = len(ids_of(tokenizer, "递"))
+    assert n_first > 1
+    text, n = first_unit_ids(decode, ids)
+    assert (text, n) == ("递", n_first)
+    for k in range(len(ids) + 1):
+        text, n = first_unit_ids(decode, ids[:k])
+        assert "\ufffd" not in text
+    assert first_unit_ids(decode, ids[:1]) == ("", 1)
+    english = ids_of(tokenizer, "  Paris is")
+    text, n = first_unit_ids(decode, english)
+    assert text.startswith("P") and text == decode(english[:n]).strip()
+    assert decode(english[: n - 1]).strip() == ""  # shortest: one token fewer is only whitespace
+    assert first_unit_ids(decode, []) == ("", 0)
+
+
+def test_docstring_examples():
+    assert doctest.testmod(firststep).failed == 0
+
+
+def test_empty_and_bad_input(tiny):
+    model, tokenizer = tiny
+    assert probe(model, tokenizer, []) == []
+    with pytest.raises(ValueError):
+        probe(model, tokenizer, ["a", "b"], [["x"]])
+    with pytest.raises(ValueError):
+        probe(model, tokenizer, [""])
