@@ -1,0 +1,128 @@
+"""PNG plots of needle recall (SPEC 1.6): the depth x length heatmap and the recall-by-depth curve.
+
+Owns: averaging recall rows per cell and drawing them with matplotlib's Agg
+backend. Does not: compute recall (``evalkit.needle``), read the store, or
+write HTML (the report module embeds these PNGs).
+
+A row is a dict ``{"lang", "hint", "depth", "length", "recall"}``; several rows
+for the same cell are averaged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+_LANG_ORDER = {"en": 0, "zh": 1}
+
+
+def _depth_tick(depth: float) -> str:
+    return f"{depth:.1f}" if round(depth, 1) == depth else f"{depth:g}"
+
+
+def _panel_title(lang: str, hint: bool) -> str:
+    return f"{lang} · {'hint' if hint else 'no hint'}"
+
+
+def _mean_cells(rows: Iterable[dict], keys: tuple[str, ...]) -> dict[tuple, float]:
+    """(values of keys) -> mean recall over the rows sharing them."""
+    rows = list(rows)
+    if not rows:
+        raise ValueError("no needle rows to plot")
+    sums: dict[tuple, list[float]] = defaultdict(lambda: [0.0, 0])
+    for row in rows:
+        missing = [k for k in (*keys, "recall") if k not in row]
+        if missing:
+            raise ValueError(f"needle row lacks {', '.join(missing)}: {row!r}")
+        cell = tuple(bool(row[k]) if k == "hint" else row[k] for k in keys)
+        acc = sums[cell]
+        acc[0] += float(row["recall"])
+        acc[1] += 1
+    return {cell: total / n for cell, (total, n) in sums.items()}
+
+
+def _panels(cells: dict[tuple, float]) -> tuple[list[str], list[bool]]:
+    langs = sorted({c[0] for c in cells}, key=lambda lang: (_LANG_ORDER.get(lang, 99), lang))
+    hints = sorted({c[1] for c in cells})  # False ("no hint") left, True right
+    return langs, hints
+
+
+def _figure(width: float, height: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def heatmap(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
+    """Write a depth x length recall heatmap PNG, one panel per (lang, hint); return its path.
+
+    Panels: a row per language, "no hint" left and "hint" right. x = depth,
+    y = requested length in tokens, colour = mean recall on a fixed 0-1 scale,
+    with the value written in each cell; cells without data are blank.
+    """
+    cells = _mean_cells(rows, ("lang", "hint", "depth", "length"))
+    langs, hints = _panels(cells)
+    depths = sorted({round(float(c[2]), 4) for c in cells})
+    lengths = sorted({int(c[3]) for c in cells})
+    grid = {(c[0], c[1], round(float(c[2]), 4), int(c[3])): v for c, v in cells.items()}
+
+    import numpy as np
+
+    fig = _figure(0.55 * len(depths) * len(hints) + 2.5, 0.45 * len(lengths) * len(langs) + 1.6)
+    axes = fig.subplots(len(langs), len(hints), squeeze=False)
+    image = None
+    for i, lang in enumerate(langs):
+        for j, hint in enumerate(hints):
+            ax = axes[i][j]
+            # rows: lengths (smallest at the bottom), columns: depths
+            values = np.full((len(lengths), len(depths)), np.nan)
+            for y, length in enumerate(lengths):
+                for x, depth in enumerate(depths):
+                    value = grid.get((lang, hint, depth, length))
+                    if value is not None:
+                        values[y, x] = value
+                        ax.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                                color="black" if value >= 0.5 else "white")
+            image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", vmin=0.0, vmax=1.0,
+                              origin="lower", aspect="auto")
+            ax.set_xticks(range(len(depths)), [_depth_tick(d) for d in depths], fontsize=7)
+            ax.set_yticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
+            ax.set_xlabel("needle depth")
+            ax.set_ylabel("length (tokens)")
+            ax.set_title(_panel_title(lang, hint))
+    fig.colorbar(image, ax=axes.ravel().tolist(), label="recall")
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def recall_by_depth_plot(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
+    """Write a recall-vs-depth line plot PNG, one line per (lang, hint), lengths pooled; return its path."""
+    cells = _mean_cells(rows, ("lang", "hint", "depth"))
+    langs, hints = _panels(cells)
+    fig = _figure(6.4, 4.0)
+    ax = fig.subplots()
+    for lang in langs:
+        for hint in hints:
+            points = sorted((float(c[2]), v) for c, v in cells.items() if c[0] == lang and c[1] == hint)
+            if points:
+                ax.plot([d for d, _ in points], [v for _, v in points], marker="o",
+                        linestyle="--" if hint else "-", label=_panel_title(lang, hint))
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("needle depth")
+    ax.set_ylabel("recall")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title or "needle recall by depth")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
