@@ -1,0 +1,87 @@
+"""The `evalkit` command group: one module per command, errors mapped to exit codes here.
+
+Exit codes: 0 ok; 1 a gate failed or a run failed at run time; 2 bad input.
+Library code raises `evalkit.errors`; only this package turns those into one
+line on stderr and an exit code. Heavy imports (torch, lm-eval, duckdb) happen
+inside commands, so `evalkit --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from evalkit import __version__
+from evalkit.errors import EvalkitError
+
+
+class CliError(click.ClickException):
+    """An evalkit error on its way out: one line, the error's own exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:
+        click.echo(f"evalkit: error: {self.format_message()}", err=True)
+
+
+class EvalkitGroup(click.Group):
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except EvalkitError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            raise CliError(str(exc), exc.exit_code) from exc
+
+
+@click.group(cls=EvalkitGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="evalkit")
+@click.option("--debug", is_flag=True, envvar="EVALKIT_DEBUG", help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """evalkit: first-token, opener and needle metrics on lm-eval, kept in DuckDB.
+
+    \b
+    Examples:
+      evalkit run --tasks firsttoken --limit 20
+      evalkit runs
+      evalkit query "SELECT template, metric, value FROM leaderboard"
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+from evalkit.cli import query as _query  # noqa: E402
+from evalkit.cli import run as _run  # noqa: E402
+from evalkit.cli import runs as _runs  # noqa: E402
+
+for _mod in (_run, _runs, _query):
+    for _cmd in _mod.COMMANDS:
+        cli.add_command(_cmd)
+
+
+def main() -> None:
+    """Console entry point: unexpected errors become one line unless --debug."""
+    debug = "--debug" in sys.argv or bool(__import__("os").environ.get("EVALKIT_DEBUG"))
+    try:
+        cli.main(standalone_mode=False, prog_name="evalkit")
+    except click.exceptions.Abort:
+        click.echo("evalkit: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("evalkit: interrupted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # a bug: keep it to one line unless asked
+        if debug:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        click.echo(f"evalkit: internal error: {type(exc).__name__}: {first} (rerun with --debug)", err=True)
+        sys.exit(1)

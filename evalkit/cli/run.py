@@ -1,0 +1,70 @@
+"""`evalkit run`: evaluate a model on evalkit tasks and store the run."""
+
+from __future__ import annotations
+
+import click
+
+from evalkit.cli.options import db_option
+from evalkit.cli.output import table
+
+
+def _csv_list(kind):
+    def convert(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return [kind(v) for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise click.BadParameter(f"expected a comma-separated list of numbers, got {value!r}")
+
+    return convert
+
+
+@click.command("run")
+@click.option("--model", default="hf", show_default=True, help="lm-eval model type (hf, vllm, ...).")
+@click.option("--model-args", default=None, help="K=V,... passed to the model; none: the embedded SmolLM2.")
+@click.option("--tasks", default=None, help="Comma-separated tasks or groups (firsttoken, needle, ...).")
+@click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
+              help="Your own prompts as JSONL (see README), scored like firsttoken.")
+@click.option("--template", default="chat", show_default=True, help="Prompt template: chat, plain, direct, or yours.")
+@click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
+              help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
+@click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--limit", type=int, default=None, help="At most N prompts per task.")
+@click.option("--seed", type=int, default=1234, show_default=True)
+@click.option("--batch-size", type=int, default=8, show_default=True)
+@click.option("--top-k", type=int, default=50, show_default=True, help="First-token candidates stored per prompt (>= 50).")
+@click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
+@click.option("--first-temperature", type=float, default=None, help="Sample the first token at T1 (0: argmax).")
+@click.option("--ban-openers", is_flag=True, help="Mask opener-initial tokens at step 1 only.")
+@click.option("--needle-lengths", callback=_csv_list(int), default=None, help="Needle prompt lengths in tokens, e.g. 256,512.")
+@click.option("--needle-depths", callback=_csv_list(float), default=None, help="Needle depths in [0,1], e.g. 0,0.5,1.")
+@click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
+@click.option("--include-path", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Extra folder of lm-eval task YAMLs.")
+@click.option("--name", default=None, help="A label stored with the run.")
+@db_option
+def run_command(**opts):
+    """Evaluate a model and store the run in DuckDB; print its id and metrics.
+
+    \b
+    Examples:
+      evalkit run --tasks firsttoken
+      evalkit run --tasks firsttoken_zh --template direct --limit 20
+      evalkit run --tasks firsttoken --quant int8-dynamic --name int8
+      evalkit run --prompts my_prompts.jsonl
+      evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
+    """
+    from evalkit.runner import RunConfig, execute
+
+    tasks = [t.strip() for t in (opts.pop("tasks") or "").split(",") if t.strip()]
+    cfg = RunConfig(tasks=tasks, **opts)
+    result = execute(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True))
+    click.echo(f"run {result.run_id}  {result.status}  {result.n_samples} samples  "
+               f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
+    rows = [(m["task"], m["metric"], m["value"], m["stderr"], m["n"]) for m in result.metrics]
+    if rows:
+        click.echo(table(["task", "metric", "value", "stderr", "n"], rows))
+
+
+COMMANDS = [run_command]

@@ -1,0 +1,51 @@
+"""`evalkit runs` and `evalkit show RUN`: what is stored."""
+
+from __future__ import annotations
+
+import click
+
+from evalkit.cli.options import db_option, format_option
+from evalkit.cli.output import render
+
+
+@click.command("runs")
+@click.option("--limit", type=int, default=50, show_default=True, help="Newest N runs.")
+@db_option
+@format_option
+def runs_command(limit, db, fmt):
+    """List runs, newest first.
+
+    \b
+    Examples:
+      evalkit runs
+      evalkit runs --format csv --limit 5
+    """
+    from evalkit.queries import list_runs
+
+    cols, rows = list_runs(db, limit)
+    click.echo(render(cols, rows, fmt))
+
+
+@click.command("show")
+@click.argument("run")
+@db_option
+@format_option
+def show_command(run, db, fmt):
+    """One run's settings and metrics. RUN: id, unique prefix, latest, or tag:NAME.
+
+    \b
+    Examples:
+      evalkit show latest
+      evalkit show tag:prod --format json
+    """
+    from evalkit.queries import run_summary
+
+    info, cols, rows = run_summary(db, run)
+    if fmt == "table":
+        for k, v in info.items():
+            click.echo(f"{k:>22}: {'' if v is None else v}")
+        click.echo()
+    click.echo(render(cols, rows, fmt))
+
+
+COMMANDS = [runs_command, show_command]

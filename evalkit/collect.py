@@ -1,0 +1,107 @@
+"""From lm-eval's results dict to evalkit's rows (metrics, samples, first_token_topk).
+
+Owns: reading `results["results"]`, `results["n-samples"]` and the logged
+samples, and shaping one row per metric, per prompt and per top-k token.
+Does not: compute metric values (it re-reads the same `score_response` the
+tasks used, for the stored fields) or write to the DB.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from evalkit.metrics import score_response
+from evalkit.store import SAMPLE_COLUMNS
+
+_SAMPLE_METRICS = [c for c in SAMPLE_COLUMNS if c in {
+    "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
+    "top3_mass", "top3_share", "unstable", "entropy", "needle_recall",
+}]
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def metric_rows(run_id: str, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (task or group, metric, filter) that lm-eval aggregated."""
+    n_samples = results.get("n-samples", {})
+    rows = []
+    for task, values in sorted(results.get("results", {}).items()):
+        n = n_samples.get(task, {}).get("effective")
+        for key, value in sorted(values.items()):
+            if "," not in key or "_stderr," in key:
+                continue
+            metric, filt = key.split(",", 1)
+            val = _num(value)
+            if val is None:
+                continue
+            rows.append({
+                "run_id": run_id, "task": task, "metric": metric, "filter": filt,
+                "value": val, "stderr": _num(values.get(f"{metric}_stderr,{filt}")), "n": n,
+            })
+    return rows
+
+
+def _doc_id(sample: dict[str, Any]) -> str:
+    doc = sample.get("doc") or {}
+    return str(doc.get("doc_id") or doc.get("id") or sample["doc_id"])
+
+
+def collect(run_id: str, results: dict[str, Any], lexicon) -> tuple[list[dict], list[dict], list[dict]]:
+    """(metric rows, sample rows, top-k rows) of one lm-eval results dict."""
+    metrics = metric_rows(run_id, results)
+    samples, topk = [], []
+    for task, logged in sorted(results.get("samples", {}).items()):
+        for s in logged:
+            doc = s.get("doc") or {}
+            resp = s["filtered_resps"][0] if s.get("filtered_resps") else s["resps"][0][0]
+            values = {m: _num(s[m]) for m in s.get("metrics", []) if m in s}
+            fields: dict[str, Any] = {}
+            if "answers" in doc and "needle" not in doc:
+                _, fields = score_response(doc, resp, lexicon.entries)
+            else:
+                text = resp.get("text") if isinstance(resp, dict) else resp
+                fields = {"response": text if isinstance(text, str) else json.dumps(text, ensure_ascii=False)}
+                if isinstance(resp, dict):
+                    fields.update({k: resp[k] for k in ("first_token", "first_token_id", "first_unit") if k in resp})
+                    fields["topk"] = resp.get("topk")
+            doc_id = _doc_id(s)
+            row = {
+                "run_id": run_id,
+                "task": task,
+                "doc_id": doc_id,
+                "prompt_hash": s.get("prompt_hash"),
+                "prompt": s["arguments"][0][0] if s.get("arguments") else None,
+                "target": json.dumps(doc.get("answers", [s.get("target")]), ensure_ascii=False),
+                "response": fields.get("response"),
+                "first_token": fields.get("first_token"),
+                "first_token_id": fields.get("first_token_id"),
+                "first_unit": fields.get("first_unit"),
+                "ft_outcome": fields.get("ft_outcome"),
+                "lang": doc.get("lang"),
+                "category": doc.get("category"),
+                "needle_depth": doc.get("depth") if "needle" in doc else None,
+                "needle_length": doc.get("length") if "needle" in doc else None,
+                "needle_tokens": doc.get("n_tokens") if "needle" in doc else None,
+                "needle_hint": doc.get("hint") if "needle" in doc else None,
+                "metrics": json.dumps(values, sort_keys=True),
+            }
+            if isinstance(resp, dict) and "entropy" in resp:
+                values.setdefault("entropy", _num(resp["entropy"]))
+            for m in _SAMPLE_METRICS:
+                row[m] = values.get(m)
+            samples.append(row)
+            for rank, (token_id, token, logprob) in enumerate(fields.get("topk") or []):
+                topk.append({
+                    "run_id": run_id, "task": task, "doc_id": doc_id, "rank": rank,
+                    "token_id": int(token_id), "token": token, "logprob": float(logprob),
+                })
+    samples.sort(key=lambda r: (r["task"], r["doc_id"]))
+    return metrics, samples, topk

@@ -1,0 +1,341 @@
+"""One evaluation run: validate, record, evaluate through lm-eval, store.
+
+Owns: `RunConfig` (the one object that describes a run), the order of a run
+(validate everything → insert the run row as `running` → load the model →
+`lm_eval.simple_evaluate` → one write of metrics, samples and top-k rows →
+`done`), and marking a run `failed` or `interrupted`. Does not: parse the
+command line, compute metric values (tasks and `metrics.py` do), or format
+output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from evalkit import __version__, store
+from evalkit.errors import BadInput, RunFailed
+
+TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
+PROMPTS_TASK = "firsttoken_user"
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run; stored as JSON in `runs.config`."""
+
+    tasks: list[str]
+    model: str = "hf"
+    model_args: str | None = None
+    template: str = "chat"
+    templates_file: str | None = None
+    quant: str | None = None
+    limit: int | None = None
+    seed: int = 1234
+    batch_size: int = 8
+    name: str | None = None
+    db: str | None = None
+    prompts_file: str | None = None
+    top_k: int = 50
+    temperature: float = 0.8
+    first_temperature: float | None = None
+    ban_openers: bool = False
+    needle_lengths: list[int] | None = None
+    needle_depths: list[float] | None = None
+    device: str | None = None
+    include_path: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str
+    metrics: list[dict[str, Any]]
+    n_samples: int
+    load_s: float = 0.0
+    eval_s: float = 0.0
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Interrupted(BaseException):
+    """SIGTERM turned into an exception so the run can be marked `interrupted`."""
+
+
+def tasks_dir() -> Path:
+    path = Path(os.environ.get("EVALKIT_TASKS") or TASKS_DIR)
+    if not path.is_dir():
+        raise BadInput(f"evalkit task folder not found at {path} (set EVALKIT_TASKS)")
+    return path
+
+
+def task_manager(cfg: RunConfig, metadata: dict[str, Any] | None = None):
+    """lm-eval's TaskManager over evalkit's tasks only (the 14k built-ins are not indexed)."""
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(tasks_dir())] + ([cfg.include_path] if cfg.include_path else [])
+    return TaskManager(include_path=paths, include_defaults=False, metadata=metadata)
+
+
+def _quiet_lm_eval() -> None:
+    for name in ("lm-eval", "lm_eval", "lm_eval.api.task", "lm_eval.evaluator", "lm_eval.models.huggingface"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def validate(cfg: RunConfig) -> dict[str, Any]:
+    """Check every input before anything is written; return what the run needs."""
+    from evalkit import models
+    from evalkit.lexicon import load_lexicon
+    from evalkit.templates import get_template
+
+    if not cfg.tasks and not cfg.prompts_file:
+        raise BadInput("no tasks given: use --tasks firsttoken (or --prompts FILE)")
+    if cfg.limit is not None and cfg.limit <= 0:
+        raise BadInput(f"--limit must be a positive number of prompts, got {cfg.limit}")
+    if cfg.batch_size <= 0:
+        raise BadInput(f"--batch-size must be positive, got {cfg.batch_size}")
+    if cfg.top_k < 50:
+        raise BadInput(f"--top-k must be at least 50 (SPEC 1.3), got {cfg.top_k}")
+    if not cfg.temperature > 0:
+        raise BadInput(f"--temperature must be > 0, got {cfg.temperature}")
+    if cfg.first_temperature is not None and cfg.first_temperature < 0:
+        raise BadInput(f"--first-temperature must be >= 0, got {cfg.first_temperature}")
+    template = get_template(cfg.template, cfg.templates_file)
+    models.check_quant(cfg.quant)
+    lexicon = load_lexicon()
+
+    model_args = models.parse_model_args(cfg.model_args)
+    default_model = not model_args and cfg.model in ("hf", "evalkit-hf")
+    if default_model:
+        model_args = models.default_model_args()
+        quant = cfg.quant or "q4_1"
+    else:
+        quant = cfg.quant
+        if cfg.quant and cfg.model not in ("hf", "evalkit-hf"):
+            raise BadInput(f"--quant applies to the hf backend only (got --model {cfg.model})")
+    model_cls = models.model_class(cfg.model)
+    if model_args.get("trust_remote_code") is None and cfg.model in ("hf", "evalkit-hf"):
+        model_args["trust_remote_code"] = False
+
+    prompts = None
+    if cfg.prompts_file:
+        from evalkit.prompts import load_prompts
+
+        prompts = load_prompts(cfg.prompts_file)
+
+    tm = task_manager(cfg)
+    names = list(dict.fromkeys(cfg.tasks))
+    unknown = [t for t in names if t not in tm.all_tasks]
+    if unknown:
+        known = sorted(t for t in tm.all_tasks if not t.startswith("_") and t != "evalkit")
+        raise BadInput(f"unknown task {unknown[0]!r} (known: {', '.join(known)})")
+    if prompts is not None:
+        names.append(PROMPTS_TASK)
+    needle = any(t.startswith("needle") for t in names)
+    if needle:
+        from evalkit import needle as needle_mod
+
+        for length in cfg.needle_lengths or []:
+            if length <= 0:
+                raise BadInput(f"--needle-lengths must be positive token counts, got {length}")
+        for depth in cfg.needle_depths or []:
+            if not 0.0 <= depth <= 1.0:
+                raise BadInput(f"--needle-depths must lie in [0, 1], got {depth}")
+        del needle_mod
+    return {
+        "template": template,
+        "lexicon": lexicon,
+        "model_args": model_args,
+        "model_cls": model_cls,
+        "quant": quant,
+        "default_model": default_model,
+        "task_names": names,
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for col, pkg in (("lm_eval_version", "lm_eval"), ("transformers_version", "transformers"), ("torch_version", "torch")):
+        try:
+            out[col] = version(pkg)
+        except PackageNotFoundError:
+            out[col] = None
+    return out
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%y%m%d%H%M") + "-" + uuid.uuid4().hex[:6]
+
+
+def is_main_rank() -> bool:
+    """Only rank 0 writes to DuckDB under `accelerate launch` / torchrun."""
+    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
+
+
+def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) -> RunResult:
+    """Run an evaluation end to end and store it; returns the stored run's summary.
+
+    Raises BadInput before touching the DB when the configuration is invalid,
+    RunFailed when the run fails at run time (the run row is then `failed`).
+    """
+    t0 = time.monotonic()
+    plan = validate(cfg)
+    template = plan["template"]
+    model_args = dict(plan["model_args"])
+    from evalkit import models
+
+    if models.is_local(model_args):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    writer = is_main_rank()
+    run_id = new_run_id()
+    extra_args: dict[str, Any] = {}
+    if cfg.model in ("hf", "evalkit-hf"):
+        extra_args = {
+            "quant": plan["quant"], "top_k": cfg.top_k, "temperature": cfg.temperature,
+            "first_temperature": cfg.first_temperature, "ban_openers": cfg.ban_openers,
+            "probe_seed": cfg.seed,
+        }
+    dtype = model_args.get("dtype")
+    if plan["quant"] == "bf16":
+        dtype = "bfloat16"
+    elif plan["quant"] in ("q4_1", "fp32", "int8-dynamic") and not dtype:
+        dtype = "float32"
+    row = {
+        "id": run_id,
+        "created_at": store._now(),
+        "status": "running",
+        "name": cfg.name,
+        "model": cfg.model if not plan["default_model"] else models.DEFAULT_NAME,
+        "model_args": json.dumps(model_args, sort_keys=True, default=str),
+        "model_fingerprint": models.fingerprint(model_args),
+        "dtype": dtype,
+        "quant": plan["quant"],
+        "template": template.name,
+        "template_text": json.dumps(template.to_dict(), ensure_ascii=False),
+        "system_prompt": template.system,
+        "tasks": plan["task_names"],
+        "seed": cfg.seed,
+        "batch_size": cfg.batch_size,
+        "sample_limit": cfg.limit,
+        "top_k": cfg.top_k,
+        "first_temperature": cfg.first_temperature,
+        "ban_openers": cfg.ban_openers,
+        "opener_lexicon_version": plan["lexicon"].version,
+        "evalkit_version": __version__,
+        "git_commit": _git_commit(),
+        "host": platform.node(),
+        "config": cfg.to_json(),
+        **_versions(),
+    }
+    if writer:
+        store.insert_run(cfg.db, row)
+    if on_start:
+        on_start(run_id)
+
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _term(signum, frame):
+        raise Interrupted()
+
+    try:
+        signal.signal(signal.SIGTERM, _term)
+    except ValueError:  # not the main thread
+        previous = None
+    status, error = "failed", None
+    try:
+        result = _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0)
+        status = "done"
+        return result
+    except (KeyboardInterrupt, Interrupted):
+        status, error = "interrupted", "interrupted by signal"
+        raise
+    except BadInput as exc:
+        error = str(exc)
+        raise
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        raise RunFailed(f"run {run_id} failed: {error}") from exc
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if writer and status != "done":
+            store.update_run(
+                cfg.db, run_id, status=status, error=error,
+                finished_at=store._now(), duration_s=time.monotonic() - t0,
+            )
+
+
+def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -> RunResult:
+    import lm_eval
+
+    _quiet_lm_eval()
+    metadata: dict[str, Any] = {"template": template.name}
+    if cfg.prompts_file:
+        metadata["prompts_file"] = str(Path(cfg.prompts_file).resolve())
+    t_load = time.monotonic()
+    lm = plan["model_cls"].create_from_arg_obj(
+        {**model_args, **{k: v for k, v in extra_args.items() if v is not None}},
+        {"batch_size": cfg.batch_size, "device": cfg.device},
+    )
+    load_s = time.monotonic() - t_load
+    if any(t.startswith("needle") for t in plan["task_names"]):
+        from evalkit.needle_task import needle_metadata
+
+        metadata.update(needle_metadata(cfg, template, lm))
+    tm = task_manager(cfg, metadata)
+    t_eval = time.monotonic()
+    results = lm_eval.simple_evaluate(
+        model=lm,
+        tasks=plan["task_names"],
+        task_manager=tm,
+        limit=cfg.limit,
+        log_samples=True,
+        apply_chat_template=template.chat,
+        system_instruction=template.system,
+        random_seed=cfg.seed,
+        numpy_random_seed=cfg.seed,
+        torch_random_seed=cfg.seed,
+        fewshot_random_seed=cfg.seed,
+        bootstrap_iters=1000,  # means get an analytic stderr; nothing is resampled
+        metadata=metadata,
+    )
+    eval_s = time.monotonic() - t_eval
+    if results is None:  # non-zero ranks under accelerate get None
+        return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0)
+    from evalkit.collect import collect
+
+    metric_rows, sample_rows, topk_rows = collect(run_id, results, plan["lexicon"])
+    duration = time.monotonic() - t0
+    if writer:
+        store.finish_run(
+            cfg.db, run_id, metrics=metric_rows, samples=sample_rows, topk=topk_rows,
+            status="done", finished_at=store._now(), duration_s=duration,
+        )
+    return RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, duration)
