@@ -8,6 +8,8 @@ inside commands, so `evalkit --help` stays fast.
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 
 import click
@@ -54,18 +56,21 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-from evalkit.cli import query as _query  # noqa: E402
-from evalkit.cli import run as _run  # noqa: E402
-from evalkit.cli import runs as _runs  # noqa: E402
+# one module per command (or small family of commands), each exporting COMMANDS
+_COMMAND_MODULES = [
+    "run",
+    "runs",
+    "query",
+]
 
-for _mod in (_run, _runs, _query):
-    for _cmd in _mod.COMMANDS:
+for _name in _COMMAND_MODULES:
+    for _cmd in importlib.import_module(f"evalkit.cli.{_name}").COMMANDS:
         cli.add_command(_cmd)
 
 
 def main() -> None:
     """Console entry point: unexpected errors become one line unless --debug."""
-    debug = "--debug" in sys.argv or bool(__import__("os").environ.get("EVALKIT_DEBUG"))
+    debug = "--debug" in sys.argv or bool(os.environ.get("EVALKIT_DEBUG"))
     try:
         cli.main(standalone_mode=False, prog_name="evalkit")
     except click.exceptions.Abort:
