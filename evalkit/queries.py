@@ -47,3 +47,19 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         return info, [d[0] for d in cur.description], cur.fetchall()
 
     return _read(path, q)
+
+
+def needle_cells(path, ref: str) -> tuple[str, list[dict[str, Any]]]:
+    """(run id, rows of the needle_heatmap view for that run)."""
+
+    def q(con):
+        run_id = resolve_run(con, ref)
+        cur = con.execute(
+            "SELECT lang, hint, depth, length, recall, n FROM needle_heatmap WHERE run_id = ? "
+            "ORDER BY lang, hint, length, depth",
+            [run_id],
+        )
+        cols = [d[0] for d in cur.description]
+        return run_id, [dict(zip(cols, r)) for r in cur.fetchall()]
+
+    return _read(path, q)

@@ -332,6 +332,10 @@ def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -
     from evalkit.collect import collect
 
     metric_rows, sample_rows, topk_rows = collect(run_id, results, plan["lexicon"])
+    if any(s.get("needle_depth") is not None for s in sample_rows):
+        from evalkit.needle_task import derived_metrics
+
+        metric_rows += derived_metrics(run_id, sample_rows)
     duration = time.monotonic() - t0
     if writer:
         store.finish_run(

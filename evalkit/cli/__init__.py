@@ -61,6 +61,7 @@ _COMMAND_MODULES = [
     "run",
     "runs",
     "query",
+    "needle",
 ]
 
 for _name in _COMMAND_MODULES:

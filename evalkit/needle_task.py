@@ -1,0 +1,149 @@
+"""The lm-eval side of the needle tasks: token counting with the run's tokenizer,
+doc generation at load time, scoring, and the derived per-depth metrics.
+
+Owns: `load_docs` (lm-eval's `custom_dataset` hook of tasks/needle/*.yaml), the
+token counter that renders the prompt exactly as the run will (template and
+system message included), the context-length check, `needle_metadata` (what an
+evalkit run passes to the tasks), and `derived_metrics` (recall by depth and
+length, `middle_gap`). Does not: build documents (`needle.py`) or plot
+(`needle_plot.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from typing import Any, Callable
+
+from evalkit import needle
+from evalkit.errors import BadInput
+
+# in-process tokenizers handed over by an evalkit run (key -> tokenizer), so the
+# docs are counted with the very tokenizer the run loaded
+_TOKENIZERS: dict[str, Any] = {}
+GEN_TOKENS = 24  # max_gen_toks of the needle tasks
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(path: str, gguf_file: str | None):
+    from transformers import AutoTokenizer
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoTokenizer.from_pretrained(path, **kwargs)
+
+
+def token_counter(tokenizer, *, chat: bool, system: str | None) -> Callable[[str], int]:
+    """count(user_text) = tokens of the whole prompt the model sees for that message."""
+
+    def render(text: str) -> str:
+        if chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": text}
+            ]
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return f"{system}\n\n{text}" if system else text
+
+    return lambda text: len(tokenizer(render(text), add_special_tokens=False)["input_ids"])
+
+
+def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
+    """lm-eval custom_dataset: the needle grid of one language and hint flag.
+
+    Metadata keys: `tokenizer_key` (an in-process tokenizer) or `tokenizer`
+    (+ `gguf_file`) to load one; `chat`, `system` (the template); `needle_lengths`,
+    `needle_depths`, `seed`; `max_length` (the model's context) when known.
+    """
+    import datasets
+
+    tok = _TOKENIZERS.get(metadata.get("tokenizer_key") or "")
+    if tok is None:
+        path = metadata.get("tokenizer") or metadata.get("pretrained")
+        if not path:
+            raise BadInput(
+                "needle tasks count lengths in the model's tokens: pass metadata tokenizer=PATH "
+                "(evalkit run does this for you)"
+            )
+        tok = _load_tokenizer(str(path), metadata.get("gguf_file"))
+    lengths = [int(x) for x in metadata.get("needle_lengths") or needle.DEFAULT_LENGTHS]
+    depths = [float(x) for x in metadata.get("needle_depths") or needle.DEFAULT_DEPTHS]
+    check_lengths(lengths, metadata.get("max_length"))
+    count = token_counter(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"))
+    docs = needle.build_grid(count, langs=[lang], lengths=lengths, depths=depths, hint=hint,
+                             seed=int(metadata.get("seed", 1234)))
+    for d in docs:
+        d["needle"] = True  # marks needle docs for the probe and the collector
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
+
+
+def check_lengths(lengths, max_length: int | None) -> None:
+    """Refuse lengths the model cannot hold with room to answer (nothing is truncated)."""
+    for length in lengths:
+        if length <= 0:
+            raise BadInput(f"needle length must be a positive token count, got {length}")
+        if max_length and length * (1 + needle.LENGTH_TOLERANCE) + GEN_TOKENS > max_length:
+            raise BadInput(
+                f"needle length {length} does not fit the model's context of {max_length} tokens "
+                f"(with {GEN_TOKENS} tokens to answer); use --needle-lengths below "
+                f"{int((max_length - GEN_TOKENS) / (1 + needle.LENGTH_TOLERANCE))}"
+            )
+
+
+def process_results(doc, results) -> dict[str, float]:
+    resp = results[0]
+    text = resp.get("text", "") if isinstance(resp, dict) else resp
+    return {"needle_recall": needle.needle_recall(text, doc["key"])}
+
+
+def needle_metadata(cfg, template, lm) -> dict[str, Any]:
+    """Task metadata of an evalkit run: grid, seed, template and the run's tokenizer."""
+    tok = getattr(lm, "tokenizer", None)
+    if tok is None:
+        raise BadInput(f"needle tasks need the model's tokenizer; model type {cfg.model!r} exposes none")
+    key = f"run-{id(tok)}"
+    _TOKENIZERS[key] = tok
+    max_length = getattr(lm, "max_length", None)
+    lengths = cfg.needle_lengths or list(needle.DEFAULT_LENGTHS)
+    check_lengths(lengths, max_length if isinstance(max_length, int) else None)
+    return {
+        "tokenizer_key": key,
+        "chat": template.chat,
+        "system": template.system,
+        "needle_lengths": lengths,
+        "needle_depths": cfg.needle_depths or list(needle.DEFAULT_DEPTHS),
+        "seed": cfg.seed,
+        "max_length": max_length if isinstance(max_length, int) else None,
+    }
+
+
+def derived_metrics(run_id: str, samples: list[dict]) -> list[dict]:
+    """Recall by depth and by length, and middle_gap, per needle task (metric rows)."""
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for s in samples:
+        if s.get("needle_depth") is not None and s.get("needle_recall") is not None:
+            by_task[s["task"]].append(s)
+    rows = []
+    for task, items in sorted(by_task.items()):
+        def add(metric, values):
+            from evalkit.stats import mean_stderr
+
+            mean, se = mean_stderr(values)
+            rows.append({"run_id": run_id, "task": task, "metric": metric, "filter": "none",
+                         "value": mean, "stderr": se, "n": len(values)})
+
+        depth_groups: dict[float, list[float]] = defaultdict(list)
+        length_groups: dict[int, list[float]] = defaultdict(list)
+        for s in items:
+            depth_groups[round(float(s["needle_depth"]), 3)].append(s["needle_recall"])
+            length_groups[int(s["needle_length"])].append(s["needle_recall"])
+        for depth, values in sorted(depth_groups.items()):
+            add(f"needle_recall@depth{depth:g}", values)
+        for length, values in sorted(length_groups.items()):
+            add(f"needle_recall@len{length}", values)
+        by_depth = {d: sum(v) / len(v) for d, v in depth_groups.items()}
+        try:
+            gap = needle.middle_gap(by_depth)
+        except ValueError:
+            continue  # the grid has no edge or no middle depths: no gap to report
+        rows.append({"run_id": run_id, "task": task, "metric": "middle_gap", "filter": "none",
+                     "value": gap, "stderr": None, "n": len(items)})
+    return rows
