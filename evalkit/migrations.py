@@ -183,6 +183,24 @@ def m006_create_views(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m007_create_run_drift_view(con: duckdb.DuckDBPyConnection) -> None:
+    # first_token_drift aggregated per ordered pair of runs and task (SPEC 1.5): shared
+    # prompts with top-k in both, mean top-5 overlap, share of flipped top-1 tokens,
+    # and each run's mean top-5 mass. JSD needs the full top-k: see `evalkit compare`.
+    con.execute(
+        """
+        CREATE VIEW run_drift AS
+        SELECT run_a, run_b, task, count(*) AS n,
+               avg(top5_overlap) AS top5_overlap,
+               avg(flipped) AS flip_rate,
+               avg(top5_mass_a) AS top5_mass_a,
+               avg(top5_mass_b) AS top5_mass_b
+        FROM first_token_drift
+        GROUP BY run_a, run_b, task
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -190,4 +208,5 @@ MIGRATIONS: list[Migration] = [
     m004_create_first_token_topk,
     m005_create_tags,
     m006_create_views,
+    m007_create_run_drift_view,
 ]

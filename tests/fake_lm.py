@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import time
+
 from lm_eval.api.model import LM
 
 CALLS: list[tuple[str, dict]] = []
@@ -25,7 +28,10 @@ class FakeLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False):
         out = []
+        delay = float(os.environ.get("EVALKIT_FAKE_DELAY") or 0)  # seconds per request, to interrupt a run
         for req in requests:
+            if delay:
+                time.sleep(delay)
             CALLS.append((req.args[0], dict(req.args[1])))
             out.append(MODES[self.mode](req.doc))
         return out
