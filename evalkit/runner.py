@@ -98,7 +98,7 @@ def _quiet_lm_eval() -> None:
 
 def validate(cfg: RunConfig) -> dict[str, Any]:
     """Check every input before anything is written; return what the run needs."""
-    from evalkit import models
+    from evalkit import catalog, models
     from evalkit.lexicon import load_lexicon
     from evalkit.templates import get_template
 
@@ -127,7 +127,8 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
         quant = cfg.quant
         if cfg.quant and cfg.model not in ("hf", "evalkit-hf"):
             raise BadInput(f"--quant applies to the hf backend only (got --model {cfg.model})")
-    model_cls = models.model_class(cfg.model)
+    if not catalog.is_model_type(cfg.model):
+        raise BadInput(f"unknown model type {cfg.model!r} (lm-eval has no model registered under that name)")
     if model_args.get("trust_remote_code") is None and cfg.model in ("hf", "evalkit-hf"):
         model_args["trust_remote_code"] = False
 
@@ -137,11 +138,12 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
 
         prompts = load_prompts(cfg.prompts_file)
 
-    tm = task_manager(cfg)
+    folders = [tasks_dir()] + ([Path(cfg.include_path)] if cfg.include_path else [])
+    available = catalog.task_names(folders)
     names = list(dict.fromkeys(cfg.tasks))
-    unknown = [t for t in names if t not in tm.all_tasks]
+    unknown = [t for t in names if t not in available]
     if unknown:
-        known = sorted(t for t in tm.all_tasks if not t.startswith("_") and t != "evalkit")
+        known = sorted(t for t in available if t not in ("evalkit", PROMPTS_TASK))
         raise BadInput(f"unknown task {unknown[0]!r} (known: {', '.join(known)})")
     if prompts is not None:
         names.append(PROMPTS_TASK)
@@ -160,7 +162,6 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
         "template": template,
         "lexicon": lexicon,
         "model_args": model_args,
-        "model_cls": model_cls,
         "quant": quant,
         "default_model": default_model,
         "task_names": names,
@@ -300,7 +301,9 @@ def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -
     if cfg.prompts_file:
         metadata["prompts_file"] = str(Path(cfg.prompts_file).resolve())
     t_load = time.monotonic()
-    lm = plan["model_cls"].create_from_arg_obj(
+    from evalkit import models
+
+    lm = models.model_class(cfg.model).create_from_arg_obj(
         {**model_args, **{k: v for k, v in extra_args.items() if v is not None}},
         {"batch_size": cfg.batch_size, "device": cfg.device},
     )
