@@ -20,3 +20,10 @@ class RunFailed(EvalkitError):
     """A run or gate failed at run time (exit 1)."""
 
     exit_code = 1
+
+
+class Interrupted(BaseException):
+    """SIGTERM during a run, raised so the run row is marked `interrupted` (exit 143).
+
+    A BaseException, like KeyboardInterrupt, so that `except Exception` does not swallow it.
+    """

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalkit import __version__, store
-from evalkit.errors import BadInput, RunFailed
+from evalkit.errors import BadInput, Interrupted, RunFailed
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
 PROMPTS_TASK = "firsttoken_user"
@@ -70,10 +70,6 @@ class RunResult:
     eval_s: float = 0.0
     duration_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Interrupted(BaseException):
-    """SIGTERM turned into an exception so the run can be marked `interrupted`."""
 
 
 def tasks_dir() -> Path:

@@ -15,7 +15,7 @@ import sys
 import click
 
 from evalkit import __version__
-from evalkit.errors import EvalkitError
+from evalkit.errors import EvalkitError, Interrupted
 
 
 class CliError(click.ClickException):
@@ -62,6 +62,9 @@ _COMMAND_MODULES = [
     "runs",
     "query",
     "needle",
+    "compare",
+    "inspect",
+    "export",
 ]
 
 for _name in _COMMAND_MODULES:
@@ -85,6 +88,9 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("evalkit: interrupted", err=True)
         sys.exit(130)
+    except Interrupted:
+        click.echo("evalkit: terminated", err=True)
+        sys.exit(143)
     except Exception as exc:  # a bug: keep it to one line unless asked
         if debug:
             raise

@@ -1,28 +1,38 @@
-"""`evalkit query "SQL"`: read-only SQL on the DB."""
+"""`evalkit query "SQL"`: read-only SQL on the DB, or on several DBs and Parquet exports at once."""
 
 from __future__ import annotations
 
 import click
 
-from evalkit.cli.options import db_option, format_option
+from evalkit.cli.options import format_option
 from evalkit.cli.output import render
 
 
 @click.command("query")
 @click.argument("sql")
-@db_option
+@click.option("--db", "dbs", multiple=True, envvar="EVALKIT_DB", type=click.Path(dir_okay=False),
+              help="DuckDB file; repeat to query several at once [env EVALKIT_DB; default reports/evalkit.duckdb].")
+@click.option("--parquet", "parquet_dirs", multiple=True, type=click.Path(),
+              help="A folder written by `evalkit export --parquet`; repeatable. With it, only --db given here count.")
 @format_option
-def query_command(sql, db, fmt):
+@click.pass_context
+def query_command(ctx, sql, dbs, parquet_dirs, fmt):
     """Run read-only SQL (SELECT, DESCRIBE, SHOW ...) on the DB; writes are refused.
+
+    Several sources (--db more than once, or --parquet) are unioned table by
+    table: `runs` holds the runs of every machine.
 
     \b
     Examples:
       evalkit query "SELECT template, task, metric, round(value, 3) AS v FROM leaderboard WHERE metric = 'ft_hit'"
       evalkit query "SELECT * FROM needle_heatmap" --format csv
+      evalkit query --db a.duckdb --db b.duckdb --parquet exports/gpu-box "SELECT host, count(*) FROM runs GROUP BY host"
     """
-    from evalkit.store import read_query
+    from evalkit.export import merged_query
 
-    cols, rows = read_query(db, sql)
+    if parquet_dirs and ctx.get_parameter_source("dbs") is not click.core.ParameterSource.COMMANDLINE:
+        dbs = ()  # $EVALKIT_DB does not join exports unasked
+    cols, rows = merged_query(dbs, parquet_dirs, sql)
     click.echo(render(cols, rows, fmt))
 
 
