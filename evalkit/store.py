@@ -124,7 +124,11 @@ def open_store(path: str | os.PathLike | None = None, *, read_only: bool = False
         if not read_only:
             migrate(con)
         elif pending(con):
-            raise BadInput(f"{path} needs migrating: run any evalkit command that writes, e.g. `evalkit runs`")
+            # a file written by an older evalkit: upgrade its schema once, then read
+            con.close()
+            with open_store(path):
+                pass
+            con = _connect(path, read_only)
         yield con
     finally:
         con.close()
