@@ -344,10 +344,12 @@ def _value(v: Any) -> float | None:
 
 
 def _metric_tasks(run: RunData) -> dict[str, set[str]]:
-    """metric -> tasks where the run has it (an aggregate, or any non-null per-sample value)."""
+    """metric -> tasks where the run has per-sample values of it.
+
+    Regressions pair per-sample values, so only these tasks can carry one; a
+    group task (aggregate rows only, e.g. `firsttoken`) is left to thresholds.
+    """
     found: dict[str, set[str]] = {}
-    for task, metric in run.metrics:
-        found.setdefault(metric, set()).add(task)
     for (task, _doc), values in run.samples.items():
         for metric, v in values.items():
             if _value(v) is not None:
@@ -404,6 +406,8 @@ def decide(
                 tasks = [rule.task]
             else:
                 tasks = sorted(cand_tasks.get(rule.metric, set()) | base_tasks.get(rule.metric, set()))
+                if not tasks:  # aggregates only (e.g. middle_gap): nothing to pair, so it fails
+                    tasks = sorted({t for t, m in {**candidate.metrics, **baseline.metrics} if m == rule.metric})
             if not tasks:
                 rows.append(
                     VerdictRow(
@@ -424,8 +428,8 @@ def decide(
                         baseline,
                         rule,
                         task,
-                        in_cand=task in cand_tasks.get(rule.metric, ()),
-                        in_base=task in base_tasks.get(rule.metric, ()),
+                        in_cand=task in cand_tasks.get(rule.metric, ()) or (task, rule.metric) in candidate.metrics,
+                        in_base=task in base_tasks.get(rule.metric, ()) or (task, rule.metric) in baseline.metrics,
                         keys=shared_by_task.get(task, []),
                         rules=rules,
                         n_boot=n_boot,

@@ -1,0 +1,70 @@
+"""`evalkit gate` (may a candidate run replace the baseline?) and `evalkit promote RUN --tag NAME`."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from evalkit.cli.options import db_option
+
+
+@click.command("gate")
+@click.option("--candidate", required=True, help="The run to judge: id, unique prefix, latest, or tag:NAME.")
+@click.option("--baseline", required=True, help="The run to compare against, e.g. tag:prod.")
+@click.option("--rules", "rules_file", type=click.Path(dir_okay=False), default=None,
+              help="YAML rules (thresholds, regressions); default: regression limits on the headline metrics.")
+@click.option("--junit", "junit_file", type=click.Path(dir_okay=False), default=None,
+              help="Also write the verdict as JUnit XML to this file.")
+@db_option
+def gate_command(candidate, baseline, rules_file, junit_file, db):
+    """Gate a candidate run against a baseline; exit 0 pass, 1 fail, 2 bad input.
+
+    Prints the verdict as a markdown table and appends it to $GITHUB_STEP_SUMMARY
+    when that is set. Regressions are paired over the prompts both runs share,
+    with a bootstrap 95 % CI. Only reads the DB.
+
+    \b
+    Examples:
+      evalkit gate --candidate latest --baseline tag:prod
+      evalkit gate --candidate 2612021005 --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml
+    """
+    from evalkit.errors import BadInput, RunFailed
+    from evalkit.gate_data import gate_runs
+
+    if junit_file and not os.path.isdir(os.path.dirname(os.path.abspath(junit_file))):
+        raise BadInput(f"cannot write --junit {junit_file}: its folder does not exist")
+    result = gate_runs(db, candidate, baseline, rules_file)
+    click.echo(result.markdown, nl=False)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write(result.markdown + "\n")
+    if junit_file:
+        with open(junit_file, "w", encoding="utf-8") as fh:
+            fh.write(result.junit)
+    if not result.passed:
+        reasons = result.verdict.reasons
+        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+        raise RunFailed(f"gate failed for candidate {result.candidate_id}: {reasons[0]}{more}")
+
+
+@click.command("promote")
+@click.argument("run")
+@click.option("--tag", required=True, help="Tag name; `tag:NAME` then resolves to the newest run with it.")
+@db_option
+def promote_command(run, tag, db):
+    """Tag a finished run, e.g. as the production baseline. RUN: id, prefix, latest, or tag:NAME.
+
+    \b
+    Examples:
+      evalkit promote latest --tag prod
+      evalkit gate --candidate latest --baseline tag:prod && evalkit promote latest --tag prod
+    """
+    from evalkit.gate_data import promote
+
+    run_id, added = promote(db, run, tag)
+    click.echo(f"run {run_id} tagged {tag}" if added else f"run {run_id} already tagged {tag}")
+
+
+COMMANDS = [gate_command, promote_command]

@@ -1,0 +1,117 @@
+"""The DB side of the release gate: reading two runs into ``gate.RunData``, and promotion tags.
+
+Owns: ``load_run_data`` (aggregates from ``metrics``, per-sample values from
+``samples``), ``gate_runs`` (rules, run resolution, ``gate.decide`` and its
+markdown / JUnit renderings, all from one read-only connection) and
+``promote`` (the only write: one row in ``tags``).
+Does not: decide pass or fail (``gate.decide`` does), print, write files, or
+turn a verdict into an exit code (the CLI does).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from evalkit.errors import BadInput
+from evalkit.store import _now, open_store, resolve_run, transaction
+
+if TYPE_CHECKING:  # evalkit.gate imports numpy and yaml: loaded when a gate runs
+    from evalkit.gate import Verdict
+
+# samples columns that hold one numeric per-sample metric value each
+SAMPLE_METRICS = (
+    "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
+    "top3_mass", "top3_share", "unstable", "entropy", "needle_recall",
+)
+_TAG_RE = re.compile(r"^[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class GateResult:
+    verdict: Verdict
+    candidate_id: str
+    baseline_id: str
+    markdown: str
+    junit: str
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict.passed
+
+
+def _done_run(con, ref: str, action: str) -> str:
+    """Resolve ``ref`` to a run id; BadInput unless that run finished (status 'done')."""
+    run_id = resolve_run(con, ref)
+    status = con.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()[0]
+    if status != "done":
+        raise BadInput(f"run {run_id} has status {status!r}; only a done run can be {action}")
+    return run_id
+
+
+def load_run_data(con, run_id: str):
+    """One run as ``gate.RunData``: (task, metric) -> aggregate, (task, doc_id) -> {metric: value}.
+
+    Aggregates take the ``none`` filter where a metric has several; per-sample
+    values are the numeric ``samples`` columns (SAMPLE_METRICS), nulls left out.
+    """
+    from evalkit.gate import RunData
+
+    metrics: dict[tuple[str, str], float] = {}
+    for task, metric, value in con.execute(
+        "SELECT task, metric, arg_min(value, CASE WHEN filter = 'none' THEN 0 ELSE 1 END) "
+        "FROM metrics WHERE run_id = ? GROUP BY task, metric",
+        [run_id],
+    ).fetchall():
+        metrics[(task, metric)] = value
+
+    samples: dict[tuple[str, str], dict[str, float]] = {}
+    cols = ", ".join(SAMPLE_METRICS)
+    cur = con.execute(f"SELECT task, doc_id, {cols} FROM samples WHERE run_id = ?", [run_id])
+    while batch := cur.fetchmany(10_000):
+        for task, doc_id, *values in batch:
+            samples[(task, doc_id)] = {m: v for m, v in zip(SAMPLE_METRICS, values) if v is not None}
+    return RunData(run_id=run_id, metrics=metrics, samples=samples)
+
+
+def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
+    """Gate run ``candidate`` against ``baseline`` (ids, prefixes, latest, tag:NAME). Reads only.
+
+    Raises BadInput for an invalid rules file, an unknown or unfinished run, or
+    two runs that share no prompt.
+    """
+    from evalkit import gate
+
+    rules = gate.load_rules(rules_path)
+    with open_store(db, read_only=True) as con:
+        cand_id = _done_run(con, candidate, "gated")
+        base_id = _done_run(con, baseline, "gated")
+        cand = load_run_data(con, cand_id)
+        base = cand if base_id == cand_id else load_run_data(con, base_id)
+    verdict = gate.decide(cand, base, rules)
+    return GateResult(
+        verdict=verdict,
+        candidate_id=cand_id,
+        baseline_id=base_id,
+        markdown=gate.to_markdown(verdict, cand_id, base_id),
+        junit=gate.to_junit(verdict, cand_id, base_id),
+    )
+
+
+def promote(db, ref: str, tag: str) -> tuple[str, bool]:
+    """Tag a done run (``tag:NAME`` then resolves to the newest run with that tag).
+
+    Returns (run id, whether a new tag row was written; False when the run
+    already had the tag). Raises BadInput for a bad tag name or an unknown or
+    unfinished run, before anything is written.
+    """
+    if not _TAG_RE.match(tag or ""):
+        raise BadInput(f"bad tag name {tag!r}: use letters, digits, '.', '_' or '-'")
+    with open_store(db, read_only=True) as con:
+        run_id = _done_run(con, ref, "promoted")
+    with transaction(db) as con:
+        exists = con.execute("SELECT count(*) FROM tags WHERE tag = ? AND run_id = ?", [tag, run_id]).fetchone()[0]
+        if not exists:
+            con.execute("INSERT INTO tags (tag, run_id, created_at) VALUES (?, ?, ?)", [tag, run_id, _now()])
+    return run_id, not exists

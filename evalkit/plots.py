@@ -1,0 +1,253 @@
+"""PNG plots of the report: leaderboard bars with CIs, first-token distributions, metric trends.
+
+Owns: drawing already-computed numbers with matplotlib's Agg backend (imported
+lazily, on a `Figure`, never pyplot's global state). Does not: query the DB or
+compute any statistic; the needle heatmap lives in `evalkit.needle_plot`.
+
+Labels: matplotlib's bundled font has no CJK glyphs, so characters it cannot
+draw are written as \\uXXXX escapes (`plot_label`); the HTML report shows the
+same tokens as text.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Sequence
+
+
+def _figure(width: float, height: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
+
+
+def _grid(n: int, ncols: int, panel_w: float, panel_h: float, *, left: float, right: float = 0.3,
+          top: float = 0.45, bottom: float = 0.5, wgap: float = 0.35, hgap: float = 0.75, foot: float = 0.0):
+    """A figure with n panels on a fixed grid (sizes in inches; no layout engine: it is slow).
+
+    `left` and `wgap` hold the y tick labels, `foot` a legend under the panels.
+    Returns (figure, list of n axes).
+    """
+    ncols = max(1, min(ncols, n))
+    nrows = math.ceil(n / ncols)
+    width = left + ncols * panel_w + (ncols - 1) * (wgap + left) + right
+    height = top + nrows * panel_h + (nrows - 1) * hgap + bottom + foot
+    fig = _figure(width, height)
+    grid = fig.add_gridspec(nrows, ncols, left=left / width, right=1 - right / width, top=1 - top / height,
+                            bottom=(bottom + foot) / height, wspace=(wgap + left) / panel_w,
+                            hspace=hgap / panel_h)
+    return fig, [fig.add_subplot(grid[i // ncols, i % ncols]) for i in range(n)]
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, pil_kwargs={"compress_level": 1})  # zlib level 1: encoding is the slow part
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def _drawable() -> frozenset[int]:
+    """Code points the default font can draw."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    font = FT2Font(font_manager.findfont("DejaVu Sans"))
+    return frozenset(font.get_charmap())
+
+
+def plot_label(text: str, max_len: int = 40) -> str:
+    """Text safe for the plot font: undrawable characters as \\uXXXX, `$` escaped, truncated.
+
+    >>> plot_label("Paris"), plot_label("递归")
+    ('Paris', '\\\\u9012\\\\u5f52')
+    """
+    ok = _drawable()
+    out = []
+    for ch in text:
+        if ch == "$":
+            out.append(r"\$")
+        elif ord(ch) in ok and ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+    joined = "".join(out)
+    return joined if len(joined) <= max_len else joined[: max_len - 1] + "…"
+
+
+def token_label(token: str | None, token_id: int | None = None) -> str:
+    """A first-token label with its spaces visible: repr-quoted, or #id when the text is missing."""
+    if token is None:
+        return f"#{token_id}"
+    return plot_label(repr(token), 24)
+
+
+def run_colors(n: int) -> list:
+    """One distinct colour per run, in report order."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _err(value: float, lo: float | None, hi: float | None) -> tuple[float, float]:
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return 0.0, 0.0
+    return max(0.0, value - lo), max(0.0, hi - value)
+
+
+def _hbars(ax, ys: Sequence[float], widths: Sequence[float], height: float, colors: Sequence) -> None:
+    """Horizontal bars from 0 as one PolyCollection (barh makes an artist per bar: slow).
+
+    The caller sets the axis limits.
+    """
+    from matplotlib.collections import PolyCollection
+
+    h = height / 2
+    verts = [[(0.0, y - h), (w, y - h), (w, y + h), (0.0, y + h)] for y, w in zip(ys, widths)]
+    ax.add_collection(PolyCollection(verts, facecolors=list(colors), edgecolors="none"), autolim=False)
+
+
+def leaderboard_plot(entries: Sequence[dict], runs: Sequence[str], path: str | Path) -> Path:
+    """Horizontal bars with 95 % CI whiskers: one panel per metric, a bar per (task, run).
+
+    entries: dicts {metric, task, run (a label in `runs`), value, lo, hi}; runs
+    fixes the colours and order. Values are written at the bars when they are few.
+    """
+    metrics = list(dict.fromkeys(e["metric"] for e in entries))
+    tasks = sorted({e["task"] for e in entries})
+    colors = dict(zip(runs, run_colors(len(runs))))
+    # y position of each (task, run): runs stacked within a task, a gap between tasks
+    slots: dict[tuple[str, str], float] = {}
+    ticks: dict[str, float] = {}
+    extent = 0.0
+    for task in tasks:
+        present = [r for r in runs if any(e["task"] == task and e["run"] == r for e in entries)]
+        for run in present:
+            slots[(task, run)] = extent
+            extent += 1
+        ticks[task] = extent - (len(present) + 1) / 2
+        extent += 0.6
+    label_bars = len(slots) <= 16
+    fig, axes = _grid(len(metrics), 3, 3.2, 0.16 * len(slots) + 0.4, left=1.5,
+                      foot=0.25 * math.ceil(len(runs) / 4) + 0.1)
+    for ax, metric in zip(axes, metrics):
+        mine = [e for e in entries if e["metric"] == metric]
+        # one collection of bars and one of whiskers per panel: far cheaper than an artist per bar
+        ys = [slots[(e["task"], e["run"])] for e in mine]
+        errs = [_err(e["value"], e.get("lo"), e.get("hi")) for e in mine]
+        _hbars(ax, ys, [e["value"] for e in mine], 0.8, [colors[e["run"]] for e in mine])
+        whiskers = [(y, e["value"] - lo, e["value"] + hi) for y, e, (lo, hi) in zip(ys, mine, errs) if lo or hi]
+        if whiskers:
+            ax.hlines([w[0] for w in whiskers], [w[1] for w in whiskers], [w[2] for w in whiskers],
+                      color="black", linewidth=0.9)
+        right = 0.0
+        for slot, e, (_, hi) in zip(ys, mine, errs):
+            end = max(e["value"], 0.0) + hi
+            right = max(right, end)
+            if label_bars:
+                ax.text(end, slot, f" {e['value']:.3g}", va="center", fontsize=7)
+        shown = [t for t in tasks if any(e["task"] == t for e in mine)]
+        ax.set_yticks([ticks[t] for t in shown], [plot_label(t, 22) for t in shown], fontsize=8)
+        ax.set_ylim(extent - 0.6 - 0.4, -0.6)  # same scale in every panel, first task on top
+        left = min([0.0] + [e["value"] - lo for e, (lo, _) in zip(mine, errs)])
+        ax.set_xlim(left * 1.05, max(right, 1e-9) * (1.15 if label_bars else 1.05))
+        ax.set_title(plot_label(metric), fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(axis="x", labelsize=8)
+    _legend(fig, runs, colors)
+    return _save(fig, path)
+
+
+def _legend(fig, labels: Sequence[str], colors: dict) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=colors[r], label=plot_label(r, 32)) for r in labels]
+    fig.legend(handles=handles, loc="lower center", ncols=min(4, len(labels)), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
+
+
+def first_token_plot(prompts: Sequence[dict], runs: Sequence[str], path: str | Path) -> Path:
+    """Grouped bars of first-token probabilities, one panel per prompt, a bar per run.
+
+    prompts: dicts {title, tokens: [label, ...], probs: {run: [p per token]}};
+    a run missing from probs has no top-k rows for that prompt.
+    """
+    colors = dict(zip(runs, run_colors(len(runs))))
+    per_panel = max(len(p["tokens"]) for p in prompts) * max(1, len(runs))
+    fig, axes = _grid(len(prompts), 2, 4.6, 0.065 * per_panel + 0.7, left=1.6, bottom=0.6,
+                      foot=0.25 * math.ceil(len(runs) / 4) + 0.1)
+    width = 0.8 / max(1, len(runs))
+    for ax, prompt in zip(axes, prompts):
+        n = len(prompt["tokens"])
+        ys, ps, cs = [], [], []
+        for j, run in enumerate(runs):
+            probs = prompt["probs"].get(run)
+            if probs is not None:
+                ys += [t + j * width - 0.4 + width / 2 for t in range(n)]
+                ps += list(probs)
+                cs += [colors[run]] * n
+        _hbars(ax, ys, ps, width, cs)
+        ax.set_yticks(range(n), prompt["tokens"], fontsize=8)
+        ax.set_ylim(n - 0.5, -0.5)
+        ax.set_xlim(0, 1)
+        ax.set_xlabel("probability of the first token", fontsize=8)
+        ax.set_title(plot_label(prompt["title"], 60), fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(axis="x", labelsize=8)
+    _legend(fig, runs, colors)
+    return _save(fig, path)
+
+
+def trend_plot(series: Sequence[dict], path: str | Path, title: str) -> Path:
+    """Metric values over run time: one panel per task, one line per metric (CI as whiskers).
+
+    series: dicts {task, metric, points: [(created_at, value, lo, hi), ...]}.
+    Metrics with values outside [0, 1] (entropy, ...) go on a right-hand axis, dashed.
+    """
+    import matplotlib
+    from matplotlib.lines import Line2D
+
+    tasks = list(dict.fromkeys(s["task"] for s in series))
+    metrics = list(dict.fromkeys(s["metric"] for s in series))
+    cmap = matplotlib.colormaps["tab10" if len(metrics) <= 10 else "tab20"]
+    color = {m: cmap(i % cmap.N) for i, m in enumerate(metrics)}
+    unit = {m: all(0.0 <= p[1] <= 1.0 for s in series if s["metric"] == m for p in s["points"]) for m in metrics}
+    from matplotlib import dates
+
+    fig, axes = _grid(len(tasks), 3, 3.6, 2.4, left=0.5, right=0.6, top=0.7, bottom=0.45, wgap=0.45,
+                      foot=0.25 * math.ceil(len(metrics) / 4) + 0.1)
+    for ax, task in zip(axes, tasks):
+        other = None
+        for s in (s for s in series if s["task"] == task):
+            pts = sorted(s["points"], key=lambda p: p[0])
+            errs = [_err(p[1], p[2], p[3]) for p in pts]
+            if not unit[s["metric"]] and other is None:
+                other = ax.twinx()
+                other.tick_params(labelsize=8)
+            target = ax if unit[s["metric"]] else other
+            xs = [p[0] for p in pts]
+            target.plot(xs, [p[1] for p in pts], marker="o", markersize=3, color=color[s["metric"]],
+                        linestyle="-" if unit[s["metric"]] else "--")
+            target.vlines(xs, [p[1] - lo for p, (lo, _) in zip(pts, errs)],
+                          [p[1] + hi for p, (_, hi) in zip(pts, errs)], color=color[s["metric"]], linewidth=0.8)
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_title(plot_label(task), fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+        locator = dates.AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator))
+        if other is not None:
+            other.set_ylabel("dashed lines", fontsize=8)
+    handles = [Line2D([], [], color=color[m], marker="o", markersize=3, linestyle="-" if unit[m] else "--",
+                      label=plot_label(m)) for m in metrics]
+    fig.legend(handles=handles, loc="lower center", ncols=min(4, len(metrics)), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(plot_label(title, 90), fontsize=11)
+    return _save(fig, path)

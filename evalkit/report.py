@@ -1,0 +1,637 @@
+"""Static reports of stored runs: ``index.html``, ``summary.md`` and PNG plots next to them.
+
+Owns: which runs a report covers, the SQL behind each section — every number is
+read from the ``leaderboard`` and ``needle_heatmap`` views or the ``runs``,
+``samples`` and ``first_token_topk`` tables, aggregated inside DuckDB so sample
+rows never reach Python — and rendering the sections as offline HTML (no
+external CSS, JS or fonts; images are relative PNG files) and markdown. A
+section without data is left out with a one-line reason.
+Does not: compute metrics or statistics, draw (``evalkit.plots``,
+``evalkit.needle_plot``), print, or write to the DB (it opens it read-only and
+closes it before plotting).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from evalkit.errors import BadInput
+from evalkit.store import db_path, open_store, resolve_run
+
+MAX_DEFAULT_RUNS = 12
+MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
+MAX_HEATMAPS = 3  # needle heatmaps, newest runs first (each costs ~0.4 s of CPU)
+TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
+TABLE_RANKS = 5  # ranks per run in the first-token tables
+# metrics listed first, in this order; the rest follow alphabetically
+METRIC_ORDER = (
+    "ft_hit", "ft_hit_prob", "ft_token_hit", "opener_rate", "opener_mass", "prior_drift",
+    "top3_mass", "top3_share", "unstable", "entropy", "needle_recall", "middle_gap",
+)
+_IDS = "(SELECT unnest(?::VARCHAR[]))"
+
+
+# ------------------------------------------------------------------ the report
+
+
+@dataclass
+class Table:
+    columns: list[str]
+    rows: list[list[str]]  # formatted cells
+    caption: str = ""
+    numeric_from: int | None = None  # columns from this index on are right-aligned numbers
+    strong: set[tuple[int, int]] = field(default_factory=set)  # (row, column) cells to emphasise
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    intro: str = ""
+    tables: list[Table] = field(default_factory=list)
+    images: list[tuple[str, str]] = field(default_factory=list)  # (file next to index.html, alt text)
+    notes: list[str] = field(default_factory=list)
+    omitted: str | None = None  # one-line reason, when the section has no data
+    side_by_side: bool = False  # lay the tables out in a wrapping row
+
+
+@dataclass
+class Report:
+    out_dir: Path
+    files: list[Path]  # everything written, index.html first
+    sections: list[Section]
+    run_ids: list[str]
+
+
+def parse_run_refs(values: Iterable[str] | None) -> list[str]:
+    """Run references from repeated and/or comma-separated --runs values.
+
+    >>> parse_run_refs(["a,b", " c ", ""])
+    ['a', 'b', 'c']
+    """
+    refs = []
+    for value in values or ():
+        refs.extend(part.strip() for part in value.split(",") if part.strip())
+    return refs
+
+
+def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "reports",
+                 prompts: int = 4) -> Report:
+    """Write the report of ``runs`` (default: the newest done runs, at most 12) into ``out``.
+
+    Raises BadInput for an unknown run, a DB without finished runs (when no runs
+    are named), a negative ``prompts``, or an ``out`` that is a file.
+    """
+    if prompts < 0:
+        raise BadInput(f"--prompts must be >= 0, got {prompts}")
+    out_dir = Path(out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise BadInput(f"{out_dir} is a file, not a folder for the report")
+    refs = parse_run_refs(runs)
+    with open_store(db, read_only=True) as con:
+        data = _read(con, refs, prompts)
+    data.db = str(db_path(db))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"cannot create the report folder {out_dir}: {exc.strerror or exc}") from None
+
+    sections = [
+        _runs_section(data),
+        _leaderboard_section(data, out_dir),
+        _first_token_section(data, out_dir, prompts),
+        _needle_section(data, out_dir),
+        _trend_section(data, out_dir),
+    ]
+    images = [out_dir / name for s in sections for name, _ in s.images]
+    index = out_dir / "index.html"
+    index.write_text(to_html(data, sections), encoding="utf-8")
+    summary = out_dir / "summary.md"
+    summary.write_text(to_markdown(data, sections), encoding="utf-8")
+    return Report(out_dir=out_dir, files=[index, summary, *images], sections=sections,
+                  run_ids=[r["id"] for r in data.runs])
+
+
+# ------------------------------------------------------------------ reading
+
+
+@dataclass
+class _Data:
+    runs: list[dict]  # report order (oldest first), with a display label
+    done: list[str]  # ids of the done runs among them
+    leaderboard: list[dict]
+    ft_runs: list[str]  # done runs with first_token_topk rows
+    ft_prompts: list[dict]
+    needle_cells: list[dict]
+    needle_summary: list[dict]
+    generated: dt.datetime
+    db: str = ""
+
+
+def _rows(con, sql: str, params: list | None = None) -> list[dict]:
+    cur = con.execute(sql, params or [])
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, row)) for row in cur.fetchall()]
+
+
+def _select_runs(con, refs: list[str]) -> list[str]:
+    if refs:
+        return list(dict.fromkeys(resolve_run(con, ref) for ref in refs))
+    ids = [r[0] for r in con.execute(
+        "SELECT id FROM runs WHERE status = 'done' ORDER BY created_at DESC, id DESC LIMIT ?",
+        [MAX_DEFAULT_RUNS],
+    ).fetchall()]
+    if not ids:
+        raise BadInput("no finished runs to report on: store one with `evalkit run` first")
+    return ids
+
+
+def _read(con, refs: list[str], prompts: int) -> _Data:
+    ids = _select_runs(con, refs)
+    runs = _rows(con, f"""
+        SELECT r.id, r.name, r.status, r.model, r.model_args, r.model_fingerprint, r.quant,
+               r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
+        FROM runs r
+        LEFT JOIN (SELECT run_id, count(*) AS n FROM samples WHERE run_id IN {_IDS} GROUP BY run_id) s
+          ON s.run_id = r.id
+        WHERE r.id IN {_IDS}
+        ORDER BY r.created_at, r.id
+    """, [ids, ids])
+    _label_runs(runs)
+    done = [r["id"] for r in runs if r["status"] == "done"]
+
+    leaderboard = _rows(con, f"""
+        SELECT run_id, task, metric, value, stderr, ci_lo, ci_hi, n
+        FROM leaderboard WHERE run_id IN {_IDS}
+        ORDER BY task, metric
+    """, [done])
+
+    ft_runs = [r[0] for r in con.execute(
+        f"SELECT DISTINCT run_id FROM first_token_topk WHERE run_id IN {_IDS}", [done]
+    ).fetchall()]
+    ft_runs = [i for i in done if i in set(ft_runs)]
+    ft_prompts = _first_token_prompts(con, ft_runs, prompts) if ft_runs and prompts else []
+
+    needle_cells = _rows(con, f"""
+        SELECT run_id, lang, hint, depth, length, recall, n FROM needle_heatmap
+        WHERE run_id IN {_IDS} ORDER BY run_id, lang, hint, length, depth
+    """, [done])
+    needle_summary = _rows(con, f"""
+        SELECT run_id, lang, hint, sum(n) AS n, sum(recall * n) / sum(n) AS recall
+        FROM needle_heatmap WHERE run_id IN {_IDS}
+        GROUP BY run_id, lang, hint ORDER BY run_id, lang, hint
+    """, [done])
+    return _Data(runs=runs, done=done, leaderboard=leaderboard, ft_runs=ft_runs,
+                 ft_prompts=ft_prompts, needle_cells=needle_cells, needle_summary=needle_summary,
+                 generated=dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
+
+
+def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
+    """The prompts shared by most runs where their top-1 first tokens disagree most, with each
+    run's whole stored top-k (probabilities exp(logprob)) and its top-k mass."""
+    chosen = _rows(con, f"""
+        WITH top1 AS (
+            SELECT run_id, task, doc_id, arg_min(token_id, rank) AS token_id,
+                   exp(arg_min(logprob, rank)) AS p
+            FROM first_token_topk WHERE run_id IN {_IDS}
+            GROUP BY run_id, task, doc_id
+        ), per_prompt AS (
+            SELECT task, doc_id, count(*) AS n_runs, count(DISTINCT token_id) AS n_top1,
+                   max(p) - min(p) AS p_spread
+            FROM top1 GROUP BY task, doc_id
+        )
+        SELECT task, doc_id, n_runs, n_top1, p_spread FROM per_prompt
+        WHERE n_runs = (SELECT max(n_runs) FROM per_prompt)
+        ORDER BY n_top1 DESC, p_spread DESC, task, doc_id
+        LIMIT ?
+    """, [run_ids, limit])
+    if not chosen:
+        return []
+    tasks = [c["task"] for c in chosen]
+    docs = [c["doc_id"] for c in chosen]
+    wanted = "(SELECT unnest(?::VARCHAR[]) AS task, unnest(?::VARCHAR[]) AS doc_id)"
+    dists = _rows(con, f"""
+        SELECT t.run_id, t.task, t.doc_id, sum(exp(t.logprob)) AS mass,
+               list(struct_pack(rank := t.rank, token_id := t.token_id, token := t.token,
+                                p := exp(t.logprob)) ORDER BY t.rank) AS tokens
+        FROM first_token_topk t JOIN {wanted} w ON t.task = w.task AND t.doc_id = w.doc_id
+        WHERE t.run_id IN {_IDS}
+        GROUP BY t.run_id, t.task, t.doc_id
+    """, [tasks, docs, run_ids])
+    texts = {(r["task"], r["doc_id"]): r for r in _rows(con, f"""
+        SELECT s.task, s.doc_id, any_value(s.prompt) AS prompt, any_value(s.target) AS target
+        FROM samples s JOIN {wanted} w ON s.task = w.task AND s.doc_id = w.doc_id
+        WHERE s.run_id IN {_IDS}
+        GROUP BY s.task, s.doc_id
+    """, [tasks, docs, run_ids])}
+    for c in chosen:
+        key = (c["task"], c["doc_id"])
+        c["prompt"] = (texts.get(key) or {}).get("prompt")
+        c["target"] = (texts.get(key) or {}).get("target")
+        c["runs"] = {d["run_id"]: d for d in dists if (d["task"], d["doc_id"]) == key}
+    return chosen
+
+
+def _model_label(model: str | None, model_args: str | None) -> str:
+    """What a reader calls the model: the pretrained folder's name, else type + short args."""
+    try:
+        args = json.loads(model_args) if model_args else {}
+    except (TypeError, ValueError):
+        args = {}
+    if not isinstance(args, dict):
+        args = {}
+    if args.get("pretrained"):
+        name = str(args["pretrained"]).rstrip("/").rsplit("/", 1)[-1]
+        if args.get("gguf_file"):
+            name += f" ({args['gguf_file']})"
+        return name
+    noise = {"trust_remote_code", "device", "dtype", "batch_size"}
+    shown = ",".join(f"{k}={v}" for k, v in sorted(args.items()) if k not in noise)
+    label = f"{model} {shown}".strip() if shown else (model or "?")
+    return label if len(label) <= 48 else label[:47] + "…"
+
+
+def _label_runs(runs: list[dict]) -> None:
+    """Give each run a short unique display label: its name, else its id."""
+    base = [r["name"] or r["id"] for r in runs]
+    for r, b in zip(runs, base):
+        r["label"] = b if base.count(b) == 1 or b == r["id"] else f"{b} · {r['id'][-6:]}"
+        r["model_label"] = _model_label(r["model"], r["model_args"])
+        r["model_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "")
+
+
+# ------------------------------------------------------------------ sections
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _with_ci(row: dict) -> str:
+    text = _num(row["value"])
+    if row.get("ci_lo") is not None and row.get("ci_hi") is not None:
+        text += f" [{_num(row['ci_lo'])}, {_num(row['ci_hi'])}]"
+    return text
+
+
+def _metric_sort_key(metric: str) -> tuple:
+    return (METRIC_ORDER.index(metric), "") if metric in METRIC_ORDER else (len(METRIC_ORDER), metric)
+
+
+def _higher_is_better(metric: str) -> bool | None:
+    from evalkit.metrics import METRICS
+
+    if metric in METRICS:
+        return METRICS[metric].higher_is_better
+    if metric == "middle_gap":
+        return False
+    return None
+
+
+def _is_breakdown(metric: str) -> bool:
+    return "@" in metric  # needle_recall@depth0.1, needle_recall@len512 ...
+
+
+def _runs_section(data: _Data) -> Section:
+    rows = []
+    for r in data.runs:
+        created = r["created_at"].strftime("%Y-%m-%d %H:%M:%S") if r["created_at"] else ""
+        rows.append([r["label"], r["id"], r["status"], r["model_label"], r["quant"] or "",
+                     r["template"] or "", ",".join(r["tasks"] or []), created, str(r["n_samples"]),
+                     _num(r["duration_s"], 1)])
+    table = Table(["run", "id", "status", "model", "quant", "template", "tasks", "created (UTC)",
+                   "samples", "duration s"], rows, numeric_from=8)
+    section = Section("runs", "Runs", tables=[table],
+                      intro=f"{len(data.runs)} runs, {len(data.done)} of them done.")
+    not_done = [r["label"] for r in data.runs if r["status"] != "done"]
+    if not_done:
+        section.notes.append(f"Not done, so left out of the sections below: {', '.join(not_done)}.")
+    return section
+
+
+def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
+    section = Section("leaderboard", "Leaderboard")
+    if not data.done:
+        section.omitted = "no done run among the selected runs"
+        return section
+    main = [r for r in data.leaderboard if not _is_breakdown(r["metric"])]
+    if not main:
+        section.omitted = "no metric rows for the selected runs in the leaderboard view"
+        return section
+    metrics = sorted({r["metric"] for r in main}, key=_metric_sort_key)
+    runs = {r["id"]: r for r in data.runs}
+    cells = {(r["task"], r["run_id"], r["metric"]): r for r in main}
+    keys = sorted({(r["task"], r["run_id"]) for r in main},
+                  key=lambda k: (k[0], runs[k[1]]["model_label"], runs[k[1]]["quant"] or "",
+                                 runs[k[1]]["template"] or "", runs[k[1]]["created_at"], k[1]))
+    arrows = {True: " ↑", False: " ↓", None: ""}
+    columns = ["task", "model", "quant", "template", "run"] + [m + arrows[_higher_is_better(m)] for m in metrics]
+    rows, strong = [], set()
+    for i, (task, run_id) in enumerate(keys):
+        run = runs[run_id]
+        row = [task, run["model_label"], run["quant"] or "", run["template"] or "", run["label"]]
+        row += [_with_ci(cells[(task, run_id, m)]) if (task, run_id, m) in cells else "" for m in metrics]
+        rows.append(row)
+    for j, metric in enumerate(metrics):
+        better = _higher_is_better(metric)
+        if better is None:
+            continue
+        for task in {k[0] for k in keys}:
+            values = [(i, cells[(task, k[1], metric)]["value"]) for i, k in enumerate(keys)
+                      if k[0] == task and (task, k[1], metric) in cells
+                      and cells[(task, k[1], metric)]["value"] is not None]
+            if len(values) < 2 or len({v for _, v in values}) == 1:
+                continue
+            best = max(v for _, v in values) if better else min(v for _, v in values)
+            strong |= {(i, 5 + j) for i, v in values if v == best}
+    section.intro = ("Each metric's value and 95 % CI (value ± 1.96 stderr) from the leaderboard view; "
+                     "↑ higher is better, ↓ lower is better; the best run per task is in bold.")
+    section.tables.append(Table(columns, rows, numeric_from=5, strong=strong))
+    breakdowns = sorted({r["metric"] for r in data.leaderboard if _is_breakdown(r["metric"])})
+    if breakdowns:
+        section.notes.append(f"{len(breakdowns)} breakdown metrics (e.g. {breakdowns[0]}) are left out of this "
+                             "table; see the needle section or query the leaderboard view.")
+
+    from evalkit.plots import leaderboard_plot
+
+    plotted = metrics[:MAX_PLOT_METRICS]
+    entries = [{"metric": r["metric"], "task": r["task"], "run": runs[r["run_id"]]["label"],
+                "value": r["value"], "lo": r["ci_lo"], "hi": r["ci_hi"]}
+               for r in main if r["metric"] in plotted and r["value"] is not None]
+    entries.sort(key=lambda e: _metric_sort_key(e["metric"]))
+    if entries:
+        labels = [runs[i]["label"] for i in data.done if any(e["run"] == runs[i]["label"] for e in entries)]
+        leaderboard_plot(entries, labels, out_dir / "leaderboard.png")
+        section.images.append(("leaderboard.png", "leaderboard: each metric per task and run with 95 % CI"))
+        if len(metrics) > len(plotted):
+            section.notes.append(f"The plot shows the first {len(plotted)} of {len(metrics)} metrics.")
+    return section
+
+
+def _prompt_text(prompt: str | None, width: int = 160) -> str:
+    text = " ".join((prompt or "").split())
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _targets(target: str | None) -> str:
+    try:
+        values = json.loads(target) if target else []
+    except (TypeError, ValueError):
+        return target or ""
+    return ", ".join(map(str, values)) if isinstance(values, list) else str(values)
+
+
+def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
+    section = Section("first-token", "First-token distributions", side_by_side=True)
+    if prompts == 0:
+        section.omitted = "no prompts asked for (--prompts 0)"
+        return section
+    if not data.ft_runs:
+        section.omitted = ("no first_token_topk rows for the selected runs "
+                           "(backends without logprobs store none)")
+        return section
+    if not data.ft_prompts:
+        section.omitted = "the runs with first-token top-k rows share no prompt"
+        return section
+    runs = {r["id"]: r for r in data.runs}
+    ft_labels = [runs[i]["label"] for i in data.ft_runs]
+    n_runs = data.ft_prompts[0]["n_runs"]
+    section.intro = (
+        f"{len(data.ft_prompts)} prompts shared by {n_runs} of the {len(data.ft_runs)} runs with top-k rows, "
+        "those whose most likely first tokens disagree most (distinct top-1 tokens, then the spread of "
+        "the top-1 probability). Probabilities are exp(logprob) from first_token_topk; a token outside "
+        "a run's stored top-k shows as 0."
+    )
+    from evalkit.plots import first_token_plot, token_label
+
+    panels = []
+    for prompt in data.ft_prompts:
+        title = f"{prompt['task']} / {prompt['doc_id']}"
+        # tokens: the union of each run's top ranks, most probable first
+        best: dict[int, tuple[float, Any]] = {}
+        for dist in prompt["runs"].values():
+            for tok in dist["tokens"][:TOKENS_PER_PROMPT]:
+                p = tok["p"]
+                if tok["token_id"] not in best or p > best[tok["token_id"]][0]:
+                    best[tok["token_id"]] = (p, tok["token"])
+        token_ids = sorted(best, key=lambda t: -best[t][0])[:TOKENS_PER_PROMPT]
+        probs = {}
+        for run_id, dist in prompt["runs"].items():
+            by_id = {t["token_id"]: t["p"] for t in dist["tokens"]}
+            probs[runs[run_id]["label"]] = [by_id.get(t, 0.0) for t in token_ids]
+        panels.append({"title": title, "tokens": [token_label(best[t][1], t) for t in token_ids],
+                       "probs": probs})
+
+        order = [i for i in data.ft_runs if i in prompt["runs"]]
+        columns = ["rank"] + [runs[i]["label"] for i in order]
+        rows = []
+        ranks = max(len(prompt["runs"][i]["tokens"]) for i in order)
+        for rank in range(min(TABLE_RANKS, ranks)):
+            row = [str(rank + 1)]
+            for run_id in order:
+                toks = prompt["runs"][run_id]["tokens"]
+                row.append(f"{_token_text(toks[rank])} {_num(toks[rank]['p'])}" if rank < len(toks) else "")
+            rows.append(row)
+        rows.append(["top-k mass"] + [_num(prompt["runs"][i]["mass"]) for i in order])
+        caption = f"{title}: “{_prompt_text(prompt['prompt'])}”"
+        if prompt.get("target"):
+            caption += f" — accepted: {_targets(prompt['target'])}"
+        section.tables.append(Table(columns, rows, caption=caption))
+    first_token_plot(panels, ft_labels, out_dir / "first_token.png")
+    section.images.insert(0, ("first_token.png", "first-token probabilities of the chosen prompts, per run"))
+    return section
+
+
+def _token_text(tok: dict) -> str:
+    return repr(tok["token"]) if tok["token"] is not None else f"#{tok['token_id']}"
+
+
+def _needle_section(data: _Data, out_dir: Path) -> Section:
+    section = Section("needle", "Needle recall by depth and length")
+    if not data.needle_cells:
+        section.omitted = "no needle rows in the selected runs (run the needle tasks, e.g. --tasks needle)"
+        return section
+    from evalkit.needle_plot import heatmap
+
+    runs = {r["id"]: r for r in data.runs}
+    section.intro = ("Mean needle_recall per depth × requested length from the needle_heatmap view, "
+                     "one heatmap per run; middle_gap = recall at the edges (d ∈ {0, 1}) − recall in the "
+                     "middle (d ∈ [0.3, 0.7]).")
+    with_rows = [i for i in data.done if any(c["run_id"] == i for c in data.needle_cells)]
+    drawn = with_rows[-MAX_HEATMAPS:]
+    for k, run_id in enumerate(drawn):
+        cells = [c for c in data.needle_cells if c["run_id"] == run_id]
+        name = f"needle_{k + 1}.png"
+        heatmap(cells, out_dir / name, title=f"needle recall — {runs[run_id]['label']}")
+        section.images.append((name, f"needle recall heatmap of run {runs[run_id]['label']}"))
+    if len(drawn) < len(with_rows):
+        section.notes.append(f"Heatmaps of the {len(drawn)} newest of the {len(with_rows)} runs with needle rows; "
+                             "the tables cover all of them.")
+    rows = [[runs[r["run_id"]]["label"], r["lang"] or "", "yes" if r["hint"] else "no", str(r["n"]),
+             _num(r["recall"])] for r in data.needle_summary]
+    section.tables.append(Table(["run", "lang", "hint", "n", "recall"], rows, numeric_from=3,
+                                caption="recall by language and hint"))
+    per_task = [r for r in data.leaderboard if r["metric"] in ("needle_recall", "middle_gap")]
+    if per_task:
+        cells = {(r["run_id"], r["task"], r["metric"]): r for r in per_task}
+        keys = sorted({(r["run_id"], r["task"]) for r in per_task},
+                      key=lambda k: (data.done.index(k[0]), k[1]))
+        rows = [[runs[run_id]["label"], task,
+                 _with_ci(cells[(run_id, task, "needle_recall")]) if (run_id, task, "needle_recall") in cells else "",
+                 _num(cells[(run_id, task, "middle_gap")]["value"]) if (run_id, task, "middle_gap") in cells else ""]
+                for run_id, task in keys]
+        section.tables.append(Table(["run", "task", "needle_recall [95 % CI]", "middle_gap"], rows,
+                                    numeric_from=2, caption="per task, from the leaderboard view"))
+    return section
+
+
+def _trend_section(data: _Data, out_dir: Path) -> Section:
+    section = Section("trend", "Trend across runs of one model")
+    done = [r for r in data.runs if r["status"] == "done"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in done:
+        groups.setdefault(r["model_key"], []).append(r)
+    if not groups or max(len(g) for g in groups.values()) < 2:
+        section.omitted = "no model has two or more done runs among the selected runs"
+        return section
+    # the model with the most runs; ties go to the one run most recently
+    group = max(groups.values(), key=lambda g: (len(g), max(r["created_at"] for r in g)))
+    ids = {r["id"]: r for r in group}
+    series: dict[tuple[str, str], list] = {}
+    for row in data.leaderboard:
+        if row["run_id"] in ids and not _is_breakdown(row["metric"]) and row["value"] is not None:
+            series.setdefault((row["task"], row["metric"]), []).append(
+                (ids[row["run_id"]]["created_at"], row["value"], row["ci_lo"], row["ci_hi"]))
+    if not series:
+        section.omitted = f"the runs of {group[0]['model_label']} have no metric rows"
+        return section
+    from evalkit.plots import trend_plot
+
+    ordered = sorted(series.items(), key=lambda kv: (kv[0][0], _metric_sort_key(kv[0][1])))
+    model = group[0]["model_label"]
+    first, last = min(r["created_at"] for r in group), max(r["created_at"] for r in group)
+    trend_plot([{"task": t, "metric": m, "points": pts} for (t, m), pts in ordered],
+               out_dir / "trend.png", title=f"{model}: {len(group)} runs")
+    section.intro = (f"{model}: {len(group)} runs from {first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC "
+                     "(x = run start). One panel per task, one line per metric, whiskers = 95 % CI; "
+                     "metrics outside [0, 1] use the right-hand axis, dashed.")
+    section.images.append(("trend.png", f"metric trend across the runs of {model}"))
+    return section
+
+
+# ------------------------------------------------------------------ rendering
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans","Noto Sans CJK SC",sans-serif;
+ margin:0 auto;max-width:1240px;padding:1.2rem 1.5rem 3rem;color:#1f2328;line-height:1.45}
+h1{font-size:1.6rem;margin:.2rem 0}h2{font-size:1.25rem;border-bottom:1px solid #d0d7de;padding-bottom:.3rem;
+ margin-top:2.2rem}
+.meta{color:#59636e;font-size:.9rem}nav a{margin-right:1rem}
+.tbl{overflow-x:auto;margin:.8rem 0 1.2rem}.row{display:flex;flex-wrap:wrap;gap:0 2rem}
+.row .tbl{max-width:calc(50% - 1rem);min-width:320px}
+table{border-collapse:collapse;font-size:.85rem}
+.caption{font-weight:600;margin:0 0 .3rem;color:#424a53;font-size:.9rem}
+th,td{border:1px solid #d0d7de;padding:.25rem .55rem;white-space:nowrap;text-align:left}
+th{background:#f6f8fa}tr:nth-child(even) td{background:#fbfcfd}td.num{text-align:right;
+ font-variant-numeric:tabular-nums}strong{color:#0a3069}
+img{max-width:100%;height:auto;border:1px solid #eaeef2;margin:.5rem 0}
+.omitted{color:#8c959f;font-style:italic}.note{color:#59636e;font-size:.88rem}
+code{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85em}
+"""
+
+
+def _html_table(t: Table) -> str:
+    e = html.escape
+    out = ['<div class="tbl">']
+    if t.caption:
+        out.append(f'<p class="caption">{e(t.caption)}</p>')
+    out.append("<table>")
+    out.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in t.columns) + "</tr></thead><tbody>")
+    for i, row in enumerate(t.rows):
+        cells = []
+        for j, cell in enumerate(row):
+            cls = ' class="num"' if t.numeric_from is not None and j >= t.numeric_from else ""
+            text = f"<strong>{e(cell)}</strong>" if (i, j) in t.strong else e(cell)
+            cells.append(f"<td{cls}>{text}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "\n".join(out)
+
+
+def to_html(data: _Data, sections: list[Section]) -> str:
+    """The report as one self-contained HTML page (images are relative PNG paths)."""
+    e = html.escape
+    parts = [
+        "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>evalkit report</title>", f"<style>{_CSS}</style></head><body>",
+        "<header><h1>evalkit report</h1>",
+        f'<p class="meta">{len(data.runs)} runs from <code>{e(data.db)}</code>, '
+        f"generated {data.generated:%Y-%m-%d %H:%M:%S} UTC.</p>",
+        "<nav>" + "".join(f'<a href="#{s.key}">{e(s.title)}</a>' for s in sections) + "</nav></header>",
+    ]
+    for s in sections:
+        parts.append(f'<section id="{s.key}"><h2>{e(s.title)}</h2>')
+        if s.omitted:
+            parts.append(f'<p class="omitted">Omitted: {e(s.omitted)}.</p></section>')
+            continue
+        if s.intro:
+            parts.append(f"<p>{e(s.intro)}</p>")
+        for name, alt in s.images:
+            parts.append(f'<img src="{e(name)}" alt="{e(alt)}">')
+        if s.side_by_side:
+            parts.append('<div class="row">')
+        parts.extend(_html_table(t) for t in s.tables)
+        if s.side_by_side:
+            parts.append("</div>")
+        parts.extend(f'<p class="note">{e(n)}</p>' for n in s.notes)
+        parts.append("</section>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(t: Table) -> str:
+    out = []
+    if t.caption:
+        out += [f"*{_md_cell(t.caption)}*", ""]
+    out.append("| " + " | ".join(_md_cell(c) for c in t.columns) + " |")
+    out.append("|" + "|".join("---:" if t.numeric_from is not None and j >= t.numeric_from else "---"
+                              for j in range(len(t.columns))) + "|")
+    for i, row in enumerate(t.rows):
+        cells = [f"**{_md_cell(c)}**" if (i, j) in t.strong and c else _md_cell(c) for j, c in enumerate(row)]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def to_markdown(data: _Data, sections: list[Section]) -> str:
+    """The report as markdown (summary.md), images as relative links."""
+    lines = ["# evalkit report", "",
+             f"{len(data.runs)} runs from `{data.db}`, generated {data.generated:%Y-%m-%d %H:%M:%S} UTC.", ""]
+    for s in sections:
+        lines += [f"## {s.title}", ""]
+        if s.omitted:
+            lines += [f"_Omitted: {s.omitted}._", ""]
+            continue
+        if s.intro:
+            lines += [s.intro, ""]
+        for name, alt in s.images:
+            lines += [f"![{alt}]({name})", ""]
+        for t in s.tables:
+            lines += [_md_table(t), ""]
+        for n in s.notes:
+            lines += [f"_{n}_", ""]
+    return "\n".join(lines)
+

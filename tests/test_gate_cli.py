@@ -1,0 +1,281 @@
+"""`evalkit gate` and `evalkit promote` end to end, on runs stored by the fake LM.
+
+Baseline: mode=hit (every first word hits); degraded candidate: mode=other (none
+does, every response opens with an opener); equal candidate: mode=hit again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from evalkit.cli import cli
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def invoke(*args, env=None):
+    return CliRunner(catch_exceptions=False).invoke(cli, [str(a) for a in args], env=env)
+
+
+def fake_run(db, mode, limit=40, name=None):
+    res = invoke("run", "--model", "evalkit-fake", "--model-args", f"mode={mode}", "--tasks", "firsttoken",
+                 "--limit", limit, "--name", name or mode, "--db", db, env={"HF_HUB_OFFLINE": "1"})
+    assert res.exit_code == 0, res.output
+    return re.search(r"^run (\S+)\s+done", res.stdout, re.M).group(1)
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """A DB with three done fake-LM runs (baseline, degraded, equal) and two odd ones."""
+    from evalkit import store
+
+    db = tmp_path_factory.mktemp("gate") / "runs.duckdb"
+    ids = {"base": fake_run(db, "hit", name="baseline"),
+           "bad": fake_run(db, "other", name="degraded"),
+           "equal": fake_run(db, "hit", name="equal")}
+    # a done run on prompts no other run has, and a failed run
+    for key, status in (("elsewhere", "done"), ("failed", "failed")):
+        run_id = f"9999-{key}"
+        store.insert_run(db, {"id": run_id, "created_at": store._now(), "status": "running", "model": "synthetic",
+                              "tasks": ["custom"]})
+        samples = [{"run_id": run_id, "task": "custom", "doc_id": f"c-{i}", "ft_hit": 1.0} for i in range(5)]
+        metrics = [{"run_id": run_id, "task": "custom", "metric": "ft_hit", "filter": "none", "value": 1.0,
+                    "stderr": 0.0, "n": 5}]
+        store.finish_run(db, run_id, metrics=metrics, samples=samples, topk=[], status=status)
+        ids[key] = run_id
+    return db, ids
+
+
+@pytest.fixture
+def runs(stored):
+    """This test's own copy of the stored DB (at $EVALKIT_DB) and the run ids."""
+    src, ids = stored
+    shutil.copy(src, os.environ["EVALKIT_DB"])
+    return ids
+
+
+def digest(path=None):
+    return hashlib.sha256(Path(path or os.environ["EVALKIT_DB"]).read_bytes()).hexdigest()
+
+
+def one_error_line(res, fragment):
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("evalkit: error:") and fragment in lines[0], lines[0]
+
+
+# ----------------------------------------------------------------------- verdicts
+
+
+def test_degraded_candidate_fails_with_exit_1(runs):
+    res = invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"])
+    assert res.exit_code == 1
+    assert "## evalkit gate: FAIL" in res.stdout
+    assert re.search(r"\| \*\*FAIL\*\* \| regression \| firsttoken_en \| ft_hit \|", res.stdout)
+    assert "lies wholly above 0.02 over 40 prompts" in res.stdout
+    one_error_line(res, f"gate failed for candidate {runs['bad']}")
+
+
+def test_equal_candidate_passes_with_exit_0(runs):
+    res = invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"])
+    assert res.exit_code == 0, res.output
+    assert "## evalkit gate: PASS" in res.stdout
+    assert "| pass | regression | firsttoken_zh | ft_hit |" in res.stdout
+    # the group task "firsttoken" has aggregates but no samples: not a regression check
+    assert "| firsttoken | ft_hit |" not in res.stdout
+    assert res.stderr == ""
+
+
+@pytest.mark.parametrize("who", ["base", "bad"])
+def test_a_run_gated_against_itself_passes(runs, who):
+    res = invoke("gate", "--candidate", runs[who], "--baseline", runs[who])
+    assert res.exit_code == 0, res.output
+    assert "PASS" in res.stdout
+
+
+def test_example_rules_check_thresholds_and_regressions(runs):
+    rules = EXAMPLES / "gate-rules.yaml"
+    from evalkit.gate import load_rules
+
+    loaded = load_rules(rules)
+    assert loaded.thresholds and loaded.regressions
+    ok = invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], "--rules", rules)
+    assert ok.exit_code == 0, ok.output
+    assert "| pass | threshold | firsttoken_en | ft_hit |" in ok.stdout
+    bad = invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"], "--rules", rules)
+    assert bad.exit_code == 1
+    assert "| **FAIL** | threshold | firsttoken_zh | opener_rate |" in bad.stdout
+
+
+def test_gate_only_reads_the_db(runs):
+    before = digest()
+    invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"])
+    invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"])
+    assert digest() == before
+
+
+# ----------------------------------------------------------------------- outputs
+
+
+def test_junit_file_parses_and_counts_failures(runs, tmp_path):
+    junit = tmp_path / "out" / "gate.xml"
+    junit.parent.mkdir()
+    res = invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"], "--junit", junit)
+    assert res.exit_code == 1
+    suite = ET.parse(junit).getroot()
+    assert suite.tag == "testsuite" and suite.get("name") == "evalkit-gate"
+    cases = suite.findall("testcase")
+    failed = [c for c in cases if c.find("failure") is not None]
+    assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == len(failed) >= 4
+    assert {c.get("name") for c in failed} >= {"firsttoken_en/ft_hit", "firsttoken_zh/opener_rate"}
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props == {"candidate": runs["bad"], "baseline": runs["base"]}
+
+
+def test_github_step_summary_is_appended(runs, tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("# earlier step\n", encoding="utf-8")
+    env = {"GITHUB_STEP_SUMMARY": str(summary)}
+    assert invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], env=env).exit_code == 0
+    assert invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"], env=env).exit_code == 1
+    text = summary.read_text(encoding="utf-8")
+    assert text.startswith("# earlier step\n")
+    assert text.index("## evalkit gate: PASS") < text.index("## evalkit gate: FAIL")
+
+
+def test_no_step_summary_without_the_variable(runs, tmp_path, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"]).exit_code == 0
+    assert list(cwd.iterdir()) == []
+
+
+# ----------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "case, args, fragment",
+    [
+        ("unknown-candidate", ["--candidate", "zz-nope", "--baseline", "{base}"], "unknown run 'zz-nope'"),
+        ("unknown-tag", ["--candidate", "{bad}", "--baseline", "tag:nope"], "no run has the tag 'nope'"),
+        ("no-shared-prompts", ["--candidate", "{elsewhere}", "--baseline", "{base}"], "share no prompts"),
+        ("failed-run", ["--candidate", "{failed}", "--baseline", "{base}"], "status 'failed'"),
+        ("rules-missing", ["--candidate", "{bad}", "--baseline", "{base}", "--rules", "{tmp}/nope.yaml"],
+         "cannot read rules file"),
+        ("rules-not-yaml", ["--candidate", "{bad}", "--baseline", "{base}", "--rules", "{tmp}/broken.yaml"],
+         "is not valid YAML"),
+        ("rules-unknown-key", ["--candidate", "{bad}", "--baseline", "{base}", "--rules", "{tmp}/unknown.yaml"],
+         "unknown top-level key 'limits'"),
+        ("rules-bad-op", ["--candidate", "{bad}", "--baseline", "{base}", "--rules", "{tmp}/badop.yaml"],
+         "bad operator"),
+    ],
+)
+def test_bad_input_exits_2_and_leaves_the_db_alone(runs, tmp_path, case, args, fragment):
+    (tmp_path / "broken.yaml").write_text("thresholds: [unclosed\n", encoding="utf-8")
+    (tmp_path / "unknown.yaml").write_text("limits:\n  ft_hit: 0.1\n", encoding="utf-8")
+    (tmp_path / "badop.yaml").write_text('thresholds:\n  ft_hit: "=> 0.5"\n', encoding="utf-8")
+    junit = tmp_path / "gate.xml"
+    before = digest()
+    res = invoke("gate", *[a.format(tmp=tmp_path, **runs) for a in args], "--junit", junit)
+    assert res.exit_code == 2, res.output
+    one_error_line(res, fragment)
+    assert res.stdout == ""
+    assert not junit.exists()
+    assert digest() == before
+
+
+def test_junit_into_a_missing_folder_is_bad_input(runs, tmp_path):
+    res = invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], "--junit", tmp_path / "no" / "g.xml")
+    assert res.exit_code == 2
+    one_error_line(res, "its folder does not exist")
+
+
+def test_gate_needs_both_runs(runs):
+    res = invoke("gate", "--candidate", runs["bad"])
+    assert res.exit_code == 2
+    assert "--baseline" in res.stderr
+
+
+# ----------------------------------------------------------------------- promote
+
+
+def test_promote_then_gate_against_the_tag(runs):
+    res = invoke("promote", runs["base"], "--tag", "prod")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == f"run {runs['base']} tagged prod"
+    again = invoke("promote", runs["base"], "--tag", "prod")
+    assert again.stdout.strip() == f"run {runs['base']} already tagged prod"
+
+    res = invoke("gate", "--candidate", runs["equal"], "--baseline", "tag:prod")
+    assert res.exit_code == 0, res.output
+    assert f"vs baseline `{runs['base']}`" in res.stdout
+    assert invoke("gate", "--candidate", runs["bad"], "--baseline", "tag:prod").exit_code == 1
+
+    # promoting a newer run moves tag:prod to it; the first keeps its row
+    assert invoke("promote", runs["equal"], "--tag", "prod").exit_code == 0
+    from evalkit.store import open_store, resolve_run
+
+    with open_store(None, read_only=True) as con:
+        assert resolve_run(con, "tag:prod") == runs["equal"]
+        tagged = {r[0] for r in con.execute("SELECT run_id FROM tags WHERE tag = 'prod'").fetchall()}
+    assert tagged == {runs["base"], runs["equal"]}
+    show = invoke("show", "tag:prod")
+    assert show.exit_code == 0 and runs["equal"] in show.stdout
+
+
+def test_promote_by_unique_prefix(runs):
+    prefix = runs["equal"][:-2]
+    if sum(r.startswith(prefix) for r in runs.values()) != 1:
+        pytest.skip("prefix not unique among the stored runs")
+    res = invoke("promote", prefix, "--tag", "candidate-ok")
+    assert res.exit_code == 0 and runs["equal"] in res.stdout
+
+
+@pytest.mark.parametrize(
+    "ref, tag, fragment",
+    [
+        ("zz-nope", "prod", "unknown run 'zz-nope'"),
+        ("{failed}", "prod", "only a done run can be promoted"),
+        ("{base}", "has space", "bad tag name"),
+        ("{base}", "", "bad tag name"),
+        ("tag:nope", "prod", "no run has the tag 'nope'"),
+    ],
+)
+def test_promote_bad_input_exits_2_and_writes_nothing(runs, ref, tag, fragment):
+    before = digest()
+    res = invoke("promote", ref.format(**runs), "--tag", tag)
+    assert res.exit_code == 2, res.output
+    one_error_line(res, fragment)
+    assert digest() == before
+
+
+# ----------------------------------------------------------------------- help and examples
+
+
+@pytest.mark.parametrize("command", ["gate", "promote", "report"])
+def test_help_has_examples(command):
+    res = invoke(command, "--help")
+    assert res.exit_code == 0
+    assert "Examples:" in res.stdout and f"evalkit {command}" in res.stdout
+
+
+def test_ci_example_workflow_runs_gate_then_promote():
+    flow = yaml.safe_load((EXAMPLES / "ci-gate.yml").read_text(encoding="utf-8"))
+    steps = [s for job in flow["jobs"].values() for s in job["steps"]]
+    script = "\n".join(s.get("run", "") for s in steps)
+    assert "--name candidate" in script
+    assert ("evalkit gate --candidate latest --baseline tag:prod --rules examples/gate-rules.yaml "
+            "--junit gate.xml") in script
+    assert "evalkit promote latest --tag prod" in script
+    assert script.index("evalkit gate") < script.index("evalkit promote latest")
