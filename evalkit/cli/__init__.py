@@ -33,6 +33,8 @@ class EvalkitGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # one line, not click's usage block
+            raise CliError(exc.format_message(), 2) from exc
         except EvalkitError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
@@ -65,6 +67,8 @@ _COMMAND_MODULES = [
     "compare",
     "inspect",
     "export",
+    "report",
+    "gate",
 ]
 
 for _name in _COMMAND_MODULES:
