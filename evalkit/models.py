@@ -77,10 +77,10 @@ def model_class(name: str):
     """The lm-eval model class for `--model NAME`; `hf` gets evalkit's probing subclass."""
     from lm_eval.api.registry import get_model
 
-    import evalkit.probe  # noqa: F401  (registers "evalkit-hf")
-
     if name in ("hf", "hf-auto", "huggingface"):
         name = "evalkit-hf"
+    if name == "evalkit-hf":
+        import evalkit.probe  # noqa: F401  (registers "evalkit-hf"; imports torch and HFLM)
     try:
         return get_model(name)
     except (ValueError, KeyError) as exc:

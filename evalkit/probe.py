@@ -91,7 +91,8 @@ class EvalkitHFLM(HFLM):
             return None
         frame = context.replace(prompt, "\x00")
         if frame not in self._priors:
-            contexts = [frame.replace("\x00", cf) for cf in CONTENT_FREE]
+            # under a template with no text around the prompt, "" leaves nothing to condition on
+            contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
             steps = firststep.probe(self.model, self.tokenizer, contexts, top_k=self.top_k, max_new_tokens=0, batch_size=len(contexts))
             mean = torch.stack([s.logprobs.exp() for s in steps]).mean(0)
             top = torch.topk(mean, self.top_k)

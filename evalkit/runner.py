@@ -123,6 +123,11 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
         quant = cfg.quant
         if cfg.quant and cfg.model not in ("hf", "evalkit-hf"):
             raise BadInput(f"--quant applies to the hf backend only (got --model {cfg.model})")
+    pretrained = model_args.get("pretrained")
+    if isinstance(pretrained, str) and pretrained.startswith(("/", "./", "../", "~")) and not os.path.exists(
+        os.path.expanduser(pretrained)
+    ):
+        raise BadInput(f"model path not found: {pretrained}")
     if not catalog.is_model_type(cfg.model):
         raise BadInput(f"unknown model type {cfg.model!r} (lm-eval has no model registered under that name)")
     if model_args.get("trust_remote_code") is None and cfg.model in ("hf", "evalkit-hf"):
