@@ -204,14 +204,34 @@ METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n")
 TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
 
 
+def _arrow_types():
+    import pyarrow as pa
+
+    return {"VARCHAR": pa.string, "DOUBLE": pa.float64, "INTEGER": pa.int32, "BIGINT": pa.int64,
+            "BOOLEAN": pa.bool_, "TIMESTAMP": lambda: pa.timestamp("us")}
+
+
+class _LazyTypes(dict):
+    def get(self, key, default=None):
+        if not self:
+            self.update(_arrow_types())
+        return super().get(key, default)
+
+
+_ARROW_TYPES = _LazyTypes()  # DuckDB type -> Arrow type factory, filled on first use
+
+
 def _insert_rows(con, table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
     """Bulk insert through a columnar Arrow table (fast; executemany is row by row)."""
     if not rows:
         return
     import pyarrow as pa
 
-    data = {c: [r.get(c) for r in rows] for c in columns}
-    arrow = pa.table(data)  # noqa: F841  (read by DuckDB's replacement scan)
+    types = dict(con.execute(f"SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = '{table}'").fetchall())
+    schema = pa.schema([(c, _ARROW_TYPES.get(types[c], pa.string())()) for c in columns])
+    arrow = pa.table(  # noqa: F841  (read by DuckDB's replacement scan)
+        {f.name: pa.array([r.get(f.name) for r in rows], type=f.type) for f in schema}
+    )
     con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM arrow")
 
 
@@ -253,19 +273,24 @@ def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     return ids[0]
 
 
+def check_read_only(sql: str) -> None:
+    """Refuse SQL with any statement that could write (checked before any file is opened)."""
+    try:
+        statements = duckdb.connect(":memory:").extract_statements(sql)
+    except duckdb.Error as exc:
+        raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
+    if not statements:
+        raise BadInput("empty SQL")
+    for st in statements:
+        kind = st.type.name
+        if kind not in _READ_STATEMENTS:
+            raise BadInput(f"evalkit query is read-only: {kind} statements are refused")
+
+
 def read_query(path, sql: str) -> tuple[list[str], list[tuple]]:
     """Run read-only SQL and return (column names, rows); writes are refused as BadInput."""
+    check_read_only(sql)
     with open_store(path, read_only=True) as con:
-        try:
-            statements = con.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
-        if not statements:
-            raise BadInput("empty SQL")
-        for st in statements:
-            kind = st.type.name
-            if kind not in _READ_STATEMENTS:
-                raise BadInput(f"evalkit query is read-only: {kind} statements are refused")
         try:
             cur = con.execute(sql)
             cols = [d[0] for d in cur.description] if cur.description else []
