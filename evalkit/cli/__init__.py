@@ -35,6 +35,8 @@ class EvalkitGroup(click.Group):
             return super().invoke(ctx)
         except click.UsageError as exc:  # one line, not click's usage block
             raise CliError(exc.format_message(), 2) from exc
+        except KeyboardInterrupt as exc:  # before click's Abort, which prints a blank line first
+            raise CliError("interrupted", 130) from exc
         except EvalkitError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
