@@ -55,8 +55,6 @@ def parse_model_args(text: str | None) -> dict[str, Any]:
     >>> parse_model_args("pretrained=/m,dtype=bfloat16,trust_remote_code=true")
     {'pretrained': '/m', 'dtype': 'bfloat16', 'trust_remote_code': True}
     """
-    from lm_eval.utils import handle_arg_string
-
     if text is None or not text.strip():
         return {}
     out: dict[str, Any] = {}
@@ -69,8 +67,27 @@ def parse_model_args(text: str | None) -> dict[str, Any]:
             raise BadInput(f"malformed --model-args {text!r}: expected K=V,K=V (bad part {part!r})")
         if key in out:
             raise BadInput(f"malformed --model-args: {key!r} given twice")
-        out[key] = handle_arg_string(value.strip())
+        out[key] = _typed(value.strip())
     return out
+
+
+def _typed(value: str):
+    """A model-arg value typed as lm-eval types it (lm_eval.utils.handle_arg_string,
+    restated here because importing lm_eval.utils costs a third of a second).
+
+    >>> _typed("True"), _typed("8"), _typed("0.5"), _typed("bfloat16")
+    (True, 8, 0.5, 'bfloat16')
+    """
+    if value.lower() == "true":
+        return True
+    if value.lower() == "false":
+        return False
+    if value.isnumeric():
+        return int(value)
+    try:
+        return float(value)
+    except ValueError:
+        return value
 
 
 def model_class(name: str):
