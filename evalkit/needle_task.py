@@ -21,7 +21,7 @@ from evalkit.errors import BadInput
 # in-process tokenizers handed over by an evalkit run (key -> tokenizer), so the
 # docs are counted with the very tokenizer the run loaded
 _TOKENIZERS: dict[str, Any] = {}
-GEN_TOKENS = 24  # max_gen_toks of the needle tasks
+GEN_TOKENS = 48  # max_gen_toks of the needle tasks (a Chinese answer spends 2-3 tokens a character)
 
 
 @functools.lru_cache(maxsize=4)
