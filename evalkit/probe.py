@@ -156,7 +156,7 @@ class EvalkitHFLM(HFLM):
             lambda ids: self.tok_decode(ids, skip_special_tokens=True), step.response_ids
         )
         topk = [
-            [int(t), self.tok_decode([int(t)]), float(lp)]
+            [int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp)]
             for t, lp in zip(step.topk_ids, step.topk_logprobs)
         ]
         top3 = firststep.top_mass(step.logprobs, 3, self.temperature)

@@ -65,8 +65,10 @@ def starts_with(response: str, start: str) -> bool:
     (True, False)
     >>> starts_with("递归是一种方法", "递归"), starts_with("Of course! Here", "of course")
     (True, True)
-    >>> starts_with("42等于", "42"), starts_with("420", "42")
-    (True, False)
+    >>> starts_with("42等于", "42"), starts_with("420", "42"), starts_with("42,000", "42")
+    (True, False, False)
+    >>> starts_with("Well-known fact", "Well"), starts_with("Well, it depends", "Well")
+    (False, True)
     """
     r, s = normalize(response), normalize(start)
     while s and is_punct(s[-1]):
@@ -75,8 +77,18 @@ def starts_with(response: str, start: str) -> bool:
         return False
     if any(is_cjk(ch) for ch in s):
         return True
-    nxt = r[len(s) : len(s) + 1]
-    return not nxt or not (_is_word_char(nxt) and _is_word_char(s[-1]))
+    if not _is_word_char(s[-1]):
+        return True
+    nxt, after = r[len(s) : len(s) + 1], r[len(s) + 1 : len(s) + 2]
+    if not nxt:
+        return True
+    if _is_word_char(nxt):
+        return False
+    if nxt == "-" and after and _is_word_char(after):  # "well-known" is one word
+        return False
+    if nxt in ".," and s[-1].isdigit() and after.isdigit():  # "4.2", "42,000" are one number
+        return False
+    return True
 
 
 def first_word(text: str) -> str:
