@@ -1,0 +1,93 @@
+"""`evalkit inspect "PROMPT"`: one prompt's first-token distribution as a bar list."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+
+import click
+
+from evalkit.cli.options import format_option
+from evalkit.cli.output import render
+
+BAR_WIDTH = 40  # characters for probability 1
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def bar(prob: float, width: int = BAR_WIDTH) -> str:
+    """Full blocks for probability × width, then an eighth block for the remainder.
+
+    >>> bar(0.5, 8), bar(1.0, 4), bar(0.0, 4), bar(0.125, 4)
+    ('████', '████', '', '▌')
+    """
+    eighths = round(max(0.0, min(1.0, prob)) * width * 8)
+    full, part = divmod(eighths, 8)
+    return "█" * full + (_EIGHTHS[part] if part else "")
+
+
+def _cells(text: str) -> int:
+    """Terminal columns of `text` (CJK wide and fullwidth characters take two)."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * max(0, width - _cells(text))
+
+
+@click.command("inspect")
+@click.argument("prompt")
+@click.option("--template", default="chat", show_default=True, help="Prompt template: chat, plain, direct, or yours.")
+@click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
+              help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
+@click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--top-k", type=int, default=10, show_default=True, help="First tokens to list.")
+@click.option("--model-args", default=None, help="pretrained=...,gguf_file=...,dtype=...; none: the embedded SmolLM2.")
+@click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
+@format_option
+def inspect_command(prompt, template, templates_file, quant, top_k, model_args, temperature, fmt):
+    """Show the first-token distribution of one PROMPT, put through a template as a run would.
+
+    Lists the top-k first tokens (rank, id, token, probability, bar, cumulative
+    mass), then the entropy, top3_mass@T and the greedy first unit and response.
+
+    \b
+    Examples:
+      evalkit inspect "What is recursion?"
+      evalkit inspect "什么是递归？" --template direct --top-k 20
+      evalkit inspect "What is the capital of France?" --quant int8-dynamic
+      evalkit inspect "Hi" --model-args pretrained=/models/qwen --format json
+    """
+    from dataclasses import asdict
+
+    from evalkit.inspect import inspect_prompt
+
+    r = inspect_prompt(prompt, template=template, quant=quant, top_k=top_k, model_args=model_args,
+                       temperature=temperature, templates_file=templates_file)
+    if fmt == "json":
+        click.echo(json.dumps(asdict(r), ensure_ascii=False, indent=2))
+        return
+    cols = ["rank", "token_id", "token", "prob", "cum"]
+    rows = [[t.rank, t.token_id, t.token, t.prob, t.cum] for t in r.tokens]
+    if fmt == "csv":
+        click.echo(render(cols, rows, "csv"))
+        return
+    quant = f" ({r.quant})" if r.quant else ""
+    click.echo(f"model     {r.model}{quant}")
+    click.echo(f"template  {r.template}   context {r.n_context_tokens} tokens: {r.context!r}")
+    click.echo()
+    width = max([len("token")] + [_cells(t.token) for t in r.tokens])
+    click.echo(f"{'rank':>4}  {'id':>7}  {_pad('token', width)}  {'prob':>8}  {'':<{BAR_WIDTH}}  {'cum':>8}")
+    for t in r.tokens:
+        click.echo(f"{t.rank:>4}  {t.token_id:>7}  {_pad(t.token, width)}  {t.prob:8.6f}  "
+                   f"{bar(t.prob):<{BAR_WIDTH}}  {t.cum:8.6f}")
+    click.echo()
+    unstable = "  unstable (< 0.70)" if r.top3_mass < 0.70 else ""
+    click.echo(f"entropy            {r.entropy:.4f} nats")
+    click.echo(f"top3_mass@{r.temperature:g}{'':<{max(0, 8 - len(f'{r.temperature:g}'))}} {r.top3_mass:.4f}{unstable}"
+               f"   (@1: {r.top3_mass_t1:.4f})")
+    click.echo(f"greedy first token {r.first_token}")
+    click.echo(f"greedy first unit  {r.first_unit!r}")
+    click.echo(f"greedy response    {r.response!r}")
+
+
+COMMANDS = [inspect_command]

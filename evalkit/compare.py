@@ -1,0 +1,235 @@
+"""Drift between two stored runs (SPEC 1.5): how the first-token distribution moved, and
+how every per-sample metric changed, over the prompts both runs share.
+
+Owns: `compare_runs(db, run_a, run_b) -> Comparison` — the SQL that pairs the two runs'
+samples and top-k rows on (task, doc_id), and the per-task and overall summaries:
+`top5_mass` of each run, mean `top5_overlap`, mean `js_div` (base 2, union of both
+top-k supports plus one rest bucket, `stats.jsd`), `flip_rate` (share of shared prompts
+whose rank-0 token differs), and for every numeric per-sample metric both runs have,
+the paired delta B − A with a bootstrap 95 % CI (`stats.paired_bootstrap`).
+
+Does not: format output or pick exit codes (`cli/compare.py`), or judge a regression
+(`gate.py`). Prompts are paired by task and doc id only: comparing two templates pairs
+the same question asked in two frames, which is the point. Token ids are compared as
+they are, so comparing runs of models with different tokenizers gives a meaningless
+distribution part (the metric deltas still hold).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from evalkit import stats
+from evalkit.errors import BadInput
+from evalkit.metrics import METRICS
+from evalkit.store import open_store, resolve_run
+
+ALL_TASKS = "all"  # the `task` of the overall rows
+TOP_N = 5  # top5_mass / top5_overlap
+N_BOOT = 2000
+SEED = 0
+
+
+@dataclass(frozen=True)
+class DriftRow:
+    """Distribution drift over the shared prompts of one task (or all tasks)."""
+
+    task: str
+    n: int  # shared prompts with top-k rows in both runs
+    top5_mass_a: float  # mean over prompts of the top-5 first-token mass of run A
+    top5_mass_b: float
+    top5_overlap: float  # mean |top5_A ∩ top5_B| / 5
+    js_div: float  # mean JSD₂(p_A ‖ p_B) over the stored top-k plus a rest bucket
+    flip_rate: float  # share of prompts whose rank-0 token differs
+
+
+@dataclass(frozen=True)
+class MetricDelta:
+    """One metric's paired change B − A over the shared prompts where both have a value."""
+
+    task: str
+    metric: str
+    n: int
+    mean_a: float
+    mean_b: float
+    delta: float  # mean_b − mean_a
+    lo: float  # 95 % paired bootstrap CI of delta
+    hi: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    run_a: str
+    run_b: str
+    n_shared: int  # prompts (task, doc_id) in both runs' samples
+    drift: list[DriftRow] = field(default_factory=list)  # per task, then ALL_TASKS; [] when omitted
+    drift_note: str | None = None  # why the distribution part is missing or partial
+    deltas: list[MetricDelta] = field(default_factory=list)  # per task, then ALL_TASKS
+
+
+def compare_runs(db: str | os.PathLike | None, run_a: str, run_b: str) -> Comparison:
+    """Compare run B against run A (each an id, unique prefix, `latest` or `tag:NAME`).
+
+    Raises BadInput when a run is unknown or the two share no prompts.
+    """
+    with open_store(db, read_only=True) as con:
+        a = resolve_run(con, run_a)
+        b = resolve_run(con, run_b)
+        metric_cols = _metric_columns(con)
+        keys, values = _paired_samples(con, a, b, metric_cols)
+        if not keys:
+            raise BadInput(f"runs {a} and {b} share no prompts (same task and doc_id); nothing to compare")
+        topk_a, topk_b = _paired_topk(con, a, b)
+
+    drift, note = drift_rows(keys, topk_a, topk_b)
+    deltas = metric_deltas(keys, values, metric_cols)
+    return Comparison(a, b, len(keys), drift, note, deltas)
+
+
+# --- SQL ---------------------------------------------------------------------
+
+
+def _metric_columns(con) -> list[str]:
+    """Registered metrics stored as numeric columns of `samples`, in registry order."""
+    numeric = {
+        name
+        for name, dtype in con.execute(
+            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'samples'"
+        ).fetchall()
+        if dtype in ("DOUBLE", "FLOAT", "INTEGER", "BIGINT", "BOOLEAN")
+    }
+    return [m for m in METRICS if m in numeric]
+
+
+def _paired_samples(con, a: str, b: str, cols: list[str]):
+    """Shared (task, doc_id) keys, sorted, and {metric: [(value_a, value_b)] per key}.
+
+    A prompt stored more than once in a run (should not happen) counts with its mean.
+    """
+    per_run = ", ".join(f"avg(CAST({c} AS DOUBLE)) AS {c}" for c in cols)
+    pairs = ", ".join(f"a.{c}, b.{c}" for c in cols)
+    sql = f"""
+        WITH s AS (
+            SELECT run_id, task, doc_id{', ' + per_run if cols else ''}
+            FROM samples WHERE run_id IN (?, ?)
+            GROUP BY run_id, task, doc_id
+        )
+        SELECT a.task, a.doc_id{', ' + pairs if cols else ''}
+        FROM s a JOIN s b ON a.task = b.task AND a.doc_id = b.doc_id
+        WHERE a.run_id = ? AND b.run_id = ?
+        ORDER BY a.task, a.doc_id
+    """
+    rows = con.execute(sql, [a, b, a, b]).fetchall()
+    keys = [(r[0], r[1]) for r in rows]
+    values = {c: [(r[2 + 2 * i], r[3 + 2 * i]) for r in rows] for i, c in enumerate(cols)}
+    return keys, values
+
+
+def _paired_topk(con, a: str, b: str):
+    """Each run's stored top-k per shared prompt: {(task, doc_id): (token_ids, logprobs)}, rank order.
+
+    One query for both runs, restricted to the prompts both runs' samples hold.
+    """
+    rows = con.execute(
+        """
+        WITH shared AS (
+            SELECT task, doc_id FROM samples WHERE run_id = ?
+            INTERSECT
+            SELECT task, doc_id FROM samples WHERE run_id = ?
+        )
+        SELECT t.run_id, t.task, t.doc_id,
+               list(t.token_id ORDER BY t.rank) AS ids, list(t.logprob ORDER BY t.rank) AS lps
+        FROM first_token_topk t JOIN shared s ON t.task = s.task AND t.doc_id = s.doc_id
+        WHERE t.run_id IN (?, ?)
+        GROUP BY t.run_id, t.task, t.doc_id
+        """,
+        [a, b, a, b],
+    ).fetchall()
+    out: dict[str, dict[tuple[str, str], tuple[list[int], list[float]]]] = {a: {}, b: {}}
+    for run_id, task, doc_id, ids, lps in rows:
+        out[run_id][(task, doc_id)] = (ids, lps)
+    if a == b:
+        return out[a], out[a]
+    return out[a], out[b]
+
+
+# --- pure summaries -----------------------------------------------------------
+
+
+def prompt_drift(a: tuple[list[int], list[float]], b: tuple[list[int], list[float]]) -> dict[str, float]:
+    """Drift of one prompt between two stored top-k lists (token ids, logprobs; rank order).
+
+    >>> d = prompt_drift(([1, 2], [math.log(0.5), math.log(0.5)]), ([2, 1], [math.log(0.5), math.log(0.5)]))
+    >>> (round(d["top5_mass_a"], 6), d["top5_overlap"], d["js_div"], d["flipped"])
+    (1.0, 0.4, 0.0, 1.0)
+    """
+    ids_a, lps_a = a
+    ids_b, lps_b = b
+    p = {int(t): math.exp(lp) for t, lp in zip(ids_a, lps_a)}
+    q = {int(t): math.exp(lp) for t, lp in zip(ids_b, lps_b)}
+    return {
+        "top5_mass_a": sum(math.exp(lp) for lp in lps_a[:TOP_N]),
+        "top5_mass_b": sum(math.exp(lp) for lp in lps_b[:TOP_N]),
+        "top5_overlap": stats.top_overlap(ids_a, ids_b, TOP_N),
+        "js_div": stats.jsd(p, q),
+        "flipped": 1.0 if ids_a[0] != ids_b[0] else 0.0,
+    }
+
+
+def drift_rows(keys, topk_a, topk_b) -> tuple[list[DriftRow], str | None]:
+    """Per-task and overall drift over `keys` (shared (task, doc_id)); (rows, note).
+
+    Rows are [] with a note when either run has no top-k rows for the shared prompts
+    (a text-only backend); the note also says when only some shared prompts have them.
+    """
+    if not topk_a or not topk_b:
+        which = " and ".join(name for name, t in (("A", topk_a), ("B", topk_b)) if not t)
+        return [], (f"distribution drift omitted: run {which} has no first-token top-k for the shared "
+                    "prompts (a text-only backend?); metric deltas only")
+    by_task: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for key in keys:
+        if key in topk_a and key in topk_b:
+            by_task[key[0]].append(prompt_drift(topk_a[key], topk_b[key]))
+    n = sum(len(v) for v in by_task.values())
+    if n == 0:
+        return [], "distribution drift omitted: no shared prompt has first-token top-k in both runs"
+    note = None
+    if n < len(keys):
+        note = f"distribution drift over the {n} of {len(keys)} shared prompts with top-k in both runs"
+    rows = [_drift_row(task, by_task[task]) for task in sorted(by_task)]
+    rows.append(_drift_row(ALL_TASKS, [d for task in sorted(by_task) for d in by_task[task]]))
+    return rows, note
+
+
+def _drift_row(task: str, prompts: list[dict[str, float]]) -> DriftRow:
+    mean = lambda k: sum(p[k] for p in prompts) / len(prompts)  # noqa: E731
+    return DriftRow(task, len(prompts), mean("top5_mass_a"), mean("top5_mass_b"),
+                    mean("top5_overlap"), mean("js_div"), mean("flipped"))
+
+
+def metric_deltas(keys, values: dict[str, list[tuple]], metrics: list[str]) -> list[MetricDelta]:
+    """Paired B − A per task and overall for every metric with a value in both runs."""
+    tasks = sorted({task for task, _ in keys})
+    out = []
+    for scope in tasks + [ALL_TASKS]:
+        for metric in metrics:
+            pairs = [
+                (va, vb)
+                for (task, _), (va, vb) in zip(keys, values[metric])
+                if (scope == ALL_TASKS or task == scope) and _finite(va) and _finite(vb)
+            ]
+            if not pairs:
+                continue
+            a_vals = [va for va, _ in pairs]
+            b_vals = [vb for _, vb in pairs]
+            d = stats.paired_bootstrap(b_vals, a_vals, n_boot=N_BOOT, seed=SEED)
+            out.append(MetricDelta(scope, metric, d.n, mean_a=d.mean_b, mean_b=d.mean_a,
+                                   delta=d.delta, lo=d.lo, hi=d.hi))
+    return out
+
+
+def _finite(v) -> bool:
+    return v is not None and math.isfinite(v)

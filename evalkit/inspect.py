@@ -1,0 +1,235 @@
+"""One prompt's first-token distribution, to watch a distribution turn into text (`evalkit inspect`).
+
+Owns: loading a model for a single look (the embedded SmolLM2 GGUF by default, or
+`pretrained=...`), putting the prompt through a template exactly as lm-eval does in a
+run (the tokenizer's chat template with the template's system message, add_generation_prompt
+on; or the raw text, system message glued in front, when the template is not chat), and
+reading the first step off `firststep.probe`: the top-k tokens with their probabilities
+and cumulative mass, the entropy, top3_mass@T and the greedy first unit and response.
+
+Does not: print (see `cli/inspect.py`), store anything, or compute the candidate-based
+metrics (ft_hit_prob, opener_mass need a task's accepted answers: use `evalkit run`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from evalkit.errors import BadInput
+from evalkit.templates import Template
+
+# what `--model-args` may hold here (the subset of lm-eval's HFLM arguments that loading uses)
+MODEL_ARG_KEYS = ("pretrained", "gguf_file", "tokenizer", "revision", "dtype", "trust_remote_code", "device")
+STOP = ("\n\n",)  # the first-token tasks' `until`
+MAX_NEW_TOKENS = 24  # the first-token tasks' `max_gen_toks`
+
+
+@dataclass(frozen=True)
+class TokenProb:
+    rank: int  # 0 = most likely
+    token_id: int
+    token: str  # readable label: repr of the text, or the raw bytes of a partial UTF-8 token
+    prob: float
+    cum: float  # mass of ranks 0..rank
+
+
+@dataclass
+class Inspection:
+    prompt: str
+    template: str
+    model: str
+    quant: str | None
+    context: str  # the exact text the model saw
+    n_context_tokens: int
+    temperature: float
+    tokens: list[TokenProb] = field(default_factory=list)
+    entropy: float = 0.0  # full vocabulary, nats
+    top3_mass: float = 0.0  # top-3 mass at `temperature`
+    top3_mass_t1: float = 0.0  # top-3 mass at T = 1
+    first_token: str = ""  # greedy first token, labelled like `tokens`
+    first_unit: str = ""
+    response: str = ""
+
+
+def inspect_prompt(
+    prompt: str,
+    *,
+    template: str = "chat",
+    quant: str | None = None,
+    top_k: int = 10,
+    model_args: str | None = None,
+    temperature: float = 0.8,
+    templates_file: str | None = None,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> Inspection:
+    """Validate everything, load the model, and inspect `prompt`'s first step.
+
+    Raises BadInput for an empty prompt, an unknown template or quant, bad model args,
+    `top_k < 1` or `temperature <= 0`, before any model is loaded.
+    """
+    from evalkit import models
+    from evalkit.templates import get_template
+
+    if not prompt or not prompt.strip():
+        raise BadInput("empty prompt: give the text to inspect, e.g. evalkit inspect \"What is recursion?\"")
+    if top_k < 1:
+        raise BadInput(f"--top-k must be at least 1, got {top_k}")
+    if not temperature > 0:
+        raise BadInput(f"--temperature must be > 0, got {temperature}")
+    tmpl = get_template(template, templates_file)
+    models.check_quant(quant)
+    args = models.parse_model_args(model_args)
+    unknown = sorted(set(args) - set(MODEL_ARG_KEYS))
+    if unknown:
+        raise BadInput(f"--model-args: {unknown[0]!r} is not used by inspect (known: {', '.join(MODEL_ARG_KEYS)})")
+    if "pretrained" not in args:
+        if args:
+            raise BadInput("--model-args needs pretrained=... (or nothing, for the embedded SmolLM2)")
+        args = models.default_model_args()
+        label, quant = models.DEFAULT_NAME, quant or "q4_1"
+    else:
+        label = str(args["pretrained"])
+
+    model, tokenizer = load_model(args, quant)
+    context = render_context(tokenizer, tmpl, prompt)
+    result = first_step_view(model, tokenizer, context, top_k=top_k, temperature=temperature,
+                             max_new_tokens=max_new_tokens)
+    result.prompt, result.template, result.model, result.quant = prompt, tmpl.name, label, quant
+    return result
+
+
+def load_model(args: dict[str, Any], quant: str | None):
+    """(model in eval mode, tokenizer) as lm-eval's HFLM loads them, `quant` applied."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evalkit import models
+
+    transformers.utils.logging.disable_progress_bar()
+
+    if models.is_local(args):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    pretrained = str(args["pretrained"])
+    common = {"revision": args.get("revision", "main"), "trust_remote_code": bool(args.get("trust_remote_code", False))}
+    gguf = args.get("gguf_file")
+    device = args.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.get("dtype", "auto")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            pretrained, dtype=dtype if dtype == "auto" else getattr(torch, str(dtype)),
+            gguf_file=gguf, **common,
+        )
+        tok_source = args.get("tokenizer") or pretrained
+        tokenizer = AutoTokenizer.from_pretrained(
+            tok_source, gguf_file=None if args.get("tokenizer") else gguf, **common
+        )
+    except (OSError, ValueError, AttributeError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise BadInput(f"cannot load model {pretrained!r}: {first}") from exc
+    if quant == "int8-dynamic" and not str(device).startswith("cpu"):
+        raise BadInput("--quant int8-dynamic runs on the CPU only (add device=cpu to --model-args)")
+    return models.apply_quant(model.to(device), quant).eval(), tokenizer
+
+
+def render_context(tokenizer, template: Template, prompt: str) -> str:
+    """The prompt as lm-eval puts it before the model for a zero-shot generate_until task.
+
+    Chat: `apply_chat_template([system?, user], tokenize=False, add_generation_prompt=True)`,
+    retried without the system message when the chat template rejects one (as HFLM does).
+    Not chat: the system message (if any) and the prompt concatenated, as lm-eval's
+    plain-text rendering does.
+    """
+    if not template.chat:
+        return (template.system or "") + prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise BadInput(f"template {template.name!r} needs a chat template and this tokenizer has none "
+                       "(use --template plain)")
+    import jinja2
+
+    messages = ([{"role": "system", "content": template.system}] if template.system else [])
+    messages.append({"role": "user", "content": prompt})
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except jinja2.exceptions.TemplateError:
+        messages = [m for m in messages if m["role"] != "system"]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,
+                    max_new_tokens: int = MAX_NEW_TOKENS) -> Inspection:
+    """Probe `context` once and lay its first step out for reading (prompt/model fields empty)."""
+    from evalkit import firststep
+
+    step = firststep.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
+                           stop=STOP, batch_size=1)[0]
+    tokens, cum = [], 0.0
+    for rank, (tid, lp) in enumerate(zip(step.topk_ids, step.topk_logprobs)):
+        prob = math.exp(lp)
+        cum += prob
+        tokens.append(TokenProb(rank, int(tid), token_label(tokenizer, int(tid)), prob, cum))
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    response = decode(step.response_ids)
+    for stop in STOP:
+        response = response.split(stop, 1)[0]
+    unit, _ = firststep.first_unit_ids(decode, step.response_ids)
+    return Inspection(
+        prompt="", template="", model="", quant=None, context=context,
+        n_context_tokens=len(step.context_ids), temperature=temperature, tokens=tokens,
+        entropy=step.entropy,
+        top3_mass=firststep.top_mass(step.logprobs, 3, temperature),
+        top3_mass_t1=firststep.top_mass(step.logprobs, 3, 1.0),
+        first_token=token_label(tokenizer, step.first_token_id),
+        first_unit=unit, response=response,
+    )
+
+
+def token_label(tokenizer, token_id: int) -> str:
+    """A token as a reader can see it: repr of its text, or `<e9 80>` for a piece of a
+    UTF-8 character (byte-level BPE spends two or three tokens on one Chinese character).
+
+    >>> class Tok:  # a byte-level vocabulary: 'Ġ' is the space byte, 'é' is 0xe9
+    ...     def decode(self, ids): return {1: " the", 2: "\\ufffd"}[ids[0]]
+    ...     def convert_ids_to_tokens(self, i): return {1: "Ġthe", 2: "é"}[i]
+    >>> token_label(Tok(), 1), token_label(Tok(), 2)
+    ("' the'", '<e9>')
+    """
+    text = tokenizer.decode([token_id])
+    if "\ufffd" not in text:
+        return repr(text)
+    raw = _byte_level_bytes(tokenizer.convert_ids_to_tokens(token_id))
+    if raw is None:
+        return repr(text)
+    return "<" + " ".join(f"{b:02x}" for b in raw) + ">"
+
+
+def _byte_level_bytes(piece: str | None) -> bytes | None:
+    """The raw bytes of a GPT-2 byte-level token string, or of a `<0xE9>` byte-fallback token."""
+    if not piece:
+        return None
+    if piece.startswith("<0x") and piece.endswith(">") and len(piece) == 6:
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            return None
+    decoder = {c: b for b, c in _bytes_to_unicode().items()}
+    try:
+        return bytes(decoder[c] for c in piece)
+    except KeyError:
+        return None
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))

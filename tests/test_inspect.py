@@ -1,0 +1,124 @@
+"""`evalkit inspect` on the tiny random Llama, checked against a plain softmax of its logits."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from evalkit.cli import cli
+from evalkit.cli.inspect import bar
+from evalkit.inspect import token_label
+from evalkit.templates import get_template
+from tests.tiny import load_tiny
+
+ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(.+?)\s+(\d\.\d{6})\s+([█▏▎▍▌▋▊▉]*)\s+(\d\.\d{6})$")
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load_tiny(tiny_model_dir)
+
+
+def reference_probs(model, tokenizer, context):
+    """softmax(model(ids).logits[0, -1]) on the unpadded context, no cache."""
+    ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        return torch.softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+
+
+def rows_of(output):
+    return [m.groups() for line in output.splitlines() if (m := ROW.match(line))]
+
+
+@pytest.mark.parametrize("prompt", ["What is recursion?", "法国的首都是哪里？"])
+def test_bars_match_an_independent_softmax(tiny_model_dir, tiny, prompt):
+    model, tokenizer = tiny
+    res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--top-k", "10")
+    assert res.exit_code == 0, res.output
+    context = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                            add_generation_prompt=True)
+    probs = reference_probs(model, tokenizer, context)
+    top = torch.topk(probs, 10)
+    rows = rows_of(res.output)
+    assert len(rows) == 10
+    cum = 0.0
+    for rank, (row, tid, p) in enumerate(zip(rows, top.indices.tolist(), top.values.tolist())):
+        r, shown_id, token, prob, bars, shown_cum = row
+        cum += p
+        assert (int(r), int(shown_id)) == (rank, tid)
+        assert float(prob) == pytest.approx(p, abs=1e-5)
+        assert float(shown_cum) == pytest.approx(cum, abs=1e-5)
+        assert token == token_label(tokenizer, tid)
+        assert bars == bar(p)
+    assert "█" in res.output
+    assert f"context {len(tokenizer(context, add_special_tokens=False)['input_ids'])} tokens" in res.output
+    t = 0.8
+    scaled = torch.softmax(torch.log(probs) / t, dim=-1)
+    top3 = float(torch.topk(scaled, 3).values.sum())
+    assert re.search(rf"top3_mass@0.8\s+{top3:.4f}", res.output)
+    entropy = float(-(probs * torch.log(probs)).sum())
+    assert f"entropy            {entropy:.4f} nats" in res.output
+    assert "greedy first unit" in res.output and "greedy response" in res.output
+
+
+def test_json_output_and_templates(tiny_model_dir, tiny):
+    model, tokenizer = tiny
+    prompt = "Say hello."
+    res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--template", "direct",
+                 "--top-k", "5", "--temperature", "1.5", "--format", "json")
+    data = json.loads(res.output)
+    system = get_template("direct").system
+    expected = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
+        tokenize=False, add_generation_prompt=True)
+    assert data["context"] == expected and system in data["context"]
+    assert data["template"] == "direct" and data["temperature"] == 1.5
+    probs = reference_probs(model, tokenizer, expected)
+    assert [t["token_id"] for t in data["tokens"]] == torch.topk(probs, 5).indices.tolist()
+    assert [t["prob"] for t in data["tokens"]] == pytest.approx(torch.topk(probs, 5).values.tolist(), abs=1e-5)
+    greedy = int(torch.argmax(probs))
+    assert data["first_token"] == token_label(tokenizer, greedy)
+
+    res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--template", "plain",
+                 "--top-k", "3", "--format", "json")
+    data = json.loads(res.output)
+    assert data["context"] == prompt  # raw text, no chat template
+    probs = reference_probs(model, tokenizer, prompt)
+    assert [t["prob"] for t in data["tokens"]] == pytest.approx(torch.topk(probs, 3).values.tolist(), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["inspect", "Hi", "--template", "nope"], "unknown template 'nope'"),
+        (["inspect", "   "], "empty prompt"),
+        (["inspect", "Hi", "--quant", "q2"], "unknown --quant 'q2'"),
+        (["inspect", "Hi", "--model-args", "pretrained=/x,batch_size=4"], "'batch_size' is not used"),
+        (["inspect", "Hi", "--model-args", "nonsense"], "malformed --model-args"),
+        (["inspect", "Hi", "--top-k", "0"], "--top-k must be at least 1"),
+        (["inspect", "Hi", "--model-args", "pretrained=/no/such/model"], "cannot load model"),
+    ],
+)
+def test_bad_input_exits_2(args, message):
+    res = invoke(*args)
+    assert res.exit_code == 2
+    assert message in res.output
+
+
+def test_token_labels_show_bytes_of_partial_characters(tiny):
+    _, tokenizer = tiny
+    ids = tokenizer("递归 Paris", add_special_tokens=False)["input_ids"]
+    labels = [token_label(tokenizer, i) for i in ids]
+    assert labels[0].startswith("<") and labels[0].endswith(">")  # a lone UTF-8 lead byte
+    raw = b"".join(bytes.fromhex(lbl[1:-1]) if lbl.startswith("<") else ast.literal_eval(lbl).encode()
+                   for lbl in labels)
+    assert raw == "递归 Paris".encode()
