@@ -3,7 +3,7 @@
 A real `evalkit run` process (tests.fake_cli, the fake LM slowed by
 EVALKIT_FAKE_DELAY) is signalled once its run row reads 'running'. Exit codes
 (evalkit.cli.main): SIGINT → KeyboardInterrupt → click's Abort → 130
-("evalkit: aborted"); SIGTERM → runner's handler raises Interrupted → 143
+("evalkit: error: interrupted"); SIGTERM → runner's handler raises Interrupted → 143
 ("evalkit: terminated").
 """
 
@@ -76,7 +76,7 @@ class StderrLines:
 
 
 @pytest.mark.parametrize("sig, code, last_line", [
-    (signal.SIGINT, 130, "evalkit: aborted"),
+    (signal.SIGINT, 130, "evalkit: error: interrupted"),
     (signal.SIGTERM, 143, "evalkit: terminated"),
 ], ids=["SIGINT", "SIGTERM"])
 def test_signal_mid_run_marks_the_run_interrupted(sig, code, last_line, tmp_path):

@@ -1,0 +1,215 @@
+"""The real packaged SmolLM2-135M-Instruct (Q4_1 GGUF): one `evalkit run --tasks firsttoken --limit 3`
+through the CLI, its rows in DuckDB, and one Chinese prompt's probabilities recomputed here with a
+separately loaded copy of the same GGUF and plain forwards."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+
+import duckdb
+import pytest
+import torch
+from click.testing import CliRunner
+
+from evalkit.cli import cli
+from evalkit.lexicon import load_lexicon
+from evalkit.models import DEFAULT_GGUF, default_model_dir
+
+pytestmark = pytest.mark.slow
+
+LIMIT = 3
+K = 50
+PRUNE_BELOW = 1e-7  # the runs' default: each candidate string may be undercounted by less than this
+
+
+def cache_kw(model) -> str:
+    """transformers 5 renamed the forward's `past_key_values` to `cache`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One torch thread: on a 2-core machine shared with other processes, OpenMP's barriers make a
+    135M-parameter forward 2-4x slower with two threads than with one (and it changes no result
+    the tests compare beyond float noise)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def run_db(default_model_available, tmp_path_factory):
+    db = tmp_path_factory.mktemp("smollm2") / "smollm2.duckdb"
+    result = CliRunner().invoke(
+        cli, ["run", "--tasks", "firsttoken", "--limit", str(LIMIT), "--db", str(db)],
+        catch_exceptions=False, env={"HF_HUB_OFFLINE": "1"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "firsttoken_zh" in result.stdout and "ft_hit_prob" in result.stdout
+    con = duckdb.connect(str(db), read_only=True)
+    yield con
+    con.close()
+
+
+def dicts(con, sql, params=()):
+    cur = con.execute(sql, list(params))
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_available):
+    """The same GGUF loaded with plain transformers (once per module)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = default_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=DEFAULT_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=DEFAULT_GGUF).eval()
+    return model, tokenizer
+
+
+def ids_of(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def string_probs(model, tokenizer, context, strings, chunk=64) -> dict[str, float]:
+    """P(response starts with s): the product of softmax(logits) terms over s's tokens, s tokenised
+    together with the context. Plain transformers calls: one forward of the context, then the strings
+    right-padded in batches after a repeated copy of its KV cache (causal: padding after a token
+    cannot change its logits). No trie, no 4-D mask, no pruning: none of evalkit's engine."""
+    ctx = ids_of(tokenizer, context)
+    with torch.no_grad():
+        prefill = model(torch.tensor([ctx]), use_cache=True)
+    first = torch.softmax(prefill.logits[0, -1].float(), dim=-1)
+    out = {}
+    for start in range(0, len(strings), chunk):
+        part = strings[start : start + chunk]
+        fulls = [ids_of(tokenizer, context + s) for s in part]
+        for s, full in zip(part, fulls):
+            assert full[: len(ctx)] == ctx and len(full) > len(ctx), s
+        tails = [full[len(ctx) :] for full in fulls]
+        width = max(len(t) for t in tails)
+        probs = None
+        if width > 1:
+            with torch.no_grad():
+                out_ctx = model(torch.tensor([ctx]), use_cache=True)
+                cache = out_ctx.cache if getattr(out_ctx, "cache", None) is not None else out_ctx.past_key_values
+                cache.batch_repeat_interleave(len(part))
+                batch = torch.tensor([t[:-1] + [0] * (width - len(t)) for t in tails])
+                probs = torch.softmax(model(batch, **{cache_kw(model): cache}).logits.float(), dim=-1)
+        for row, tail in enumerate(tails):
+            p = float(first[tail[0]])
+            for i in range(1, len(tail)):
+                p *= float(probs[row, i - 1, tail[i]])
+            out[part[row]] = p
+    return out
+
+
+# ---- what the run stored --------------------------------------------------------------------------
+
+
+def test_run_row(run_db):
+    (row,) = dicts(run_db, "SELECT * FROM runs")
+    assert row["status"] == "done" and row["error"] is None
+    assert row["model"] == "SmolLM2-135M-Instruct"
+    assert row["quant"] == "q4_1" and row["dtype"] == "float32"
+    assert row["template"] == "chat" and row["tasks"] == ["firsttoken"]
+    assert row["sample_limit"] == LIMIT and row["top_k"] == K
+    assert row["opener_lexicon_version"] == load_lexicon().version
+    gguf = default_model_dir() / DEFAULT_GGUF
+    assert row["model_fingerprint"] == "sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest()
+    args = json.loads(row["model_args"])
+    assert args["gguf_file"] == DEFAULT_GGUF and args["trust_remote_code"] is False
+
+
+def test_samples(run_db):
+    samples = dicts(run_db, "SELECT * FROM samples ORDER BY task, doc_id")
+    assert [(s["task"], s["doc_id"]) for s in samples] == [
+        ("firsttoken_en", f"en-000{i}") for i in range(1, LIMIT + 1)
+    ] + [("firsttoken_zh", f"zh-000{i}") for i in range(1, LIMIT + 1)]
+    for s in samples:
+        assert s["response"] and s["response"].strip(), s["doc_id"]
+        assert s["first_token"] is not None and s["first_token_id"] is not None
+        assert s["first_unit"] and "\ufffd" not in s["first_unit"], s["doc_id"]
+        assert s["prompt"].startswith("<|im_start|>system\n") and s["prompt"].endswith("<|im_start|>assistant\n")
+        assert s["ft_outcome"] in ("hit", "opener", "other")
+        assert s["lang"] == s["task"][-2:]
+        if s["lang"] == "zh" and "\ufffd" not in s["response"][:1]:
+            assert s["response"].lstrip().startswith(s["first_unit"])
+        for name in ("ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
+                     "top3_mass", "unstable"):
+            assert s[name] is not None and 0.0 <= s[name] <= 1.0, (s["doc_id"], name)
+        assert s["entropy"] > 0
+        assert s["ft_hit_prob"] >= 0.0 and s["ft_hit"] == (1.0 if s["ft_outcome"] == "hit" else 0.0)
+    # a sizeable answer probability somewhere: SmolLM2 answers "What is recursion?" with "Recursion"
+    assert max(s["ft_hit_prob"] for s in samples) > 0.1
+
+
+def test_topk_rows(run_db):
+    rows = dicts(run_db, "SELECT * FROM first_token_topk ORDER BY task, doc_id, rank")
+    by_prompt: dict[tuple, list] = {}
+    for r in rows:
+        by_prompt.setdefault((r["task"], r["doc_id"]), []).append(r)
+    assert len(by_prompt) == 2 * LIMIT
+    for key, ranked in by_prompt.items():
+        assert [r["rank"] for r in ranked] == list(range(K)), key
+        logprobs = [r["logprob"] for r in ranked]
+        assert all(a >= b for a, b in zip(logprobs, logprobs[1:])), key
+        assert all(lp <= 0 for lp in logprobs)
+        assert sum(math.exp(lp) for lp in logprobs) <= 1.0 + 1e-6
+        assert len({r["token_id"] for r in ranked}) == K
+    first = dicts(run_db, "SELECT s.doc_id, s.first_token_id, t.token_id FROM samples s "
+                          "JOIN first_token_topk t USING (task, doc_id) WHERE t.rank = 0")
+    assert all(r["first_token_id"] == r["token_id"] for r in first)
+
+
+def test_metric_rows(run_db):
+    metrics = {(r["task"], r["metric"]): r for r in dicts(run_db, "SELECT * FROM metrics")}
+    for task in ("firsttoken_en", "firsttoken_zh"):
+        for name in ("ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
+                     "top3_mass", "unstable"):
+            row = metrics[(task, name)]
+            assert 0.0 <= row["value"] <= 1.0 and row["n"] == LIMIT, (task, name)
+            mean = run_db.execute(f"SELECT avg({name}) FROM samples WHERE task = ?", [task]).fetchone()[0]
+            assert row["value"] == pytest.approx(mean, abs=1e-9)
+        assert metrics[(task, "entropy")]["value"] > 0
+    assert 0.0 <= metrics[("firsttoken", "ft_hit")]["value"] <= 1.0
+
+
+# ---- against an independent computation --------------------------------------------------------------
+
+
+def test_zh_probabilities_match_plain_softmax_product(run_db, reference):
+    model, tokenizer = reference
+    (sample,) = dicts(run_db, "SELECT * FROM samples WHERE doc_id = 'zh-0001'")
+    context = sample["prompt"]  # the exact text the model saw
+    answers = json.loads(sample["target"])
+    assert answers == ["递归"]
+
+    hit = string_probs(model, tokenizer, context, answers)
+    assert len(ids_of(tokenizer, context + "递归")) - len(ids_of(tokenizer, context)) >= 2  # several tokens
+    assert sample["ft_hit_prob"] == pytest.approx(sum(hit.values()), abs=1e-4)
+    assert sample["ft_hit_prob"] > 0.05  # not a comparison of two near-zeros
+
+    entries = list(dict.fromkeys(load_lexicon().entries))
+    openers = [e for e in entries if not any(o != e and e.startswith(o) for o in entries)]
+    expected = sum(string_probs(model, tokenizer, context, openers).values())
+    got = sample["opener_mass"]
+    assert got == pytest.approx(expected, abs=1e-4)
+    # pruning only drops mass: less than PRUNE_BELOW per opener string
+    assert -1e-5 <= expected - got <= len(openers) * PRUNE_BELOW + 1e-5
+
+    # the stored top-k is the plain forward's
+    ctx = ids_of(tokenizer, context)
+    with torch.no_grad():
+        probs = torch.softmax(model(torch.tensor([ctx])).logits[0, -1].float(), dim=-1)
+    stored = dicts(run_db, "SELECT token_id, logprob FROM first_token_topk WHERE doc_id = 'zh-0001' ORDER BY rank")
+    for r in stored:
+        assert math.exp(r["logprob"]) == pytest.approx(float(probs[r["token_id"]]), abs=1e-4)
+    assert stored[0]["token_id"] == int(torch.argmax(probs))
+    top = torch.topk(probs, K)
+    assert sum(math.exp(r["logprob"]) for r in stored) == pytest.approx(float(top.values.sum()), abs=1e-4)

@@ -1,0 +1,301 @@
+"""Text-level metrics (SPEC 1.1, 1.2, 1.4), `score_response`, and the opener lexicon against the task data."""
+
+from __future__ import annotations
+
+import doctest
+import json
+from pathlib import Path
+
+import pytest
+
+from evalkit import metrics
+from evalkit.lexicon import load_lexicon
+from evalkit.metrics import (
+    METRICS,
+    candidate_strings,
+    first_unit_text,
+    ft_hit,
+    ft_outcome,
+    opener_rate,
+    score_response,
+    top3_share,
+)
+from evalkit.units import starts_with
+
+DATA = Path(__file__).resolve().parents[1] / "tasks" / "firsttoken" / "data"
+OPENERS = ["Sure", "Of course", "Great question", "I'd be happy", "好的", "当然", "首先", "是的"]
+
+
+def task_docs() -> list[dict]:
+    docs = []
+    for path in sorted(DATA.glob("*.jsonl")):
+        docs += [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return docs
+
+
+# ---- worked examples -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "response, starts, expected",
+    [
+        ("Paris is the capital of France.", ["Paris"], 1.0),
+        ("The capital is Paris.", ["Paris"], 0.0),
+        ("Recursion is when a function calls itself.", ["Recursion"], 1.0),
+        ("Recursive functions call themselves.", ["Recursion"], 0.0),
+        ("42", ["42"], 1.0),
+        ("420", ["42"], 0.0),
+        ("42等于17加25。", ["42", "四十二"], 1.0),
+        ("四十二。", ["42", "四十二"], 1.0),
+        ("递归是一种方法。", ["递归"], 1.0),
+        ("递推", ["递归"], 0.0),
+        ("ＰＡＲＩＳ！", ["Paris"], 1.0),
+        ("Fleeting, like a dream.", ["Ephemeral", "Short-lived", "Fleeting"], 1.0),
+        ("", ["Paris"], 0.0),
+    ],
+)
+def test_ft_hit(response, starts, expected):
+    assert ft_hit(response, starts) == expected
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        ("Sure! Recursion is ...", 1.0),
+        ("Of course. Paris.", 1.0),
+        ("Great question! The answer", 1.0),
+        ("I’d be happy to help.", 1.0),
+        ("好的，递归是", 1.0),
+        ("当然可以。", 1.0),
+        ("Surely not", 0.0),
+        ("Paris.", 0.0),
+        ("递归是一种方法", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_opener_rate(response, expected):
+    assert opener_rate(response, OPENERS) == expected
+
+
+@pytest.mark.parametrize(
+    "response, starts, expected",
+    [
+        ("Paris.", ["Paris"], "hit"),
+        ("Sure, Paris.", ["Paris"], "opener"),
+        ("The capital is Paris.", ["Paris"], "other"),
+        ("好的，巴黎。", ["巴黎"], "opener"),
+        ("巴黎。", ["巴黎"], "hit"),
+        # the documented overlap: the answer 是 and the opener 是的; a hit wins
+        ("是的，水在100摄氏度沸腾。", ["是"], "hit"),
+        ("是的。", ["对"], "opener"),
+    ],
+)
+def test_ft_outcome(response, starts, expected):
+    assert ft_outcome(response, starts, OPENERS) == expected
+
+
+def test_top3_share():
+    assert top3_share(["a", "a", "b", "c", "d"]) == pytest.approx(0.8)
+    assert top3_share(["sure"] * 20) == 1.0
+    assert top3_share([str(i) for i in range(20)]) == pytest.approx(3 / 20)
+    assert top3_share(iter(["x", "y"])) == 1.0  # any iterable
+    units = ["sure"] * 8 + ["paris"] * 4 + ["the"] * 2 + ["well", "so", "i", "ok", "hmm", "yes"]
+    assert top3_share(units) == pytest.approx(14 / 20)  # exactly at the 0.70 stability line
+
+
+@pytest.mark.parametrize(
+    "starts, expected",
+    [
+        (["Recursion", "Le chat", "递归"], ["Recursion", "Le", "递归"]),
+        (["42", "四十二"], ["42", "四十二"]),
+        (["Paris", "Paris city", " Paris "], ["Paris"]),
+        (["巴黎 市"], ["巴黎 市"]),  # CJK: the whole start
+        (["", "  ", "Rome"], ["Rome"]),
+        ([], []),
+    ],
+)
+def test_candidate_strings(starts, expected):
+    assert candidate_strings(starts) == expected
+
+
+def test_first_unit_text():
+    assert first_unit_text("  Sure, I can") == "sure"
+    assert first_unit_text("递归是") == "递"
+    assert first_unit_text("") == ""
+
+
+# ---- empty input: an error, never a silent 0 -------------------------------------
+
+
+def test_empty_inputs_raise():
+    with pytest.raises(ValueError):
+        ft_hit("Paris", [])
+    with pytest.raises(ValueError):
+        opener_rate("Sure", [])
+    with pytest.raises(ValueError):
+        top3_share([])
+    with pytest.raises(ValueError):
+        top3_share(iter([]))
+    with pytest.raises(ValueError):
+        score_response({"prompt": "Q", "answers": []}, "Paris", OPENERS)
+    with pytest.raises(ValueError):
+        score_response({"prompt": "Q"}, "Paris", OPENERS)
+    with pytest.raises(ValueError):
+        score_response({"prompt": "Q", "answers": ["Paris"]}, [], OPENERS)
+    with pytest.raises(ValueError):
+        score_response({"prompt": "Q", "answers": ["Paris"]}, "Paris", [])
+    with pytest.raises(TypeError):
+        score_response({"prompt": "Q", "answers": ["Paris"]}, 42, OPENERS)
+    with pytest.raises(TypeError):
+        score_response({"prompt": "Q", "answers": ["Paris"]}, {"text": None}, OPENERS)
+
+
+# ---- score_response on the three response shapes ------------------------------------
+
+DOC = {"prompt": "What is the capital of France?", "answers": ["Paris"], "lang": "en"}
+
+
+def test_score_response_on_a_string():
+    values, fields = score_response(DOC, "Paris is the capital.", OPENERS)
+    assert values == {"ft_hit": 1.0, "opener_rate": 0.0}
+    assert fields == {"response": "Paris is the capital.", "ft_outcome": "hit", "first_unit": "paris"}
+
+    values, fields = score_response(DOC, "Sure! It is Paris.", OPENERS)
+    assert values == {"ft_hit": 0.0, "opener_rate": 1.0}
+    assert fields["ft_outcome"] == "opener"
+
+
+def test_score_response_on_sampled_strings():
+    samples = ["Sure, Paris.", "Sure! Paris.", "Paris.", "The capital is Paris.", "Well, Paris."]
+    values, fields = score_response(DOC, samples, OPENERS)
+    # the first sample is the response; top3_share over first units sure, sure, paris, the, well
+    assert values["ft_hit"] == 0.0 and values["opener_rate"] == 1.0
+    assert values["top3_share"] == pytest.approx(0.8)
+    assert values["unstable"] == 0.0
+    assert fields["response"] == "Sure, Paris." and fields["samples"] == samples
+    assert fields["ft_outcome"] == "opener"
+
+    spread = ["Paris", "Rome", "Sure", "The", "Well", "I", "A", "It", "So", "Hmm"]
+    values, _ = score_response(DOC, tuple(spread), OPENERS)
+    assert values["top3_share"] == pytest.approx(0.3)
+    assert values["unstable"] == 1.0
+    assert values["ft_hit"] == 1.0
+
+
+def test_score_response_on_a_probe_dict():
+    probe = {
+        "text": "Paris is the capital.",
+        "first_token_id": 123,
+        "first_token": "Par",
+        "first_unit": "Paris",
+        "topk": [[123, "Par", -0.1], [7, "The", -2.5]],
+        "entropy": 0.6,
+        "metrics": {"ft_hit_prob": 0.8, "opener_mass": 0.05, "top3_mass": 0.9, "prior_drift": None},
+    }
+    values, fields = score_response(DOC, probe, OPENERS)
+    assert values == {"ft_hit": 1.0, "opener_rate": 0.0, "ft_hit_prob": 0.8, "opener_mass": 0.05, "top3_mass": 0.9}
+    assert fields["response"] == "Paris is the capital."
+    assert fields["ft_outcome"] == "hit"
+    assert fields["first_unit"] == "Paris"  # the token-level first unit wins over the text-level one
+    assert fields["first_token"] == "Par" and fields["first_token_id"] == 123
+    assert fields["topk"] == probe["topk"] and fields["entropy"] == 0.6
+
+
+def test_score_response_chinese():
+    doc = {"prompt": "17加25等于多少？", "answers": ["42", "四十二"], "lang": "zh"}
+    assert score_response(doc, "42等于", OPENERS)[0]["ft_hit"] == 1.0
+    assert score_response(doc, "四十二。", OPENERS)[0]["ft_hit"] == 1.0
+    values, fields = score_response(doc, "好的，答案是42。", OPENERS)
+    assert values == {"ft_hit": 0.0, "opener_rate": 1.0}
+    assert fields["first_unit"] == "好" and fields["ft_outcome"] == "opener"
+
+
+# ---- registry ------------------------------------------------------------------------
+
+
+def test_registry():
+    for name in ("ft_hit", "opener_rate", "top3_share", "ft_hit_prob", "ft_token_hit", "opener_mass",
+                 "prior_drift", "top3_mass", "unstable", "entropy"):
+        assert name in METRICS, name
+    assert METRICS["ft_hit"].higher_is_better and METRICS["ft_hit"].level == "text"
+    assert not METRICS["opener_rate"].higher_is_better
+    assert not METRICS["opener_mass"].higher_is_better and METRICS["opener_mass"].level == "distribution"
+    assert METRICS["top3_share"].level == "sampled"
+    assert all(spec.description for spec in METRICS.values())
+
+
+def test_docstring_examples():
+    assert doctest.testmod(metrics).failed == 0
+
+
+# ---- the lexicon and the task data ----------------------------------------------------------
+
+
+def test_lexicon_loads_with_version_and_languages():
+    lex = load_lexicon()
+    assert lex.version and isinstance(lex.version, str)
+    assert {"en", "zh"} <= set(lex.by_lang)
+    for entry in ["好的", "当然", "首先", "关于", "作为一个", "感谢你的问题", "嗯", "是的"]:
+        assert entry in lex.by_lang["zh"], entry
+    for entry in ["Sure", "Certainly", "Of course", "Absolutely", "Great question", "Okay", "Well",
+                  "As an AI", "I'd be happy", "Hello"]:
+        assert entry in lex.by_lang["en"], entry
+    assert len(lex.entries) == len(set(lex.entries))
+    assert all(e == e.strip() and e for e in lex.entries)
+
+
+def test_lexicon_candidates_drop_covered_entries():
+    lex = load_lexicon()
+    cands = lex.candidates()
+    assert "Sure" in cands and "Sure thing" not in cands
+    assert "当然" in cands and "当然可以" not in cands
+    assert set(cands) <= set(lex.entries)
+    assert not any(a != b and a.startswith(b) for a in cands for b in cands)
+    # every entry is covered by a candidate
+    assert all(any(e.startswith(c) for c in cands) for e in lex.entries)
+
+
+def test_lexicon_from_env_file(tmp_path, monkeypatch):
+    path = tmp_path / "openers.yaml"
+    path.write_text('version: "test-1"\nen: ["Sure"]\nzh: ["好的"]\n', encoding="utf-8")
+    monkeypatch.setenv("EVALKIT_OPENERS", str(path))
+    lex = load_lexicon()
+    assert lex.version == "test-1" and lex.entries == ["Sure", "好的"]
+
+
+def test_no_accepted_answer_is_an_opener():
+    """No accepted answer of the shipped data is matched by a lexicon entry: a direct answer is
+    never counted as an opener. The one overlap is the other way round: the opener 是的 begins
+    with the accepted answer 是 (yes/no questions), where ft_outcome calls 是的 a hit."""
+    docs = task_docs()
+    assert len(docs) == 320
+    entries = load_lexicon().entries
+    answers = {a for d in docs for a in d["answers"]}
+    assert not [(a, e) for a in answers for e in entries if starts_with(a, e)]
+    overlaps = {(a, e) for a in answers for e in entries if starts_with(e, a)}
+    assert overlaps == {("是", "是的")}
+    yes_docs = [d for d in docs if "是" in d["answers"]]
+    assert yes_docs
+    for d in yes_docs:
+        assert ft_outcome("是的，没错。", d["answers"], entries) == "hit"
+
+
+def test_no_answer_string_begins_with_an_opener_string():
+    """Distribution level: the probabilities are of strings, with no word boundary, so an opener
+    string must not be a prefix of an answer's candidate string either."""
+    candidates = load_lexicon().candidates()
+    clashes = [
+        (d["id"], a, o) for d in task_docs() for a in candidate_strings(d["answers"]) for o in candidates
+        if a.startswith(o)
+    ]
+    assert clashes == []
+
+
+def test_every_doc_scores_a_hit_on_its_own_answer():
+    entries = load_lexicon().entries
+    for d in task_docs():
+        for answer in d["answers"]:
+            values, fields = score_response(d, f"{answer} 。", entries)
+            assert values["ft_hit"] == 1.0, (d["id"], answer)
+            assert values["opener_rate"] == 0.0, (d["id"], answer)
+            assert fields["ft_outcome"] == "hit"

@@ -1,0 +1,350 @@
+"""The DuckDB store (SPEC 3): the exact schema after migrating, migrations bookkeeping,
+run-id resolution and read-only SQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import shutil
+
+import duckdb
+import pytest
+
+from evalkit import store
+from evalkit.errors import BadInput
+from evalkit.migrations import MIGRATIONS
+from evalkit.store import applied, migrate, open_store, pending, read_query, resolve_run
+
+EXPECTED_TABLES = {
+    "schema_version": {"version": "INTEGER", "name": "VARCHAR", "applied_at": "TIMESTAMP"},
+    "runs": {
+        "id": "VARCHAR",
+        "created_at": "TIMESTAMP",
+        "finished_at": "TIMESTAMP",
+        "status": "VARCHAR",
+        "name": "VARCHAR",
+        "model": "VARCHAR",
+        "model_args": "VARCHAR",
+        "model_fingerprint": "VARCHAR",
+        "dtype": "VARCHAR",
+        "quant": "VARCHAR",
+        "template": "VARCHAR",
+        "template_text": "VARCHAR",
+        "system_prompt": "VARCHAR",
+        "tasks": "VARCHAR[]",
+        "seed": "INTEGER",
+        "batch_size": "INTEGER",
+        "sample_limit": "INTEGER",
+        "top_k": "INTEGER",
+        "first_temperature": "DOUBLE",
+        "ban_openers": "BOOLEAN",
+        "opener_lexicon_version": "VARCHAR",
+        "evalkit_version": "VARCHAR",
+        "lm_eval_version": "VARCHAR",
+        "transformers_version": "VARCHAR",
+        "torch_version": "VARCHAR",
+        "git_commit": "VARCHAR",
+        "host": "VARCHAR",
+        "duration_s": "DOUBLE",
+        "config": "VARCHAR",
+        "error": "VARCHAR",
+    },
+    "metrics": {
+        "run_id": "VARCHAR",
+        "task": "VARCHAR",
+        "metric": "VARCHAR",
+        "filter": "VARCHAR",
+        "value": "DOUBLE",
+        "stderr": "DOUBLE",
+        "n": "INTEGER",
+    },
+    "samples": {
+        "run_id": "VARCHAR",
+        "task": "VARCHAR",
+        "doc_id": "VARCHAR",
+        "prompt_hash": "VARCHAR",
+        "prompt": "VARCHAR",
+        "target": "VARCHAR",
+        "response": "VARCHAR",
+        "first_token": "VARCHAR",
+        "first_token_id": "INTEGER",
+        "first_unit": "VARCHAR",
+        "ft_outcome": "VARCHAR",
+        "lang": "VARCHAR",
+        "category": "VARCHAR",
+        "ft_hit": "DOUBLE",
+        "ft_token_hit": "DOUBLE",
+        "ft_hit_prob": "DOUBLE",
+        "opener_rate": "DOUBLE",
+        "opener_mass": "DOUBLE",
+        "prior_drift": "DOUBLE",
+        "top3_mass": "DOUBLE",
+        "top3_share": "DOUBLE",
+        "unstable": "DOUBLE",
+        "entropy": "DOUBLE",
+        "needle_depth": "DOUBLE",
+        "needle_length": "INTEGER",
+        "needle_tokens": "INTEGER",
+        "needle_hint": "BOOLEAN",
+        "needle_recall": "DOUBLE",
+        "metrics": "VARCHAR",
+    },
+    "first_token_topk": {
+        "run_id": "VARCHAR",
+        "task": "VARCHAR",
+        "doc_id": "VARCHAR",
+        "rank": "INTEGER",
+        "token_id": "INTEGER",
+        "token": "VARCHAR",
+        "logprob": "DOUBLE",
+    },
+    "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
+}
+SCHEMA_VERSION_DDL = (  # as store.migrate creates it
+    "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)"
+)
+EXPECTED_VIEWS = {"leaderboard", "needle_heatmap", "first_token_drift"}  # others may be appended
+
+
+def columns(con, table: str) -> dict[str, str]:
+    rows = con.execute(
+        "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = ? ORDER BY ordinal_position",
+        [table],
+    ).fetchall()
+    return dict(rows)
+
+
+def relations(con, kind: str) -> set[str]:
+    rows = con.execute("SELECT table_name FROM information_schema.tables WHERE table_type = ?", [kind]).fetchall()
+    return {r[0] for r in rows}
+
+
+def file_digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ---- schema and migrations ---------------------------------------------------------------
+
+
+def test_fresh_db_has_the_exact_schema(tmp_path):
+    with open_store(tmp_path / "fresh.duckdb") as con:
+        assert relations(con, "BASE TABLE") == set(EXPECTED_TABLES)
+        for table, expected in EXPECTED_TABLES.items():
+            assert columns(con, table) == expected, table
+        assert EXPECTED_VIEWS <= relations(con, "VIEW")
+        # the SPEC's columns keep their order in `runs` (the ordinal order is part of the schema)
+        assert list(columns(con, "runs")) == list(EXPECTED_TABLES["runs"])
+        assert list(columns(con, "samples")) == list(EXPECTED_TABLES["samples"])
+
+
+def test_column_lists_in_store_match_the_schema():
+    assert list(store.RUN_COLUMNS) == list(EXPECTED_TABLES["runs"])
+    assert list(store.SAMPLE_COLUMNS) == list(EXPECTED_TABLES["samples"])
+    assert list(store.METRIC_COLUMNS) == list(EXPECTED_TABLES["metrics"])
+    assert list(store.TOPK_COLUMNS) == list(EXPECTED_TABLES["first_token_topk"])
+
+
+def test_applied_and_pending(tmp_path):
+    names = [m.__name__ for m in MIGRATIONS]
+    assert names[:6] == [
+        "m001_create_runs",
+        "m002_create_metrics",
+        "m003_create_samples",
+        "m004_create_first_token_topk",
+        "m005_create_tags",
+        "m006_create_views",
+    ]
+    assert len(set(names)) == len(names)
+    con = duckdb.connect(str(tmp_path / "raw.duckdb"))
+    try:
+        assert applied(con) == []
+        assert pending(con) == names
+        assert relations(con, "BASE TABLE") == set()  # pending() and applied() only read
+        assert migrate(con) == names
+        assert applied(con) == names
+        assert pending(con) == []
+        versions = con.execute("SELECT version, name FROM schema_version ORDER BY version").fetchall()
+        assert versions == list(enumerate(names, start=1))
+    finally:
+        con.close()
+
+
+def test_migrating_twice_is_a_no_op(tmp_path):
+    path = tmp_path / "twice.duckdb"
+    with open_store(path) as con:
+        first = con.execute("SELECT * FROM schema_version ORDER BY version").fetchall()
+        schema = {t: columns(con, t) for t in EXPECTED_TABLES}
+        assert migrate(con) == []
+    with open_store(path) as con:
+        assert con.execute("SELECT * FROM schema_version ORDER BY version").fetchall() == first
+        assert {t: columns(con, t) for t in EXPECTED_TABLES} == schema
+        assert pending(con) == []
+
+
+def test_partly_migrated_db_gets_only_the_rest(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute(SCHEMA_VERSION_DDL)
+    for version, m in enumerate(MIGRATIONS[:2], start=1):
+        m(con)
+        con.execute("INSERT INTO schema_version VALUES (?, ?, now())", [version, m.__name__])
+    con.execute("INSERT INTO runs (id, created_at, status, model) VALUES ('r1', now(), 'done', 'hf')")
+    con.close()
+    with open_store(path) as con:
+        assert applied(con) == [m.__name__ for m in MIGRATIONS]
+        assert con.execute("SELECT id FROM runs").fetchall() == [("r1",)]
+        assert relations(con, "BASE TABLE") == set(EXPECTED_TABLES)
+
+
+def test_read_only_open_needs_an_existing_db(tmp_path):
+    path = tmp_path / "ro.duckdb"
+    with pytest.raises(BadInput):
+        with open_store(path, read_only=True):
+            pass
+    assert not path.exists()
+
+
+def test_read_only_open_of_an_older_db_upgrades_it_once(tmp_path):
+    """A file written by an older evalkit (fewer migrations) is migrated once, then read."""
+    path = tmp_path / "older.duckdb"
+    con = duckdb.connect(str(path))
+    con.execute(SCHEMA_VERSION_DDL)
+    for version, m in enumerate(MIGRATIONS[:5], start=1):
+        m(con)
+        con.execute("INSERT INTO schema_version VALUES (?, ?, now())", [version, m.__name__])
+    con.close()
+    with open_store(path, read_only=True) as con:
+        assert pending(con) == []
+        assert EXPECTED_VIEWS <= relations(con, "VIEW")
+    before = file_digest(path)
+    with open_store(path, read_only=True) as con:
+        assert applied(con) == [m.__name__ for m in MIGRATIONS]
+    assert file_digest(path) == before  # an up-to-date file is only read
+
+
+# ---- resolve_run ----------------------------------------------------------------------------
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, 0)
+
+
+def add_run(path, run_id: str, minutes: int, status: str = "done") -> None:
+    store.insert_run(path, {
+        "id": run_id, "created_at": T0 + dt.timedelta(minutes=minutes), "status": status, "model": "hf",
+        "tasks": ["firsttoken"],
+    })
+
+
+@pytest.fixture(scope="module")
+def runs_db_master(tmp_path_factory):
+    path = tmp_path_factory.mktemp("store") / "runs.duckdb"
+    add_run(path, "2601011200-aaaaaa", 0)
+    add_run(path, "2601011201-abcdef", 1)
+    add_run(path, "2601011202-abc123", 2)
+    add_run(path, "2601011203-ffffff", 3, status="failed")
+    with store.transaction(path) as con:
+        con.execute("INSERT INTO tags VALUES ('prod', '2601011200-aaaaaa', ?)", [T0])
+        con.execute("INSERT INTO tags VALUES ('prod', '2601011201-abcdef', ?)", [T0 + dt.timedelta(hours=1)])
+        con.execute("INSERT INTO tags VALUES ('old', '2601011200-aaaaaa', ?)", [T0 + dt.timedelta(hours=2)])
+    return path
+
+
+@pytest.fixture
+def db_with_runs(runs_db_master, tmp_path):
+    """A fresh copy per test: four runs (one failed), the tag prod on two of them, old on one."""
+    path = tmp_path / "runs.duckdb"
+    shutil.copyfile(runs_db_master, path)
+    return path
+
+
+def test_resolve_run(db_with_runs):
+    with open_store(db_with_runs, read_only=True) as con:
+        assert resolve_run(con, "2601011201-abcdef") == "2601011201-abcdef"  # a full id
+        assert resolve_run(con, " 2601011201-abcdef ") == "2601011201-abcdef"
+        assert resolve_run(con, "2601011201") == "2601011201-abcdef"  # a unique prefix
+        assert resolve_run(con, "2601011202-abc") == "2601011202-abc123"
+        assert resolve_run(con, "latest") == "2601011203-ffffff"  # newest, whatever its status
+        assert resolve_run(con, "tag:old") == "2601011200-aaaaaa"
+        assert resolve_run(con, "tag:prod") == "2601011201-abcdef"  # the newest run with the tag
+        with pytest.raises(BadInput, match="ambiguous"):
+            resolve_run(con, "26010112")
+        with pytest.raises(BadInput, match="unknown run"):
+            resolve_run(con, "nope")
+        with pytest.raises(BadInput, match="unknown run"):
+            resolve_run(con, "2601011201-abcdef0")  # longer than an id
+        with pytest.raises(BadInput):
+            resolve_run(con, "tag:missing")
+        with pytest.raises(BadInput):
+            resolve_run(con, "")
+        with pytest.raises(BadInput):
+            resolve_run(con, "tag:")
+
+
+def test_resolve_run_prefix_is_literal(db_with_runs):
+    """A prefix is text, not a pattern: LIKE wildcards match nothing."""
+    with open_store(db_with_runs, read_only=True) as con:
+        for ref in ("%", "2601011201-abc%", "_601011201", "2601011201-abc_ef"):
+            with pytest.raises(BadInput):
+                resolve_run(con, ref)
+
+
+def test_resolve_latest_on_an_empty_db(tmp_path):
+    with open_store(tmp_path / "empty.duckdb") as con:
+        with pytest.raises(BadInput, match="no runs"):
+            resolve_run(con, "latest")
+
+
+# ---- read_query -----------------------------------------------------------------------------
+
+
+def test_read_query_reads(db_with_runs):
+    cols, rows = read_query(db_with_runs, "SELECT id, status FROM runs ORDER BY id")
+    assert cols == ["id", "status"]
+    assert rows[0] == ("2601011200-aaaaaa", "done") and len(rows) == 4
+    cols, rows = read_query(db_with_runs, "DESCRIBE tags")
+    assert [r[0] for r in rows] == ["tag", "run_id", "created_at"]
+    _, rows = read_query(db_with_runs, "SHOW TABLES")
+    assert {"runs", "samples"} <= {r[0] for r in rows}
+    cols, rows = read_query(db_with_runs, "WITH t AS (SELECT count(*) AS n FROM runs) SELECT n FROM t")
+    assert rows == [(4,)]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO tags VALUES ('x', 'y', now())",
+        "UPDATE runs SET status = 'done'",
+        "DELETE FROM runs",
+        "DROP TABLE runs",
+        "CREATE TABLE t (x INTEGER)",
+        "CREATE VIEW v AS SELECT 1",
+        "ALTER TABLE runs ADD COLUMN x INTEGER",
+        "SELECT 1; DELETE FROM runs",
+        "WITH t AS (SELECT 1) DELETE FROM runs",
+        "COPY runs TO '{out}'",
+        "ATTACH '{out}.db' AS other",
+        "CHECKPOINT",
+        "SET threads = 1",
+        "INSTALL httpfs",
+    ],
+)
+def test_read_query_refuses_writes(db_with_runs, tmp_path, sql):
+    before = file_digest(db_with_runs)
+    out = tmp_path / "out.csv"
+    with pytest.raises(BadInput):
+        read_query(db_with_runs, sql.format(out=out))
+    assert file_digest(db_with_runs) == before
+    assert not out.exists() and not (tmp_path / "out.csv.db").exists()
+    _, rows = read_query(db_with_runs, "SELECT count(*) FROM runs")
+    assert rows == [(4,)]
+
+
+def test_read_query_bad_sql_and_missing_db(db_with_runs, tmp_path):
+    with pytest.raises(BadInput, match="SQL error"):
+        read_query(db_with_runs, "SELECT FROM WHERE")
+    with pytest.raises(BadInput, match="SQL error"):
+        read_query(db_with_runs, "SELECT * FROM no_such_table")
+    with pytest.raises(BadInput):
+        read_query(db_with_runs, "   ")
+    with pytest.raises(BadInput):
+        read_query(tmp_path / "missing.duckdb", "SELECT 1")
+    assert not (tmp_path / "missing.duckdb").exists()
