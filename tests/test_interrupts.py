@@ -2,7 +2,7 @@
 
 A real `evalkit run` process (tests.fake_cli, the fake LM slowed by
 EVALKIT_FAKE_DELAY) is signalled once its run row reads 'running'. Exit codes
-(evalkit.cli.main): SIGINT → KeyboardInterrupt → click's Abort → 130
+(evalkit.cli): SIGINT → KeyboardInterrupt → one line, exit 130
 ("evalkit: error: interrupted"); SIGTERM → runner's handler raises Interrupted → 143
 ("evalkit: terminated").
 """
