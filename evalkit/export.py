@@ -141,11 +141,6 @@ def merged_query(
                 con.execute(definition)
             except duckdb.Error:  # a source too old for this view: the tables stay queryable
                 pass
-        try:
-            cur = con.execute(sql)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            return cols, cur.fetchall()
-        except duckdb.Error as exc:
-            raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
+        return store.run_sql(con, sql)
     finally:
         con.close()

@@ -291,9 +291,14 @@ def read_query(path, sql: str) -> tuple[list[str], list[tuple]]:
     """Run read-only SQL and return (column names, rows); writes are refused as BadInput."""
     check_read_only(sql)
     with open_store(path, read_only=True) as con:
-        try:
-            cur = con.execute(sql)
-            cols = [d[0] for d in cur.description] if cur.description else []
-            return cols, cur.fetchall()
-        except duckdb.Error as exc:
-            raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
+        return run_sql(con, sql)
+
+
+def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple]]:
+    """(column names, rows) of already-checked SQL; DuckDB's errors become one-line BadInput."""
+    try:
+        cur = con.execute(sql)
+        cols = [d[0] for d in cur.description] if cur.description else []
+        return cols, cur.fetchall()
+    except duckdb.Error as exc:
+        raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
