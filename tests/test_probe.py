@@ -212,7 +212,7 @@ def test_topk_and_first_step_metrics_match_plain_forward(tiny, contexts, batched
         assert [t for t, _, _ in res["topk"]] == top.indices.tolist()
         assert [math.exp(lp_) for _, _, lp_ in res["topk"]] == pytest.approx(top.values.tolist(), abs=1e-5)
         assert [text for _, text, _ in res["topk"]] == [
-            tokenizer.decode([t], skip_special_tokens=True) for t in top.indices.tolist()
+            tokenizer.decode([t], skip_special_tokens=False) for t in top.indices.tolist()
         ]
         assert res["entropy"] == pytest.approx(float(-(probs * lp).sum()), abs=1e-4)
         top3_at_t = float(torch.topk(torch.softmax(lp / 0.8, dim=-1), 3).values.sum())
