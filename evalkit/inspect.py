@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalkit.errors import BadInput
-from evalkit.templates import Template
+from evalkit.templates import render_prompt
 
 # what `--model-args` may hold here (the subset of lm-eval's HFLM arguments that loading uses)
 MODEL_ARG_KEYS = ("pretrained", "gguf_file", "tokenizer", "revision", "dtype", "trust_remote_code", "device")
@@ -94,7 +94,7 @@ def inspect_prompt(
         label = str(args["pretrained"])
 
     model, tokenizer = load_model(args, quant)
-    context = render_context(tokenizer, tmpl, prompt)
+    context = render_prompt(tokenizer, tmpl, prompt)
     result = first_step_view(model, tokenizer, context, top_k=top_k, temperature=temperature,
                              max_new_tokens=max_new_tokens)
     result.prompt, result.template, result.model, result.quant = prompt, tmpl.name, label, quant
@@ -133,30 +133,6 @@ def load_model(args: dict[str, Any], quant: str | None):
     if quant == "int8-dynamic" and not str(device).startswith("cpu"):
         raise BadInput("--quant int8-dynamic runs on the CPU only (add device=cpu to --model-args)")
     return models.apply_quant(model.to(device), quant).eval(), tokenizer
-
-
-def render_context(tokenizer, template: Template, prompt: str) -> str:
-    """The prompt as lm-eval puts it before the model for a zero-shot generate_until task.
-
-    Chat: `apply_chat_template([system?, user], tokenize=False, add_generation_prompt=True)`,
-    retried without the system message when the chat template rejects one (as HFLM does).
-    Not chat: the system message (if any) and the prompt concatenated, as lm-eval's
-    plain-text rendering does.
-    """
-    if not template.chat:
-        return (template.system or "") + prompt
-    if not getattr(tokenizer, "chat_template", None):
-        raise BadInput(f"template {template.name!r} needs a chat template and this tokenizer has none "
-                       "(use --template plain)")
-    import jinja2
-
-    messages = ([{"role": "system", "content": template.system}] if template.system else [])
-    messages.append({"role": "user", "content": prompt})
-    try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except jinja2.exceptions.TemplateError:
-        messages = [m for m in messages if m["role"] != "system"]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,

@@ -34,16 +34,10 @@ def _load_tokenizer(path: str, gguf_file: str | None):
 
 def token_counter(tokenizer, *, chat: bool, system: str | None) -> Callable[[str], int]:
     """count(user_text) = tokens of the whole prompt the model sees for that message."""
+    from evalkit.templates import Template, render_prompt
 
-    def render(text: str) -> str:
-        if chat:
-            messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": text}
-            ]
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return f"{system}\n\n{text}" if system else text
-
-    return lambda text: len(tokenizer(render(text), add_special_tokens=False)["input_ids"])
+    template = Template("needle", chat, system)
+    return lambda text: len(tokenizer(render_prompt(tokenizer, template, text), add_special_tokens=False)["input_ids"])
 
 
 def load_docs(*, lang: str, hint: bool, **metadata) -> Any:

@@ -63,3 +63,26 @@ def get_template(name: str, extra: str | os.PathLike | None = None) -> Template:
     if name not in templates:
         raise BadInput(f"unknown template {name!r} (known: {', '.join(sorted(templates))})")
     return templates[name]
+
+
+def render_prompt(tokenizer, template: Template, prompt: str) -> str:
+    """The prompt as lm-eval puts it before the model for a zero-shot generate_until task.
+
+    Chat: `apply_chat_template([system?, user], tokenize=False, add_generation_prompt=True)`,
+    retried without the system message when the chat template rejects one (as HFLM does).
+    Not chat: the system message (if any), a blank line, and the prompt.
+    """
+    if not template.chat:
+        return f"{template.system}\n\n{prompt}" if template.system else prompt
+    if not getattr(tokenizer, "chat_template", None):
+        raise BadInput(f"template {template.name!r} needs a chat template and this tokenizer has none "
+                       "(use --template plain)")
+    import jinja2
+
+    messages = ([{"role": "system", "content": template.system}] if template.system else [])
+    messages.append({"role": "user", "content": prompt})
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except jinja2.exceptions.TemplateError:
+        messages = [m for m in messages if m["role"] != "system"]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
