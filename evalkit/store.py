@@ -25,7 +25,9 @@ DEFAULT_DB = Path("reports") / "evalkit.duckdb"
 LOCK_TIMEOUT_S = float(os.environ.get("EVALKIT_LOCK_TIMEOUT", "120"))
 
 # statement types `evalkit query` lets through; everything else may write.
-_READ_STATEMENTS = {"SELECT", "EXPLAIN", "PRAGMA", "SHOW", "DESCRIBE", "SUMMARIZE"}
+# MULTI is what DuckDB makes of PIVOT (a SELECT over an enum it builds); the
+# connection is read-only besides, so nothing it expands to can write the file.
+_READ_STATEMENTS = {"SELECT", "EXPLAIN", "PRAGMA", "SHOW", "DESCRIBE", "SUMMARIZE", "MULTI"}
 
 
 def db_path(path: str | os.PathLike | None = None) -> Path:

@@ -348,3 +348,12 @@ def test_read_query_bad_sql_and_missing_db(db_with_runs, tmp_path):
     with pytest.raises(BadInput):
         read_query(tmp_path / "missing.duckdb", "SELECT 1")
     assert not (tmp_path / "missing.duckdb").exists()
+
+
+def test_read_query_allows_pivot(tmp_path):
+    """DuckDB parses PIVOT as a MULTI statement; it only reads, so query lets it through."""
+    db = tmp_path / "p.duckdb"
+    with store.transaction(db) as con:
+        con.execute("INSERT INTO tags VALUES ('prod', 'r1', now()), ('dev', 'r2', now())")
+    cols, rows = store.read_query(db, "PIVOT (SELECT tag, run_id FROM tags) ON tag USING first(run_id)")
+    assert sorted(cols) == ["dev", "prod"] and len(rows) == 1
