@@ -9,6 +9,7 @@ compute metrics, format output, or decide exit codes.
 from __future__ import annotations
 
 import contextlib
+import operator
 import datetime as dt
 import os
 import random
@@ -231,8 +232,15 @@ def _insert_rows(con, table: str, columns: Sequence[str], rows: Sequence[dict[st
 
     types = dict(con.execute(f"SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = '{table}'").fetchall())
     schema = pa.schema([(c, _ARROW_TYPES.get(types[c], pa.string())()) for c in columns])
+    pick = operator.itemgetter(*columns)
+    try:
+        tuples = [pick(r) for r in rows]
+    except KeyError:  # rows that leave some columns out: those are NULL
+        tuples = [tuple(r.get(c) for c in columns) for r in rows]
+    if len(columns) == 1:
+        tuples = [(v,) for v in tuples]
     arrow = pa.table(  # noqa: F841  (read by DuckDB's replacement scan)
-        {f.name: pa.array([r.get(f.name) for r in rows], type=f.type) for f in schema}
+        {f.name: pa.array(col, type=f.type) for f, col in zip(schema, zip(*tuples))}
     )
     con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM arrow")
 
