@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from evalkit.units import first_word, is_cjk, matched_start, normalize
+from evalkit.units import first_word, is_cjk, matched_start
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,3 @@ def score_response(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> tu
                 fields[key] = probe[key]
     return values, fields
 
-
-def normalized_answers(doc: dict[str, Any]) -> list[str]:
-    return [normalize(a) for a in doc.get("answers") or []]

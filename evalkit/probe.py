@@ -14,7 +14,6 @@ generate_until unchanged.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -27,8 +26,6 @@ from evalkit import firststep, stats
 from evalkit.lexicon import load_lexicon
 from evalkit.metrics import UNSTABLE_BELOW, candidate_strings
 from evalkit.models import apply_quant
-
-log = logging.getLogger(__name__)
 
 # Inputs without content (Zhao et al. 2021), put through the same template as the prompts.
 CONTENT_FREE = ("N/A", "", "…", "无")
