@@ -21,9 +21,3 @@ class RunFailed(EvalkitError):
 
     exit_code = 1
 
-
-class Interrupted(BaseException):
-    """SIGTERM during a run, raised so the run row is marked `interrupted` (exit 143).
-
-    A BaseException, like KeyboardInterrupt, so that `except Exception` does not swallow it.
-    """

@@ -18,6 +18,7 @@ import os
 import platform
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from evalkit import __version__, store
-from evalkit.errors import BadInput, Interrupted, RunFailed
+from evalkit.errors import BadInput, RunFailed
 
 TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
 PROMPTS_TASK = "firsttoken_user"
@@ -261,22 +262,14 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     if on_start:
         on_start(run_id)
 
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def _term(signum, frame):
-        raise Interrupted()
-
-    try:
-        signal.signal(signal.SIGTERM, _term)
-    except ValueError:  # not the main thread
-        previous = None
+    restore = _exit_on_signals(cfg.db, run_id, t0, writer)
     status, error = "failed", None
     try:
         result = _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0)
         status = "done"
         return result
-    except (KeyboardInterrupt, Interrupted):
-        status, error = "interrupted", "interrupted by signal"
+    except KeyboardInterrupt:  # only when the handlers could not be installed (not the main thread)
+        status, error = "interrupted", "interrupted by SIGINT"
         raise
     except BadInput as exc:
         error = str(exc)
@@ -285,13 +278,47 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
         error = f"{type(exc).__name__}: {exc}"
         raise RunFailed(f"run {run_id} failed: {error}") from exc
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        restore()
         if writer and status != "done":
             store.update_run(
                 cfg.db, run_id, status=status, error=error,
                 finished_at=store._now(), duration_s=time.monotonic() - t0,
             )
+
+
+def _exit_on_signals(db, run_id: str, t0: float, writer: bool) -> Callable[[], None]:
+    """While a run is under way, SIGINT and SIGTERM mark it `interrupted` and end the process.
+
+    The handler records the run and leaves with `os._exit(128 + signum)` rather than
+    raising: an exception raised from a signal handler while torch or another native
+    library is calling back into Python (an import, a forward hook) cannot unwind
+    through C++ and aborts the process instead. Results not yet committed are simply
+    never written, so no partial metrics exist. Returns the function that puts the
+    previous handlers back.
+    """
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        if writer:
+            try:
+                store.mark_interrupted(db, run_id, f"interrupted by {name}", time.monotonic() - t0)
+            except BaseException:  # noqa: BLE001  (leaving is what matters now)
+                pass
+        sys.stderr.write("evalkit: error: interrupted\n" if signum == signal.SIGINT else "evalkit: terminated\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: Python delivers signals to the main thread only
+        pass
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
 
 
 def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -> RunResult:

@@ -196,6 +196,16 @@ def update_run(path, run_id: str, **fields: Any) -> None:
         con.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*fields.values(), run_id])
 
 
+def mark_interrupted(path, run_id: str, error: str, duration_s: float) -> None:
+    """Mark a run `interrupted`, unless it already finished."""
+    with transaction(path) as con:
+        con.execute(
+            "UPDATE runs SET status = 'interrupted', error = ?, finished_at = ?, duration_s = ? "
+            "WHERE id = ? AND status = 'running'",
+            [error, _now(), duration_s, run_id],
+        )
+
+
 SAMPLE_COLUMNS = (
     "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
     "first_token", "first_token_id", "first_unit", "ft_outcome", "lang", "category",

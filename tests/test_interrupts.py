@@ -2,9 +2,8 @@
 
 A real `evalkit run` process (tests.fake_cli, the fake LM slowed by
 EVALKIT_FAKE_DELAY) is signalled once its run row reads 'running'. Exit codes
-(evalkit.cli): SIGINT → KeyboardInterrupt → one line, exit 130
-("evalkit: error: interrupted"); SIGTERM → runner's handler raises Interrupted → 143
-("evalkit: terminated").
+(evalkit.runner's handler: mark the run, one line, os._exit): SIGINT → 130
+("evalkit: error: interrupted"); SIGTERM → 143 ("evalkit: terminated").
 """
 
 from __future__ import annotations

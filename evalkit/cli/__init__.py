@@ -15,7 +15,7 @@ import sys
 import click
 
 from evalkit import __version__
-from evalkit.errors import EvalkitError, Interrupted
+from evalkit.errors import EvalkitError
 
 
 class CliError(click.ClickException):
@@ -94,9 +94,6 @@ def main() -> None:
     except KeyboardInterrupt:
         click.echo("evalkit: interrupted", err=True)
         sys.exit(130)
-    except Interrupted:
-        click.echo("evalkit: terminated", err=True)
-        sys.exit(143)
     except Exception as exc:  # a bug: keep it to one line unless asked
         if debug:
             raise
