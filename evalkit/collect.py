@@ -13,12 +13,7 @@ import math
 from typing import Any
 
 from evalkit.metrics import score_response
-from evalkit.store import SAMPLE_COLUMNS
-
-_SAMPLE_METRICS = [c for c in SAMPLE_COLUMNS if c in {
-    "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
-    "top3_mass", "top3_share", "unstable", "entropy", "needle_recall",
-}]
+from evalkit.store import SAMPLE_METRIC_COLUMNS
 
 
 def _num(value: Any) -> float | None:
@@ -95,7 +90,7 @@ def collect(run_id: str, results: dict[str, Any], lexicon) -> tuple[list[dict], 
             }
             if isinstance(resp, dict) and "entropy" in resp:
                 values.setdefault("entropy", _num(resp["entropy"]))
-            for m in _SAMPLE_METRICS:
+            for m in SAMPLE_METRIC_COLUMNS:
                 row[m] = values.get(m)
             samples.append(row)
             for rank, (token_id, token, logprob) in enumerate(fields.get("topk") or []):

@@ -15,16 +15,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evalkit.errors import BadInput
-from evalkit.store import _now, open_store, resolve_run, transaction
+from evalkit.store import SAMPLE_METRIC_COLUMNS, _now, open_store, resolve_run, transaction
 
 if TYPE_CHECKING:  # evalkit.gate imports numpy and yaml: loaded when a gate runs
     from evalkit.gate import Verdict
 
-# samples columns that hold one numeric per-sample metric value each
-SAMPLE_METRICS = (
-    "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
-    "top3_mass", "top3_share", "unstable", "entropy", "needle_recall",
-)
 _TAG_RE = re.compile(r"^[\w.\-]+$")
 
 
@@ -54,7 +49,7 @@ def load_run_data(con, run_id: str):
     """One run as ``gate.RunData``: (task, metric) -> aggregate, (task, doc_id) -> {metric: value}.
 
     Aggregates take the ``none`` filter where a metric has several; per-sample
-    values are the numeric ``samples`` columns (SAMPLE_METRICS), nulls left out.
+    values are the numeric ``samples`` columns (SAMPLE_METRIC_COLUMNS), nulls left out.
     """
     from evalkit.gate import RunData
 
@@ -67,11 +62,11 @@ def load_run_data(con, run_id: str):
         metrics[(task, metric)] = value
 
     samples: dict[tuple[str, str], dict[str, float]] = {}
-    cols = ", ".join(SAMPLE_METRICS)
+    cols = ", ".join(SAMPLE_METRIC_COLUMNS)
     cur = con.execute(f"SELECT task, doc_id, {cols} FROM samples WHERE run_id = ?", [run_id])
     while batch := cur.fetchmany(10_000):
         for task, doc_id, *values in batch:
-            samples[(task, doc_id)] = {m: v for m, v in zip(SAMPLE_METRICS, values) if v is not None}
+            samples[(task, doc_id)] = {m: v for m, v in zip(SAMPLE_METRIC_COLUMNS, values) if v is not None}
     return RunData(run_id=run_id, metrics=metrics, samples=samples)
 
 

@@ -213,6 +213,11 @@ SAMPLE_COLUMNS = (
     "prior_drift", "top3_mass", "top3_share", "unstable", "entropy", "needle_depth",
     "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
 )
+# the samples columns that hold one numeric per-sample metric value each
+SAMPLE_METRIC_COLUMNS = (
+    "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
+    "top3_mass", "top3_share", "unstable", "entropy", "needle_recall",
+)
 METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n")
 TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
 
