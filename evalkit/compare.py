@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from evalkit import stats
 from evalkit.errors import BadInput
 from evalkit.metrics import METRICS
-from evalkit.store import open_store, resolve_run
+from evalkit.store import SAMPLE_METRIC_COLUMNS, open_store, resolve_run
 
 ALL_TASKS = "all"  # the `task` of the overall rows
 TOP_N = 5  # top5_mass / top5_overlap
@@ -78,7 +78,7 @@ def compare_runs(db: str | os.PathLike | None, run_a: str, run_b: str) -> Compar
     with open_store(db, read_only=True) as con:
         a = resolve_run(con, run_a)
         b = resolve_run(con, run_b)
-        metric_cols = _metric_columns(con)
+        metric_cols = [m for m in METRICS if m in SAMPLE_METRIC_COLUMNS]  # registry order
         keys, values = _paired_samples(con, a, b, metric_cols)
         if not keys:
             raise BadInput(f"runs {a} and {b} share no prompts (same task and doc_id); nothing to compare")
@@ -90,18 +90,6 @@ def compare_runs(db: str | os.PathLike | None, run_a: str, run_b: str) -> Compar
 
 
 # --- SQL ---------------------------------------------------------------------
-
-
-def _metric_columns(con) -> list[str]:
-    """Registered metrics stored as numeric columns of `samples`, in registry order."""
-    numeric = {
-        name
-        for name, dtype in con.execute(
-            "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = 'samples'"
-        ).fetchall()
-        if dtype in ("DOUBLE", "FLOAT", "INTEGER", "BIGINT", "BOOLEAN")
-    }
-    return [m for m in METRICS if m in numeric]
 
 
 def _paired_samples(con, a: str, b: str, cols: list[str]):
