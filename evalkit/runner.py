@@ -149,17 +149,13 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
         raise BadInput(f"unknown task {unknown[0]!r} (known: {', '.join(known)})")
     if prompts is not None:
         names.append(PROMPTS_TASK)
-    needle = any(t.startswith("needle") for t in names)
-    if needle:
-        from evalkit import needle as needle_mod
+    if any(t.startswith("needle") for t in names):
+        from evalkit.needle_task import check_lengths
 
-        for length in cfg.needle_lengths or []:
-            if length <= 0:
-                raise BadInput(f"--needle-lengths must be positive token counts, got {length}")
+        check_lengths(cfg.needle_lengths or [], None)  # the context check follows once the model is known
         for depth in cfg.needle_depths or []:
             if not 0.0 <= depth <= 1.0:
                 raise BadInput(f"--needle-depths must lie in [0, 1], got {depth}")
-        del needle_mod
     return {
         "template": template,
         "lexicon": lexicon,
