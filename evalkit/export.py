@@ -12,8 +12,6 @@ its DB and that DB's export, is counted twice), or migrate old files.
 from __future__ import annotations
 
 import os
-import random
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -58,20 +56,7 @@ def _attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
         raise BadInput(f"{path} is a directory, not a DuckDB file")
     if not store._has_duckdb_header(path):
         raise BadInput(f"{path} is not a DuckDB file")
-    deadline = time.monotonic() + store.LOCK_TIMEOUT_S
-    delay = 0.05
-    while True:
-        try:
-            con.execute(f"ATTACH {_literal(path)} AS {alias} (READ_ONLY)")
-            break
-        except duckdb.Error as exc:
-            if store._is_lock_error(exc) and time.monotonic() < deadline:
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
-                continue
-            if store._is_lock_error(exc):
-                raise
-            raise BadInput(f"{path} is not a readable DuckDB file ({str(exc).splitlines()[0]})") from exc
+    store.open_waiting(path, lambda: con.execute(f"ATTACH {_literal(path)} AS {alias} (READ_ONLY)"))
     tables = {
         r[0] for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE database_name = ?", [alias]

@@ -47,11 +47,18 @@ def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
         raise BadInput(f"no evalkit database at {path}")
     if path.exists() and path.is_dir():
         raise BadInput(f"{path} is a directory, not a DuckDB file")
+    return open_waiting(path, lambda: duckdb.connect(str(path), read_only=read_only))
+
+
+def open_waiting(path: Path, open_fn):
+    """`open_fn()` (a connect or ATTACH of `path`), retried with backoff and jitter while
+    another process holds DuckDB's file lock, up to LOCK_TIMEOUT_S; any other DuckDB
+    error means the file is not a readable DuckDB file (BadInput)."""
     deadline = time.monotonic() + LOCK_TIMEOUT_S
     delay = 0.05
     while True:
         try:
-            return duckdb.connect(str(path), read_only=read_only)
+            return open_fn()
         except duckdb.Error as exc:
             if _is_lock_error(exc) and time.monotonic() < deadline:
                 time.sleep(delay * (0.5 + random.random()))
