@@ -44,6 +44,8 @@ class FirstStep:
     entropy: float  # full-vocabulary entropy in nats
     logprobs: torch.Tensor  # (V,) float32 log-softmax of the first step
     candidate_probs: dict[str, float] = field(default_factory=dict)  # candidate -> P(response starts with it)
+    unscored_mass: float = 0.0  # bound on how much any sum of candidate_probs falls short (<= tolerance)
+    candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
     response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
     first_token_id: int = -1  # the token chosen at step 1 (== response_ids[0] unless it was eos)
 
@@ -62,7 +64,7 @@ def probe(
     banned_first_ids: set[int] | frozenset = frozenset(),
     seed: int = 0,
     add_special_tokens: bool = False,
-    prune_below: float = 0.0,
+    tolerance: float = 0.0,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -75,14 +77,19 @@ def probe(
     nothing is generated but `first_token_id` is still chosen. Results are in the
     order of `contexts` and do not depend on `batch_size`.
 
-    `prune_below` > 0 stops teacher forcing below a trie node whose prefix
-    probability is under it: every candidate under that node gets 0.0, an error
-    of less than `prune_below` each (0, the default, is exact).
+    `tolerance` > 0 lets each prompt leave unscored the least likely token prefixes
+    of its candidate trie, as long as their probabilities add up to at most
+    `tolerance`; every candidate under such a prefix gets 0.0. Candidates that are
+    not prefixes of one another are disjoint events, so any sum of candidate
+    probabilities (ft_hit_prob, opener_mass) then falls short of the exact sum by
+    at most the prompt's `unscored_mass` <= `tolerance`. 0, the default, is exact.
     """
     if candidates is not None and len(candidates) != len(contexts):
         raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
     if not contexts:
         return []
     context_ids = [_encode(tokenizer, c, add_special_tokens) for c in contexts]
@@ -90,7 +97,7 @@ def probe(
         if not ids:
             raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
     engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                     banned_first_ids, seed, add_special_tokens, prune_below)
+                     banned_first_ids, seed, add_special_tokens, tolerance)
     # longest first, so a batch holds prompts of similar length (little padding)
     order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
     results: list[FirstStep | None] = [None] * len(contexts)
@@ -244,9 +251,9 @@ class _Engine:
     """One probe call's settings, and the forward passes for one batch of prompts."""
 
     def __init__(self, model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                 banned_first_ids, seed, add_special_tokens, prune_below=0.0):
+                 banned_first_ids, seed, add_special_tokens, tolerance=0.0):
         self.model = model
-        self.prune_below = float(prune_below)
+        self.tolerance = float(tolerance)
         self.tokenizer = tokenizer
         self.top_k = top_k
         self.max_new_tokens = max_new_tokens
@@ -312,8 +319,9 @@ class _Engine:
                 logprobs=logprobs[r].detach().cpu().clone(),
             ))
         if any(cand_lists):
-            for r, probs in enumerate(self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs)):
-                steps[r].candidate_probs = probs
+            scored = self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs)
+            for step, (probs, unscored, positions) in zip(steps, scored):
+                step.candidate_probs, step.unscored_mass, step.candidate_positions = probs, unscored, positions
 
         first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
         for r in range(B):
@@ -324,15 +332,18 @@ class _Engine:
                 steps[r].response_ids = responses[r]
         return steps
 
-    def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs) -> list[dict[str, float]]:
-        """[{candidate: P(response starts with it)}] for every prompt of the prefilled batch.
+    def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs):
+        """Per prompt of the prefilled batch: ({candidate: P(response starts with it)},
+        unscored mass, trie positions forwarded).
 
         Teacher forcing over the token trie of each prompt's candidates, one trie level
         per forward for the whole batch. The level's nodes (proper prefixes of some
         candidate) are packed side by side after the prompt in the batch's own KV cache,
         each attending to its prompt and its ancestors only (a custom 4-D mask), so
         shared prefixes are fed once and the cache is never copied. The cache is cropped
-        back to the prompt afterwards.
+        back to the prompt afterwards. Before each level, a prompt's least likely new
+        prefixes are left out while their total probability fits in what is left of
+        its `tolerance` (see `probe`).
         """
         B, P = mask.shape
         n_real = mask.sum(-1).tolist()
@@ -345,7 +356,8 @@ class _Engine:
         node_lp: dict[tuple[int, ...], torch.Tensor] = {(r,): logprobs[r] for r in range(B)}  # (row, *prefix) -> (V,)
         node_sum: dict[tuple[int, ...], float] = {(r,): 0.0 for r in range(B)}  # log P(prefix)
         slot: dict[tuple[int, ...], int] = {}  # node -> its column after the prompt
-        floor = math.log(self.prune_below) if self.prune_below > 0 else -math.inf
+        budget = [self.tolerance] * B  # probability each prompt may still leave unscored
+        positions = [0] * B
         dtype = self.float_dtype
         neg = torch.finfo(dtype).min
         used = 0  # extension columns so far (the same for every row; short rows are padded)
@@ -354,15 +366,22 @@ class _Engine:
             for depth in range(1, depth_max + 1):
                 level: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
                 for r in range(B):
+                    fresh = []
                     for tk in toks_of[r].values():
                         if len(tk) <= depth:
                             continue
                         node, parent = (r, *tk[:depth]), (r, *tk[: depth - 1])
                         if parent not in node_lp or node in node_sum:
-                            continue  # parent pruned, or node already queued
+                            continue  # parent left out, or node already queued
                         node_sum[node] = node_sum[parent] + float(node_lp[parent][node[-1]])
-                        if node_sum[node] >= floor:  # else P(prefix) < prune_below bounds all below
-                            level[r].append(node)
+                        fresh.append(node)
+                    fresh.sort(key=lambda n: (node_sum[n], n))
+                    for j, node in enumerate(fresh):
+                        p = math.exp(node_sum[node])
+                        if p > budget[r]:  # this one and every likelier one is scored
+                            level[r] = fresh[j:]
+                            break
+                        budget[r] -= p
                 Q = max(len(nodes) for nodes in level)
                 if Q == 0:
                     break
@@ -371,6 +390,7 @@ class _Engine:
                 allow = torch.zeros((B, Q, P + used + Q), dtype=torch.bool)
                 allow[:, :, :P] = mask.bool().cpu().unsqueeze(1)
                 for r, nodes in enumerate(level):
+                    positions[r] += len(nodes)
                     for j, node in enumerate(nodes):
                         inp[r, j] = node[-1]
                         pos[r, j] = n_real[r] + depth - 1
@@ -396,11 +416,11 @@ class _Engine:
                     probs[cand] = 1.0
                     continue
                 last = (r, *tk[:-1])
-                if last not in node_lp:  # pruned: P(cand) <= P(prefix) < prune_below
+                if last not in node_lp:  # under a prefix left out: counted in the unscored mass
                     probs[cand] = 0.0
                     continue
                 probs[cand] = math.exp(node_sum[last] + float(node_lp[last][tk[-1]]))
-            out.append({c: probs[c] for c in dict.fromkeys(cand_lists[r])})
+            out.append(({c: probs[c] for c in dict.fromkeys(cand_lists[r])}, self.tolerance - budget[r], positions[r]))
         return out
 
     def first_token(self, row_logprobs: torch.Tensor, index: int) -> int:

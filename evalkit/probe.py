@@ -35,9 +35,10 @@ CONTENT_FREE = ("N/A", "", "…", "无")
 class EvalkitHFLM(HFLM):
     """HFLM plus the exact first-step probe. Extra model args: quant, top_k,
     temperature (for top3_mass@T), first_temperature, ban_openers, probe_seed, and
-    prune_below: candidate strings under a token prefix less likely than this are
-    counted as 0 (error < prune_below each; 1e-7 keeps the 117-entry lexicon's
-    opener_mass within 1.2e-5 of exact at a third of the cost; 0 is exact)."""
+    tolerance: per prompt, the least likely token prefixes of the candidate trie
+    whose probabilities add up to at most this are not teacher-forced, so
+    ft_hit_prob and opener_mass each fall short of exact by at most `tolerance`
+    (a bound, not an estimate; 0 is exact; see `firststep.probe`)."""
 
     def __init__(
         self,
@@ -49,7 +50,7 @@ class EvalkitHFLM(HFLM):
         first_temperature: float | None = None,
         ban_openers: bool = False,
         probe_seed: int = 0,
-        prune_below: float = 1e-7,
+        tolerance: float = 1e-4,
         device: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -63,7 +64,9 @@ class EvalkitHFLM(HFLM):
         self.first_temperature = None if first_temperature in (None, "", "none") else float(first_temperature)
         self.ban_openers = bool(ban_openers)
         self.probe_seed = int(probe_seed)
-        self.prune_below = float(prune_below)
+        self.tolerance = float(tolerance)
+        if not 0 <= self.tolerance < 1:
+            raise ValueError(f"evalkit-hf: tolerance must be in [0, 1), got {tolerance}")
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
 
@@ -129,7 +132,7 @@ class EvalkitHFLM(HFLM):
                     top_k=self.top_k, max_new_tokens=max_new, stop=until, batch_size=bs,
                     first_temperature=self.first_temperature, banned_first_ids=banned,
                     seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
-                    prune_below=self.prune_below,
+                    tolerance=self.tolerance,
                 )
                 for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
                     out[i] = self._result(ctx, doc, cand, n_answer, step, until)

@@ -14,6 +14,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import math
 import os
 import platform
 import signal
@@ -116,9 +117,9 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     lexicon = load_lexicon()
 
     model_args = models.parse_model_args(cfg.model_args)
-    default_model = not model_args and cfg.model in ("hf", "evalkit-hf")
-    if default_model:
-        model_args = models.default_model_args()
+    default_model = "pretrained" not in model_args and cfg.model in ("hf", "evalkit-hf")
+    if default_model:  # the embedded SmolLM2, with any other model args the user gave
+        model_args = {**models.default_model_args(), **model_args}
         quant = cfg.quant or "q4_1"
     else:
         quant = cfg.quant
@@ -133,6 +134,13 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
         raise BadInput(f"unknown model type {cfg.model!r} (lm-eval has no model registered under that name)")
     if model_args.get("trust_remote_code") is None and cfg.model in ("hf", "evalkit-hf"):
         model_args["trust_remote_code"] = False
+    if "tolerance" in model_args and cfg.model in ("hf", "evalkit-hf"):
+        try:
+            tolerance = float(model_args["tolerance"])
+        except (TypeError, ValueError):
+            tolerance = math.nan
+        if not 0 <= tolerance < 1:
+            raise BadInput(f"--model-args tolerance must be a probability in [0, 1), got {model_args['tolerance']!r}")
 
     prompts = None
     if cfg.prompts_file:

@@ -62,6 +62,8 @@ CASES: list[Case] = [
                                        "--tasks", "firsttoken", "--db", "{db}"], "--model-args"),
     _case("run/model-args-twice", ["run", "--model", "evalkit-fake", "--model-args", "mode=hit,mode=key",
                                    "--tasks", "firsttoken", "--db", "{db}"], "mode"),
+    _case("run/tolerance-out-of-range", ["run", "--model", "hf", "--model-args", "tolerance=2",
+                                         "--tasks", "firsttoken", "--db", "{db}"], "tolerance"),
     _case("run/prompts-missing", ["run", *FAKE, "--prompts", "{tmp}/missing.jsonl", "--db", "{db}"], "missing.jsonl"),
     _case("run/prompts-bad-json", ["run", *FAKE, "--prompts", "{bad_json}", "--db", "{db}"], ":2: not valid JSON"),
     _case("run/prompts-empty", ["run", *FAKE, "--prompts", "{empty_jsonl}", "--db", "{db}"], "no prompts"),

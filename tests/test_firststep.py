@@ -137,6 +137,32 @@ def test_batched_and_unbatched_agree(tiny, contexts):
     assert all(s.candidate_probs == {} for s in plain)
 
 
+def test_tolerance_bounds_the_shortfall_of_every_sum(tiny, contexts):
+    """Left-out prefixes cost at most `tolerance` on any sum of prefix-free candidates,
+    every candidate still scored keeps its exact value, and fewer positions are forwarded."""
+    from evalkit.lexicon import load_lexicon
+
+    model, tokenizer = tiny
+    cands = [["Recursion", "Paris", "递归"] + load_lexicon().candidates()] * len(contexts)
+    exact = probe(model, tokenizer, contexts, cands, max_new_tokens=0, batch_size=3)
+    assert all(s.unscored_mass == 0.0 for s in exact)
+    lenient = probe(model, tokenizer, contexts, cands, max_new_tokens=0, batch_size=3, tolerance=0.05)
+    saved = 0
+    for a, b in zip(exact, lenient):
+        assert 0.0 <= b.unscored_mass <= 0.05
+        dropped = [c for c in a.candidate_probs if b.candidate_probs[c] == 0.0 < a.candidate_probs[c]]
+        for cand, p in a.candidate_probs.items():
+            if cand not in dropped:
+                assert b.candidate_probs[cand] == pytest.approx(p, rel=1e-4, abs=1e-9)
+        shortfall = sum(a.candidate_probs.values()) - sum(b.candidate_probs.values())
+        assert -1e-6 <= shortfall <= b.unscored_mass + 1e-6
+        saved += a.candidate_positions - b.candidate_positions
+        assert b.candidate_positions <= a.candidate_positions
+    assert saved > 0  # the random tiny model spreads mass thinly: many prefixes fit in 0.05
+    with pytest.raises(ValueError, match="tolerance"):
+        probe(model, tokenizer, contexts[:1], cands[:1], tolerance=1.0)
+
+
 def test_greedy_matches_generate(tiny, contexts):
     model, tokenizer = tiny
     eos = {tokenizer.eos_token_id}

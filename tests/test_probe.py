@@ -148,7 +148,7 @@ def requests_for(docs, contexts):
 
 
 def make_lm(tiny_model_dir, **kwargs):
-    return EvalkitHFLM(pretrained=str(tiny_model_dir), device="cpu", prune_below=0, **kwargs)
+    return EvalkitHFLM(pretrained=str(tiny_model_dir), device="cpu", tolerance=0, **kwargs)
 
 
 @pytest.fixture(scope="module")
