@@ -8,14 +8,14 @@ default SmolLM2-135M-Instruct (loaded ONCE, shared by every path), in one proces
       (`repeats: 20`), do_sample, temperature 0.8, max_gen_toks 4, until "\\n\\n";
   (b) evalkit's first-token metrics, the path `evalkit.probe.EvalkitHFLM` takes:
       `firststep.probe` with the answers' candidate strings plus the lexicon candidates
-      (prune_below 1e-7, as runs use), max_new_tokens 0, batch size 8, then top-k,
+      (tolerance 1e-4, as runs use), max_new_tokens 0, batch size 8, then top-k,
       top3_mass@0.8, ft_hit_prob, ft_token_hit, opener_mass and prior_drift (the
       content-free prior, once per template frame, is included in the time);
   (c) the distribution alone (`firststep.probe`, no candidates, max_new_tokens 0).
   (b') a cross-check, untimed against the target: the same requests through
       `EvalkitHFLM.generate_until` itself (max_gen_toks 0); its metrics must equal (b)'s.
 
-Every path sees the same chat-templated contexts (`evalkit.inspect.render_context`,
+Every path sees the same chat-templated contexts (`evalkit.templates.render_prompt`,
 the template `chat`). Prints wall times, per-prompt times, the ratios (a)/(b) and
 (a)/(c) against the >= 50x target, and per prompt the sampled top-3 share of (a)
 (over first units, and over first tokens re-tokenised in context) next to the exact
@@ -71,7 +71,7 @@ def sampled_path(lm, contexts: list[str], repeats: int, seed: int) -> list[list[
     return [texts[i * repeats : (i + 1) * repeats] for i in range(len(contexts))]
 
 
-def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bool) -> list[dict]:
+def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bool, tolerance: float = 0.0) -> list[dict]:
     """(b) with candidates, (c) without: one prefill per prompt, metrics as EvalkitHFLM computes them."""
     import torch
 
@@ -85,12 +85,14 @@ def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bo
         cands.append(answers + (lexicon.candidates() if with_candidates else []))
         n_answers.append(len(answers))
     steps = firststep.probe(model, tokenizer, contexts, cands if with_candidates else None, top_k=50,
-                            max_new_tokens=0, stop=UNTIL, batch_size=8, prune_below=1e-7 if with_candidates else 0.0)
+                            max_new_tokens=0, stop=UNTIL, batch_size=8, tolerance=tolerance)
     priors: dict[str, dict[int, float]] = {}
     out = []
     for ctx, doc, cand, n_ans, step in zip(contexts, docs, cands, n_answers, steps):
         m = {"top3_mass": firststep.top_mass(step.logprobs, 3, TEMPERATURE), "entropy": step.entropy,
-             "topk": list(zip(step.topk_ids, step.topk_logprobs))}
+             "topk": list(zip(step.topk_ids, step.topk_logprobs)),
+             "prompt_tokens": len(step.context_ids), "positions": step.candidate_positions,
+             "unscored": step.unscored_mass}
         if with_candidates:
             answers = cand[:n_ans]
             m["ft_hit_prob"] = sum(step.candidate_probs[a] for a in dict.fromkeys(answers))
@@ -132,6 +134,8 @@ def main() -> int:
     ap.add_argument("--per-lang", type=int, default=5, help="prompts per language (en, zh)")
     ap.add_argument("--repeats", type=int, default=20, help="samples per prompt in (a)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--tolerance", type=float, default=1e-4,
+                    help="candidate probability left unscored per prompt in (b), as the model arg (0: exact)")
     ap.add_argument("--model-args", default=None,
                     help="pretrained=DIR,... instead of the default SmolLM2 (for a quick smoke test)")
     args = ap.parse_args()
@@ -144,10 +148,10 @@ def main() -> int:
     import torch
 
     from evalkit import models
-    from evalkit.inspect import load_model, render_context
+    from evalkit.inspect import load_model
     from evalkit.lexicon import load_lexicon
     from evalkit.metrics import first_unit_text, top3_share
-    from evalkit.templates import get_template
+    from evalkit.templates import get_template, render_prompt
 
     docs = load_docs(args.per_lang)
     t0 = time.perf_counter()
@@ -159,7 +163,7 @@ def main() -> int:
     model, tokenizer = load_model({**model_args, "device": "cpu"}, quant)
     load_s = time.perf_counter() - t0
     template = get_template("chat")
-    contexts = [render_context(tokenizer, template, d["prompt"]) for d in docs]
+    contexts = [render_prompt(tokenizer, template, d["prompt"]) for d in docs]
     lexicon = load_lexicon()
     n = len(docs)
     print(f"model {label}, loaded once in {load_s:.1f} s; "
@@ -173,7 +177,7 @@ def main() -> int:
 
     hflm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1, device="cpu")
     evalkit_lm = EvalkitHFLM(pretrained=model, tokenizer=tokenizer, batch_size=8, device="cpu",
-                             temperature=TEMPERATURE, prune_below=1e-7)
+                             temperature=TEMPERATURE, tolerance=args.tolerance)
 
     # warm-up (not timed): one prefill through each path's code
     probe_path(model, tokenizer, contexts[:1], docs[:1], lexicon, with_candidates=False)
@@ -181,7 +185,7 @@ def main() -> int:
 
     timings = {}
     t = time.perf_counter()
-    exact = probe_path(model, tokenizer, contexts, docs, lexicon, with_candidates=True)
+    exact = probe_path(model, tokenizer, contexts, docs, lexicon, with_candidates=True, tolerance=args.tolerance)
     timings["b"] = time.perf_counter() - t
     t = time.perf_counter()
     dist = probe_path(model, tokenizer, contexts, docs, lexicon, with_candidates=False)
@@ -217,6 +221,15 @@ def main() -> int:
     print(f"(a)/(b) = {rb:.1f}x   target >= {TARGET:.0f}x   {'PASS' if rb >= TARGET else 'FAIL'}")
     print(f"(a)/(c) = {rc:.1f}x   target >= {TARGET:.0f}x   {'PASS' if rc >= TARGET else 'FAIL'}")
     print(f"(b') vs (b): max |metric difference| {worst:.2e}; same argmax in (b) and (c): {same_topk}")
+    # where (b)'s time goes: positions through the model, prompt vs candidate trie
+    prompt_pos = sum(m["prompt_tokens"] for m in exact) / n
+    cand_pos = sum(m["positions"] for m in exact) / n
+    per_pos = (timings["b"] - timings["c"]) / max(1.0, cand_pos * n)
+    allowed = (timings["a"] / TARGET - timings["c"]) / n / per_pos if per_pos > 0 else float("inf")
+    print(f"(b) forwards per prompt: {prompt_pos:.0f} prompt tokens + {cand_pos:.0f} candidate-trie positions "
+          f"(tolerance {args.tolerance:g}: at most that much probability unscored, "
+          f"largest {max(m['unscored'] for m in exact):.1e}); {1000 * per_pos:.2f} ms per trie position; "
+          f"{TARGET:.0f}x would allow about {max(0.0, allowed):.0f} trie positions per prompt")
 
     print()
     print(f"sampled top-3 share ({args.repeats} samples at T {TEMPERATURE}, HF generate defaults otherwise) "
