@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from evalkit.errors import BadInput
+
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader that reads lm-eval's `!function module.name` tags as plain strings."""
@@ -49,7 +51,7 @@ _REGISTER = re.compile(r"register_model\(([^)]*)\)")
 @functools.lru_cache(maxsize=1)
 def model_types() -> frozenset[str]:
     """Model type names registered by lm-eval's model modules, plus evalkit's own."""
-    names = {"evalkit-hf"}
+    names = {"evalkit-hf", "evalkit-vllm"}
     spec = importlib.util.find_spec("lm_eval")
     if spec and spec.submodule_search_locations:
         models = Path(list(spec.submodule_search_locations)[0]) / "models"
@@ -57,6 +59,19 @@ def model_types() -> frozenset[str]:
             for args in _REGISTER.findall(path.read_text(encoding="utf-8", errors="replace")):
                 names.update(re.findall(r"[\"']([^\"']+)[\"']", args))
     return frozenset(names)
+
+
+# model type -> the package it needs beyond lm-eval's own requirements
+BACKEND_PACKAGES = {"vllm": "vllm", "evalkit-vllm": "vllm"}
+
+
+def check_installed(name: str) -> None:
+    """Raise BadInput when model type `name` needs a package that is not installed here.
+
+    Found with `find_spec`, without importing the package (importing vllm takes seconds)."""
+    package = BACKEND_PACKAGES.get(name)
+    if package and importlib.util.find_spec(package) is None:
+        raise BadInput(f"--model {name} needs the {package!r} package, which is not installed: pip install {package}")
 
 
 def is_model_type(name: str) -> bool:

@@ -132,6 +132,12 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
         raise BadInput(f"model path not found: {pretrained}")
     if not catalog.is_model_type(cfg.model):
         raise BadInput(f"unknown model type {cfg.model!r} (lm-eval has no model registered under that name)")
+    catalog.check_installed(cfg.model)
+    if cfg.model in ("vllm", "evalkit-vllm"):
+        if "pretrained" not in model_args:
+            raise BadInput(f"--model {cfg.model} needs --model-args pretrained=MODEL (a local folder or a hub id)")
+        if cfg.first_temperature is not None or cfg.ban_openers:
+            raise BadInput(f"--first-temperature and --ban-openers apply to the hf backend only (got --model {cfg.model})")
     if model_args.get("trust_remote_code") is None and cfg.model in ("hf", "evalkit-hf"):
         model_args["trust_remote_code"] = False
     if "tolerance" in model_args and cfg.model in ("hf", "evalkit-hf"):
