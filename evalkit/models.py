@@ -91,13 +91,20 @@ def _typed(value: str):
 
 
 def model_class(name: str):
-    """The lm-eval model class for `--model NAME`; `hf` gets evalkit's probing subclass."""
+    """The lm-eval model class for `--model NAME`; `hf` and `vllm` get evalkit's probing subclasses."""
     from lm_eval.api.registry import get_model
 
+    from evalkit.catalog import check_installed
+
+    check_installed(name)
     if name in ("hf", "hf-auto", "huggingface"):
         name = "evalkit-hf"
-    if name == "evalkit-hf":
-        import evalkit.probe  # noqa: F401  (registers "evalkit-hf"; imports torch and HFLM)
+    if name == "vllm":
+        name = "evalkit-vllm"
+    # the module that registers evalkit's model type (evalkit.probe imports torch and HFLM, probe_vllm vllm)
+    module = {"evalkit-hf": "evalkit.probe", "evalkit-vllm": "evalkit.probe_vllm"}.get(name)
+    if module:
+        importlib.import_module(module)
     try:
         return get_model(name)
     except (ValueError, KeyError) as exc:

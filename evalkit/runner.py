@@ -235,6 +235,10 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
             "first_temperature": cfg.first_temperature, "ban_openers": cfg.ban_openers,
             "probe_seed": cfg.seed,
         }
+    elif cfg.model in ("vllm", "evalkit-vllm"):
+        extra_args = {"top_k": cfg.top_k, "temperature": cfg.temperature}
+        if "seed" not in model_args:  # vLLM's own seed (the sampled protocol) follows --seed
+            extra_args["seed"] = cfg.seed
     dtype = model_args.get("dtype")
     if plan["quant"] == "bf16":
         dtype = "bfloat16"
