@@ -382,9 +382,11 @@ def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -
 
         metric_rows += derived_metrics(run_id, sample_rows)
     duration = time.monotonic() - t0
+    # top-k rows stored per prompt: fewer than --top-k where the backend caps it (vLLM's max_logprobs)
+    stored_k = {"top_k": lm.logprobs_k} if isinstance(getattr(lm, "logprobs_k", None), int) else {}
     if writer:
         store.finish_run(
             cfg.db, run_id, metrics=metric_rows, samples=sample_rows, topk=topk_rows,
-            status="done", finished_at=store._now(), duration_s=duration,
+            status="done", finished_at=store._now(), duration_s=duration, **stored_k,
         )
     return RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, duration)

@@ -418,10 +418,10 @@ def test_evalkit_run_model_vllm_end_to_end(fake_vllm, tiny_model_dir, tmp_path):
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     with store.open_store(db, read_only=True) as con:
-        model, status = con.execute("SELECT model, status FROM runs").fetchone()
+        model, status, top_k = con.execute("SELECT model, status, top_k FROM runs").fetchone()
         rows = con.execute("SELECT doc_id, count(*) FROM first_token_topk GROUP BY doc_id").fetchall()
         samples = con.execute("SELECT top3_mass, entropy, ft_token_hit, first_token_id FROM samples").fetchall()
-    assert (model, status) == ("vllm", "done")
+    assert (model, status, top_k) == ("vllm", "done", 20)  # what was stored, not the 50 asked for
     assert len(rows) == 2 and all(n == 20 for _, n in rows)
     assert all(t is not None and e is None and h is not None and f is not None for t, e, h, f in samples)
 
