@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 LIMIT = 3
 K = 50
-PRUNE_BELOW = 1e-7  # the runs' default: each candidate string may be undercounted by less than this
+TOLERANCE = 1e-4  # the runs' default: any sum of candidate probabilities falls short by at most this
 
 
 def cache_kw(model) -> str:
@@ -199,9 +199,8 @@ def test_zh_probabilities_match_plain_softmax_product(run_db, reference):
     openers = [e for e in entries if not any(o != e and e.startswith(o) for o in entries)]
     expected = sum(string_probs(model, tokenizer, context, openers).values())
     got = sample["opener_mass"]
-    assert got == pytest.approx(expected, abs=1e-4)
-    # pruning only drops mass: less than PRUNE_BELOW per opener string
-    assert -1e-5 <= expected - got <= len(openers) * PRUNE_BELOW + 1e-5
+    # prefixes left out only drop mass, at most TOLERANCE in all (float noise aside)
+    assert -1e-5 <= expected - got <= TOLERANCE + 1e-5
 
     # the stored top-k is the plain forward's
     ctx = ids_of(tokenizer, context)
