@@ -10,7 +10,13 @@ Row building is not timed; the dict → Arrow conversion inside
 `store._insert_rows` is. Reported separately: samples alone through
 `_insert_rows`, and first_token_topk rows (a run writes k ≥ 50 per prompt).
 Process CPU seconds are printed too: on a shared, busy machine they say more
-than wall time (DuckDB may use more than one thread, so CPU can exceed wall).
+than wall time (DuckDB uses a second thread to compress while Python converts
+rows, so CPU can exceed wall).
+
+Not timed, but printed: importing pyarrow and pandas (DuckDB imports pandas
+the first time it scans a Python object). A run has imported both before it
+finishes (lm-eval imports `datasets`, which imports them), so `finish_run`
+never pays for them there.
 """
 
 from __future__ import annotations
@@ -69,11 +75,21 @@ def new_run(db: Path, run_id: str) -> None:
     store.insert_run(db, {"id": run_id, "created_at": store._now(), "status": "running", "model": "bench"})
 
 
+def preload() -> float:
+    """Import what a run has imported before `finish_run` (see the module docstring); seconds taken."""
+    t0 = time.perf_counter()
+    import pandas  # noqa: F401
+    import pyarrow  # noqa: F401
+
+    return time.perf_counter() - t0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
     parser.add_argument("--topk-rows", type=int, default=1_000_000)
     args = parser.parse_args()
+    import_s = preload()
     with tempfile.TemporaryDirectory(prefix="evalkit-ingest-") as tmp:
         db = Path(tmp) / "evalkit.duckdb"
         results = []
@@ -105,6 +121,7 @@ def main() -> int:
             stored = con.execute("SELECT count(*) FROM samples").fetchone()[0]
         assert stored == 2 * args.rows, stored
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall time suffers when others run)")
+    print(f"importing pyarrow + pandas (done by lm-eval before a run's finish_run; not timed): {import_s:.2f} s")
     for label, n, seconds, cpu in results:
         rate = n / seconds
         verdict = "ok" if rate >= TARGET_ROWS_PER_S else "UNDER TARGET"
