@@ -9,7 +9,6 @@ compute metrics, format output, or decide exit codes.
 from __future__ import annotations
 
 import contextlib
-import operator
 import datetime as dt
 import os
 import random
@@ -246,24 +245,29 @@ class _LazyTypes(dict):
 _ARROW_TYPES = _LazyTypes()  # DuckDB type -> Arrow type factory, filled on first use
 
 
+# rows per Arrow record batch handed to DuckDB: small enough that Arrow reuses its
+# buffers (one 200k-row batch spends much of its time growing and faulting in memory)
+_BATCH_ROWS = 8192
+
+
 def _insert_rows(con, table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    """Bulk insert through a columnar Arrow table (fast; executemany is row by row)."""
+    """Bulk insert through Arrow record batches (fast; executemany is row by row).
+
+    The dicts become batches lazily, as DuckDB reads them: converting them (Python, under
+    the GIL) overlaps DuckDB compressing and writing full row groups on another thread.
+    A key missing from a dict is NULL; keys outside `columns` are ignored.
+    """
     if not rows:
         return
     import pyarrow as pa
 
     types = dict(con.execute(f"SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = '{table}'").fetchall())
     schema = pa.schema([(c, _ARROW_TYPES.get(types[c], pa.string())()) for c in columns])
-    pick = operator.itemgetter(*columns)
-    try:
-        tuples = [pick(r) for r in rows]
-    except KeyError:  # rows that leave some columns out: those are NULL
-        tuples = [tuple(r.get(c) for c in columns) for r in rows]
-    if len(columns) == 1:
-        tuples = [(v,) for v in tuples]
-    arrow = pa.table(  # noqa: F841  (read by DuckDB's replacement scan)
-        {f.name: pa.array(col, type=f.type) for f, col in zip(schema, zip(*tuples))}
-    )
+    row_type = pa.struct(schema)
+    # dicts -> struct array (one C++ pass per batch) -> the batch's columns
+    batches = (pa.RecordBatch.from_struct_array(pa.array(rows[i:i + _BATCH_ROWS], type=row_type))
+               for i in range(0, len(rows), _BATCH_ROWS))
+    arrow = pa.RecordBatchReader.from_batches(schema, batches)  # noqa: F841  (read by DuckDB's replacement scan)
     con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM arrow")
 
 

@@ -1,5 +1,5 @@
 """The DuckDB store (SPEC 3): the exact schema after migrating, migrations bookkeeping,
-run-id resolution and read-only SQL."""
+the bulk insert that ends a run, run-id resolution and read-only SQL."""
 
 from __future__ import annotations
 
@@ -357,3 +357,51 @@ def test_read_query_allows_pivot(tmp_path):
         con.execute("INSERT INTO tags VALUES ('prod', 'r1', now()), ('dev', 'r2', now())")
     cols, rows = store.read_query(db, "PIVOT (SELECT tag, run_id FROM tags) ON tag USING first(run_id)")
     assert sorted(cols) == ["dev", "prod"] and len(rows) == 1
+
+
+# ---- finish_run: the bulk insert -----------------------------------------------------------
+
+
+def sample_row(run_id: str, i: int) -> dict:
+    return {
+        "run_id": run_id, "task": "firsttoken_zh" if i % 2 else "firsttoken_en", "doc_id": f"d{i}",
+        "prompt": f"递归 {i} $", "first_token_id": i, "ft_hit": float(i % 2), "needle_hint": i % 3 == 0,
+        "needle_length": None, "metrics": f'{{"ft_hit": {i % 2}}}',
+    }
+
+
+def test_finish_run_stores_every_row_as_given(tmp_path, monkeypatch):
+    """Rows span several Arrow batches and keep their order; a key a row lacks is NULL, a key
+    outside the table is ignored; the run row is updated in the same transaction."""
+    monkeypatch.setattr(store, "_BATCH_ROWS", 4)
+    db = tmp_path / "f.duckdb"
+    add_run(db, "r1", 0, status="running")
+    rows = [sample_row("r1", i) for i in range(11)]
+    rows[5] = {"run_id": "r1", "task": "firsttoken_en", "doc_id": "d5"}
+    rows[6]["not_a_column"] = "ignored"
+    topk = [{"run_id": "r1", "task": "firsttoken_en", "doc_id": f"d{i // 3}", "rank": i % 3,
+             "token_id": 100 + i, "token": " tok", "logprob": -0.5 * i} for i in range(9)]
+    metrics = [{"run_id": "r1", "task": "firsttoken_en", "metric": "ft_hit", "filter": "none",
+                "value": 0.5, "stderr": 0.1, "n": 11}]
+    store.finish_run(db, "r1", metrics=metrics, samples=rows, topk=topk, status="done", duration_s=2.5)
+    with open_store(db, read_only=True) as con:
+        stored = con.execute(f"SELECT {', '.join(store.SAMPLE_COLUMNS)} FROM samples").fetchall()
+        assert stored == [tuple(r.get(c) for c in store.SAMPLE_COLUMNS) for r in rows]
+        assert con.execute(f"SELECT {', '.join(store.TOPK_COLUMNS)} FROM first_token_topk").fetchall() == [
+            tuple(r[c] for c in store.TOPK_COLUMNS) for r in topk]
+        assert con.execute("SELECT metric, value, n FROM metrics").fetchall() == [("ft_hit", 0.5, 11)]
+        assert con.execute("SELECT status, duration_s FROM runs WHERE id = 'r1'").fetchone() == ("done", 2.5)
+
+
+def test_finish_run_with_a_bad_value_writes_nothing(tmp_path, monkeypatch):
+    """A value that does not fit its column (in a later batch) fails the run's one transaction."""
+    monkeypatch.setattr(store, "_BATCH_ROWS", 4)
+    db = tmp_path / "bad.duckdb"
+    add_run(db, "r1", 0, status="running")
+    rows = [sample_row("r1", i) for i in range(11)]
+    rows[9]["ft_hit"] = "not a number"
+    with pytest.raises(duckdb.Error, match="not a number"):
+        store.finish_run(db, "r1", metrics=[], samples=rows, topk=[], status="done")
+    with open_store(db, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM samples").fetchone() == (0,)
+        assert con.execute("SELECT status FROM runs WHERE id = 'r1'").fetchone() == ("running",)
