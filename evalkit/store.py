@@ -282,7 +282,8 @@ def finish_run(path, run_id: str, *, metrics, samples, topk, **fields: Any) -> N
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
-    """A run id from an id, a unique id prefix, `latest`, or `tag:NAME`."""
+    """A run id from an id, a unique id prefix, `latest`, `tag:NAME`, or a run's `--name`
+    (the newest run of that name)."""
     ref = ref.strip()
     if ref == "latest":
         row = con.execute("SELECT id FROM runs ORDER BY created_at DESC, id DESC LIMIT 1").fetchone()
@@ -303,7 +304,11 @@ def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
         raise BadInput("empty run id")
     ids = [r[0] for r in con.execute("SELECT id FROM runs WHERE starts_with(id, ?) ORDER BY id", [ref]).fetchall()]
     if not ids:
-        raise BadInput(f"unknown run {ref!r}")
+        row = con.execute("SELECT id FROM runs WHERE name = ? ORDER BY created_at DESC, id DESC LIMIT 1",
+                          [ref]).fetchone()
+        if row is None:
+            raise BadInput(f"unknown run {ref!r} (not a run id, id prefix, run name, latest or tag:NAME)")
+        return row[0]
     if len(ids) > 1:
         raise BadInput(f"run id prefix {ref!r} is ambiguous: {', '.join(ids[:5])}")
     return ids[0]

@@ -273,6 +273,19 @@ def test_resolve_run(db_with_runs):
             resolve_run(con, "2601011201-abcdef0")  # longer than an id
         with pytest.raises(BadInput):
             resolve_run(con, "tag:missing")
+
+
+def test_resolve_run_by_name(db_with_runs):
+    for run_id, minutes, name in [("2601011204-111111", 4, "chat-q4"), ("2601011205-222222", 5, "chat-q4"),
+                                  ("2601011206-333333", 6, "chat-q4-ban")]:
+        store.insert_run(db_with_runs, {"id": run_id, "created_at": T0 + dt.timedelta(minutes=minutes),
+                                        "status": "done", "model": "hf", "tasks": ["firsttoken"], "name": name})
+    with open_store(db_with_runs, read_only=True) as con:
+        assert resolve_run(con, "chat-q4") == "2601011205-222222"  # the newest of that name, not a prefix
+        assert resolve_run(con, "chat-q4-ban") == "2601011206-333333"
+        assert resolve_run(con, "2601011204") == "2601011204-111111"  # ids still come first
+        with pytest.raises(BadInput, match="run name"):
+            resolve_run(con, "chat")
         with pytest.raises(BadInput):
             resolve_run(con, "")
         with pytest.raises(BadInput):

@@ -24,7 +24,7 @@ def compare_command(run_a, run_b, db, fmt):
     Prints the first-token drift per task (top-5 mass of each run, top-5 overlap,
     Jensen-Shannon divergence in bits, share of flipped top-1 tokens) and, for every
     per-sample metric, the paired delta B - A with a bootstrap 95% CI.
-    RUN: id, unique prefix, latest, or tag:NAME.
+    RUN: id, unique prefix, latest, tag:NAME, or a run name.
 
     \b
     Examples:

@@ -10,7 +10,7 @@ from evalkit.cli.options import db_option
 
 
 @click.command("gate")
-@click.option("--candidate", required=True, help="The run to judge: id, unique prefix, latest, or tag:NAME.")
+@click.option("--candidate", required=True, help="The run to judge: id, unique prefix, latest, tag:NAME, or a run name.")
 @click.option("--baseline", required=True, help="The run to compare against, e.g. tag:prod.")
 @click.option("--rules", "rules_file", type=click.Path(dir_okay=False), default=None,
               help="YAML rules (thresholds, regressions); default: regression limits on the headline metrics.")
@@ -54,7 +54,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, db):
 @click.option("--tag", required=True, help="Tag name; `tag:NAME` then resolves to the newest run with it.")
 @db_option
 def promote_command(run, tag, db):
-    """Tag a finished run, e.g. as the production baseline. RUN: id, prefix, latest, or tag:NAME.
+    """Tag a finished run, e.g. as the production baseline. RUN: id, prefix, latest, tag:NAME, or a run name.
 
     \b
     Examples:

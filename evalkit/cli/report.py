@@ -9,7 +9,7 @@ from evalkit.cli.options import db_option
 
 @click.command("report")
 @click.option("--runs", "runs", multiple=True, metavar="RUN[,RUN...]",
-              help="Runs to report on (repeatable or comma list; id, prefix, latest, tag:NAME). "
+              help="Runs to report on (repeatable or comma list; id, prefix, latest, tag:NAME, run name). "
                    "Default: the newest done runs, at most 12.")
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False),
               help="Folder for index.html, summary.md and the PNG plots.")

@@ -31,7 +31,7 @@ def runs_command(limit, db, fmt):
 @db_option
 @format_option
 def show_command(run, db, fmt):
-    """One run's settings and metrics. RUN: id, unique prefix, latest, or tag:NAME.
+    """One run's settings and metrics. RUN: id, unique prefix, latest, tag:NAME, or a run name.
 
     \b
     Examples:
