@@ -222,6 +222,7 @@ def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
         FROM first_token_topk t JOIN {wanted} w ON t.task = w.task AND t.doc_id = w.doc_id
         WHERE t.run_id IN {_IDS}
         GROUP BY t.run_id, t.task, t.doc_id
+        ORDER BY t.run_id, t.task, t.doc_id  -- fixes which of two equally likely tokens is listed first
     """, [tasks, docs, run_ids])
     texts = {(r["task"], r["doc_id"]): r for r in _rows(con, f"""
         SELECT s.task, s.doc_id, any_value(s.prompt) AS prompt, any_value(s.target) AS target
