@@ -6,6 +6,8 @@ samples) and 1,000,000 first_token_topk rows (2,000 prompts × 50 ranks per run)
 all inserted with `INSERT ... SELECT FROM range(...)`. Then it times the report
 twice: the library function in this process, and the `evalkit report` command
 as a fresh subprocess (imports included), and prints each next to the target.
+CPU seconds include the worker processes that draw the figures. Each report
+must hold all five sections, none omitted, and every PNG the page links to.
 
     python bench/report_1m.py [--rows 1000000] [--keep DIR]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -25,6 +28,8 @@ from pathlib import Path
 
 TARGET_S = 5.0
 RUNS = 10
+SECTIONS = ("runs", "leaderboard", "first-token", "needle", "trend")
+PNG = b"\x89PNG\r\n\x1a\n"
 TOPK_PROMPTS = 2_000  # per run
 TOPK_K = 50
 SAMPLE_METRICS = ("ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
@@ -109,6 +114,24 @@ def build(db: Path, rows: int) -> None:
     print("built:", ", ".join(f"{t} {n:,}" for t, n in counts.items()))
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process and of its children that have ended (the figure workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def check(out: Path) -> str:
+    """Sections and images of the report in `out`; exits when one is missing or omitted."""
+    page = (out / "index.html").read_text("utf-8")
+    images = re.findall(r'<img src="([^"]+)"', page)
+    missing = [s for s in SECTIONS if f'<section id="{s}">' not in page]
+    broken = [i for i in images if not (out / i).is_file() or (out / i).read_bytes()[:8] != PNG]
+    if missing or broken or "Omitted:" in page:
+        sys.exit(f"incomplete report in {out}: sections missing {missing}, images broken {broken}, "
+                 f"omitted {re.findall(r'Omitted: ([^<]*)', page)}")
+    return f"{len(SECTIONS)} sections, {len(images)} images: {', '.join(images)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -126,11 +149,12 @@ def main() -> None:
 
     from evalkit.report import build_report
 
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0, c0 = time.perf_counter(), cpu_s()
     report = build_report(db, None, work / "report-lib", prompts=4)
-    lib_s, lib_cpu = time.perf_counter() - t0, time.process_time() - c0
+    lib_s, lib_cpu = time.perf_counter() - t0, cpu_s() - c0
     print(f"report (library, in process): {lib_s:.2f} s wall, {lib_cpu:.2f} s CPU, {len(report.files)} files "
           f"[target < {TARGET_S:.0f} s: {'ok' if lib_s < TARGET_S else 'OVER'}]")
+    print(f"  {check(work / 'report-lib')}")
 
     exe = Path(sys.executable).with_name("evalkit")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from evalkit.cli import main; main()"]
@@ -146,6 +170,7 @@ def main() -> None:
         sys.exit(f"evalkit report failed ({proc.returncode}): {proc.stderr.strip()}")
     print(f"report (CLI subprocess):      {cli_s:.2f} s wall, {cli_cpu:.2f} s CPU, {len(proc.stdout.split())} files "
           f"[target < {TARGET_S:.0f} s: {'ok' if cli_s < TARGET_S else 'OVER'}]")
+    print(f"  {check(work / 'report-cli')}")
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1):
         print(f"note: load average {load:.1f} on {os.cpu_count()} CPUs: wall times are inflated; "
