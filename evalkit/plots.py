@@ -1,7 +1,8 @@
 """PNG plots of the report: leaderboard bars with CIs, first-token distributions, metric trends.
 
 Owns: drawing already-computed numbers with matplotlib's Agg backend (imported
-lazily, on a `Figure`, never pyplot's global state). Does not: query the DB or
+lazily, on a `Figure`, never pyplot's global state), and drawing a report's
+figures side by side in worker processes (`render`). Does not: query the DB or
 compute any statistic; the needle heatmap lives in `evalkit.needle_plot`.
 
 Labels: matplotlib's bundled font has no CJK glyphs, so characters it cannot
@@ -13,8 +14,12 @@ from __future__ import annotations
 
 import functools
 import math
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 
 def _figure(width: float, height: float):
@@ -24,6 +29,30 @@ def _figure(width: float, height: float):
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height))
+
+
+def render(draws: Sequence[Callable[[], Any]]) -> None:
+    """Call each `draw()` (each draws and saves one figure), several at a time where that is safe.
+
+    matplotlib draws on one core and a report's figures are independent, so with two or
+    more CPUs they are drawn in forked worker processes, which inherit the imported
+    matplotlib (imported here first, once) and take the next figure as they finish one.
+    Drawn one by one in this process: a single figure, one CPU, no fork (not Linux), or
+    other Python threads running (a forked child could inherit a lock one of them holds).
+    A figure that fails raises its error here.
+    """
+    workers = min(len(draws), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    if workers < 2 or not sys.platform.startswith("linux") or threading.active_count() > 1:
+        for draw in draws:
+            draw()
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    _figure(1, 1)  # import matplotlib and pick Agg before forking
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        for done in [pool.submit(draw) for draw in draws]:
+            done.result()
 
 
 def _grid(n: int, ncols: int, panel_w: float, panel_h: float, *, left: float, right: float = 0.3,

@@ -16,9 +16,11 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from evalkit.errors import BadInput
 from evalkit.store import db_path, open_store, resolve_run
@@ -49,12 +51,19 @@ class Table:
 
 
 @dataclass
+class Image:
+    name: str  # PNG file next to index.html
+    alt: str
+    draw: Callable[[], Any]  # writes the file; called once every section is built (see build_report)
+
+
+@dataclass
 class Section:
     key: str
     title: str
     intro: str = ""
     tables: list[Table] = field(default_factory=list)
-    images: list[tuple[str, str]] = field(default_factory=list)  # (file next to index.html, alt text)
+    images: list[Image] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     omitted: str | None = None  # one-line reason, when the section has no data
     side_by_side: bool = False  # lay the tables out in a wrapping row
@@ -108,7 +117,10 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
         _needle_section(data, out_dir),
         _trend_section(data, out_dir),
     ]
-    images = [out_dir / name for s in sections for name, _ in s.images]
+    from evalkit.plots import render
+
+    render([image.draw for s in sections for image in s.images])  # the figures, several at a time
+    images = [out_dir / image.name for s in sections for image in s.images]
     index = out_dir / "index.html"
     index.write_text(to_html(data, sections), encoding="utf-8")
     summary = out_dir / "summary.md"
@@ -371,8 +383,8 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
     entries.sort(key=lambda e: _metric_sort_key(e["metric"]))
     if entries:
         labels = [runs[i]["label"] for i in data.done if any(e["run"] == runs[i]["label"] for e in entries)]
-        leaderboard_plot(entries, labels, out_dir / "leaderboard.png")
-        section.images.append(("leaderboard.png", "leaderboard: each metric per task and run with 95 % CI"))
+        section.images.append(Image("leaderboard.png", "leaderboard: each metric per task and run with 95 % CI",
+                                    partial(leaderboard_plot, entries, labels, out_dir / "leaderboard.png")))
         if len(metrics) > len(plotted):
             section.notes.append(f"The plot shows the first {len(plotted)} of {len(metrics)} metrics.")
     return section
@@ -447,8 +459,8 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
         if prompt.get("target"):
             caption += f" — accepted: {_targets(prompt['target'])}"
         section.tables.append(Table(columns, rows, caption=caption))
-    first_token_plot(panels, ft_labels, out_dir / "first_token.png")
-    section.images.insert(0, ("first_token.png", "first-token probabilities of the chosen prompts, per run"))
+    section.images.insert(0, Image("first_token.png", "first-token probabilities of the chosen prompts, per run",
+                                   partial(first_token_plot, panels, ft_labels, out_dir / "first_token.png")))
     return section
 
 
@@ -472,8 +484,9 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
     for k, run_id in enumerate(drawn):
         cells = [c for c in data.needle_cells if c["run_id"] == run_id]
         name = f"needle_{k + 1}.png"
-        heatmap(cells, out_dir / name, title=f"needle recall — {runs[run_id]['label']}")
-        section.images.append((name, f"needle recall heatmap of run {runs[run_id]['label']}"))
+        section.images.append(Image(name, f"needle recall heatmap of run {runs[run_id]['label']}",
+                                    partial(heatmap, cells, out_dir / name,
+                                            title=f"needle recall — {runs[run_id]['label']}")))
     if len(drawn) < len(with_rows):
         section.notes.append(f"Heatmaps of the {len(drawn)} newest of the {len(with_rows)} runs with needle rows; "
                              "the tables cover all of them.")
@@ -520,12 +533,12 @@ def _trend_section(data: _Data, out_dir: Path) -> Section:
     ordered = sorted(series.items(), key=lambda kv: (kv[0][0], _metric_sort_key(kv[0][1])))
     model = group[0]["model_label"]
     first, last = min(r["created_at"] for r in group), max(r["created_at"] for r in group)
-    trend_plot([{"task": t, "metric": m, "points": pts} for (t, m), pts in ordered],
-               out_dir / "trend.png", title=f"{model}: {len(group)} runs")
+    draw = partial(trend_plot, [{"task": t, "metric": m, "points": pts} for (t, m), pts in ordered],
+                   out_dir / "trend.png", title=f"{model}: {len(group)} runs")
     section.intro = (f"{model}: {len(group)} runs from {first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC "
                      "(x = run start). One panel per task, one line per metric, whiskers = 95 % CI; "
                      "metrics outside [0, 1] use the right-hand axis, dashed.")
-    section.images.append(("trend.png", f"metric trend across the runs of {model}"))
+    section.images.append(Image("trend.png", f"metric trend across the runs of {model}", draw))
     return section
 
 
@@ -587,8 +600,8 @@ def to_html(data: _Data, sections: list[Section]) -> str:
             continue
         if s.intro:
             parts.append(f"<p>{e(s.intro)}</p>")
-        for name, alt in s.images:
-            parts.append(f'<img src="{e(name)}" alt="{e(alt)}">')
+        for image in s.images:
+            parts.append(f'<img src="{e(image.name)}" alt="{e(image.alt)}">')
         if s.side_by_side:
             parts.append('<div class="row">')
         parts.extend(_html_table(t) for t in s.tables)
@@ -628,8 +641,8 @@ def to_markdown(data: _Data, sections: list[Section]) -> str:
             continue
         if s.intro:
             lines += [s.intro, ""]
-        for name, alt in s.images:
-            lines += [f"![{alt}]({name})", ""]
+        for image in s.images:
+            lines += [f"![{image.alt}]({image.name})", ""]
         for t in s.tables:
             lines += [_md_table(t), ""]
         for n in s.notes:
