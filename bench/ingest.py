@@ -33,14 +33,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalkit import store  # noqa: E402
+from evalkit import store
 
 TARGET_ROWS_PER_S = 100_000
 
 
 def sample_rows(run_id: str, n: int) -> list[dict]:
     rng = random.Random(0)
-    words = "recursion paris sure certainly the of a is to 递归 巴黎 好的 当然 首先".split()
+    words = ["recursion", "paris", "sure", "certainly", "the", "of", "a", "is", "to",
+             "递归", "巴黎", "好的", "当然", "首先"]
     rows = []
     for i in range(n):
         lang = "zh" if i % 2 else "en"

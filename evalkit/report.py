@@ -589,8 +589,8 @@ def to_html(data: _Data, sections: list[Section]) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         "<title>evalkit report</title>", f"<style>{_CSS}</style></head><body>",
         "<header><h1>evalkit report</h1>",
-        f'<p class="meta">{len(data.runs)} runs from <code>{e(data.db)}</code>, '
-        f"generated {data.generated:%Y-%m-%d %H:%M:%S} UTC.</p>",
+        (f'<p class="meta">{len(data.runs)} runs from <code>{e(data.db)}</code>, '
+         f"generated {data.generated:%Y-%m-%d %H:%M:%S} UTC.</p>"),
         "<nav>" + "".join(f'<a href="#{s.key}">{e(s.title)}</a>' for s in sections) + "</nav></header>",
     ]
     for s in sections:

@@ -13,8 +13,9 @@ import datetime as dt
 import os
 import random
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import duckdb
 

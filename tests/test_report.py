@@ -26,7 +26,7 @@ def fake_run(db, mode, name, limit=10):
     res = invoke("run", "--model", "evalkit-fake", "--model-args", f"mode={mode}", "--tasks", "firsttoken",
                  "--limit", limit, "--name", name, "--db", db, env={"HF_HUB_OFFLINE": "1"})
     assert res.exit_code == 0, res.output
-    return re.search(r"^run (\S+)\s+done", res.stdout, re.M).group(1)
+    return re.search(r"^run (\S+)\s+done", res.stdout, re.MULTILINE).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_report_writes_html_markdown_and_pngs(runs, tmp_path):
 
 
 def test_leaderboard_numbers_come_from_the_view(runs, tmp_path):
-    _, page, md = report(tmp_path / "rep")
+    _, _page, md = report(tmp_path / "rep")
     from evalkit.store import read_query
 
     _, rows = read_query(None, "SELECT name, value, ci_lo, ci_hi FROM leaderboard "
@@ -141,7 +141,7 @@ def test_sections_without_data_are_omitted_with_a_reason(runs, tmp_path):
 
 def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
     add_topk(runs)
-    files, page, md = report(tmp_path / "rep", "--prompts", 2)
+    files, page, _md = report(tmp_path / "rep", "--prompts", 2)
     assert (tmp_path / "rep" / "first_token.png").read_bytes()[:8] == PNG
     assert "first_token.png" in {f.name for f in files}
     assert "Omitted: no first_token_topk" not in page
@@ -158,14 +158,14 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
 
 def test_prompts_zero_leaves_the_distributions_out(runs, tmp_path):
     add_topk(runs)
-    files, page, md = report(tmp_path / "rep", "--prompts", "0")
+    files, page, _md = report(tmp_path / "rep", "--prompts", "0")
     assert "Omitted: no prompts asked for (--prompts 0)" in page
     assert "first_token.png" not in {f.name for f in files}
 
 
 def test_needle_heatmap_when_needle_rows_exist(runs, tmp_path):
     add_needle(runs["base"])
-    files, page, md = report(tmp_path / "rep")
+    _files, page, md = report(tmp_path / "rep")
     assert (tmp_path / "rep" / "needle_1.png").read_bytes()[:8] == PNG
     assert "Omitted: no needle rows" not in page
     assert "| baseline | en | no | 6 | 0.667 |" in md
@@ -237,14 +237,14 @@ def chromium(*args, tmp_path):
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
            f"--user-data-dir={tmp_path / 'chromium-profile'}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
 def test_report_renders_in_headless_chromium(runs, tmp_path):
     add_topk(runs)
     out = tmp_path / "rep"
-    files, page, md = report(out)
+    files, _page, _md = report(out)
     url = (out / "index.html").resolve().as_uri()
 
     dom = chromium("--dump-dom", url, tmp_path=tmp_path)

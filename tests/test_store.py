@@ -198,9 +198,8 @@ def test_partly_migrated_db_gets_only_the_rest(tmp_path):
 
 def test_read_only_open_needs_an_existing_db(tmp_path):
     path = tmp_path / "ro.duckdb"
-    with pytest.raises(BadInput):
-        with open_store(path, read_only=True):
-            pass
+    with pytest.raises(BadInput), open_store(path, read_only=True):
+        pass
     assert not path.exists()
 
 
@@ -301,9 +300,8 @@ def test_resolve_run_prefix_is_literal(db_with_runs):
 
 
 def test_resolve_latest_on_an_empty_db(tmp_path):
-    with open_store(tmp_path / "empty.duckdb") as con:
-        with pytest.raises(BadInput, match="no runs"):
-            resolve_run(con, "latest")
+    with open_store(tmp_path / "empty.duckdb") as con, pytest.raises(BadInput, match="no runs"):
+        resolve_run(con, "latest")
 
 
 # ---- read_query -----------------------------------------------------------------------------
