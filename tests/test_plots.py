@@ -22,7 +22,9 @@ def fail(message: str) -> None:
 
 @pytest.fixture
 def two_cpus(monkeypatch):
+    """Two CPUs and no other thread (earlier tests' runs leave tqdm's idle monitor thread behind)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
 
 
 def figures(out) -> list:
@@ -58,8 +60,9 @@ def test_render_raises_a_figures_error(tmp_path, two_cpus):
         plots.render([partial(write_pid, tmp_path / "a"), partial(fail, "no data")])
 
 
-def test_render_stays_in_process_beside_other_threads(tmp_path, two_cpus):
+def test_render_stays_in_process_beside_other_threads(tmp_path, monkeypatch):
     """A forked child could inherit a lock another thread holds: with threads running, no fork."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
