@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalkit import store
+from evalkit import store  # noqa: E402  (after the sys.path line above)
 
 TARGET_ROWS_PER_S = 100_000
 

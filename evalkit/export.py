@@ -12,8 +12,8 @@ its DB and that DB's export, is counted twice), or migrate old files.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import duckdb
 

@@ -12,8 +12,9 @@ store anything.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from evalkit.units import first_word, is_cjk, matched_start
 

@@ -8,7 +8,7 @@ applied migration; append a new one. Does not: open files or retry locks
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import duckdb
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from evalkit import needle
 from evalkit.errors import BadInput
@@ -117,7 +118,7 @@ def derived_metrics(run_id: str, samples: list[dict]) -> list[dict]:
             by_task[s["task"]].append(s)
     rows = []
     for task, items in sorted(by_task.items()):
-        def add(metric, values):
+        def add(metric, values, task=task):
             from evalkit.stats import mean_stderr
 
             mean, se = mean_stderr(values)

@@ -349,7 +349,7 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
     arrows = {True: " ↑", False: " ↓", None: ""}
     columns = ["task", "model", "quant", "template", "run"] + [m + arrows[_higher_is_better(m)] for m in metrics]
     rows, strong = [], set()
-    for i, (task, run_id) in enumerate(keys):
+    for task, run_id in keys:
         run = runs[run_id]
         row = [task, run["model_label"], run["quant"] or "", run["template"] or "", run["label"]]
         row += [_with_ci(cells[(task, run_id, m)]) if (task, run_id, m) in cells else "" for m in metrics]

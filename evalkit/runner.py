@@ -22,9 +22,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from evalkit import __version__, store
 from evalkit.errors import BadInput, RunFailed

@@ -141,7 +141,7 @@ def make_inputs(folder: Path, db: Path, db2: Path, prefix: str) -> dict[str, str
     """Write the bad files the cases point at; return the placeholders of `Case.argv`."""
     folder = Path(folder)
     files = {
-        "bad_json": ('{"prompt": "hi", "answers": ["x"], "lang": "en"}\n{bad json\n').encode(),
+        "bad_json": (b'{"prompt": "hi", "answers": ["x"], "lang": "en"}\n{bad json\n'),
         "empty_jsonl": b"",
         "no_answers": b'{"prompt": "hi", "lang": "en"}\n',
         "latin1": '{"prompt": "café", "answers": ["x"], "lang": "en"}\n'.encode("latin-1"),

@@ -289,8 +289,8 @@ def test_show_by_prefix_and_latest(all_runs, db):
 
 
 def test_query_formats(all_runs, db):
-    sql = ("SELECT task, metric, value FROM metrics WHERE run_id = '{}' AND task = 'firsttoken_en' "
-           "ORDER BY metric").format(all_runs[1].id)
+    sql = (f"SELECT task, metric, value FROM metrics WHERE run_id = '{all_runs[1].id}' AND task = 'firsttoken_en' "
+           "ORDER BY metric")
     table = invoke("query", sql, "--db", db)
     assert table.exit_code == 0
     assert [line.split() for line in table.stdout.splitlines()] == [

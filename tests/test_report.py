@@ -122,10 +122,10 @@ def test_leaderboard_numbers_come_from_the_view(runs, tmp_path):
     assert [r[0] for r in rows] == ["again", "baseline", "degraded"]
     for name, value, lo, hi in rows:
         cell = f"{value:.3f} [{lo:.3f}, {hi:.3f}]"
-        line = next(l for l in md.splitlines() if l.startswith("| firsttoken_en |") and f"| {name}" in l)
+        line = next(ln for ln in md.splitlines() if ln.startswith("| firsttoken_en |") and f"| {name}" in ln)
         assert cell in line
     # the best run per task is emphasised; the degraded run is not
-    degraded = next(l for l in md.splitlines() if l.startswith("| firsttoken_en |") and "| degraded |" in l)
+    degraded = next(ln for ln in md.splitlines() if ln.startswith("| firsttoken_en |") and "| degraded |" in ln)
     assert "**" not in degraded
     assert "ft_hit ↑" in md and "opener_rate ↓" in md
 

@@ -6,7 +6,8 @@ import csv
 import datetime as dt
 import io
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def _cell(value: Any) -> str:

@@ -15,7 +15,7 @@ def _csv_list(kind):
         try:
             return [kind(v) for v in value.split(",") if v.strip()]
         except ValueError:
-            raise click.BadParameter(f"expected a comma-separated list of numbers, got {value!r}")
+            raise click.BadParameter(f"expected a comma-separated list of numbers, got {value!r}") from None
 
     return convert
 
