@@ -78,6 +78,7 @@ def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bo
     from evalkit import firststep, stats
     from evalkit.metrics import candidate_strings
     from evalkit.probe import CONTENT_FREE
+    from evalkit.units import drop_covered
 
     cands, n_answers = [], []
     for doc in docs:
@@ -85,7 +86,8 @@ def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bo
         cands.append(answers + (lexicon.candidates() if with_candidates else []))
         n_answers.append(len(answers))
     steps = firststep.probe(model, tokenizer, contexts, cands if with_candidates else None, top_k=50,
-                            max_new_tokens=0, stop=UNTIL, batch_size=8, tolerance=tolerance)
+                            max_new_tokens=0, stop=UNTIL, batch_size=8, tolerance=tolerance,
+                            exact_candidates=[c[:n] for c, n in zip(cands, n_answers)])
     priors: dict[str, dict[int, float]] = {}
     out = []
     for ctx, doc, cand, n_ans, step in zip(contexts, docs, cands, n_answers, steps):
@@ -95,7 +97,7 @@ def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bo
              "unscored": step.unscored_mass}
         if with_candidates:
             answers = cand[:n_ans]
-            m["ft_hit_prob"] = sum(step.candidate_probs[a] for a in dict.fromkeys(answers))
+            m["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers))
             firsts = {ids[0] for a in answers if (ids := firststep.candidate_ids(tokenizer, ctx, a))}
             m["ft_token_hit"] = 1.0 if step.topk_ids[0] in firsts else 0.0
             m["opener_mass"] = sum(step.candidate_probs[o] for o in dict.fromkeys(cand[n_ans:]))

@@ -65,6 +65,7 @@ def probe(
     seed: int = 0,
     add_special_tokens: bool = False,
     tolerance: float = 0.0,
+    exact_candidates: list[list[str]] | None = None,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -83,9 +84,13 @@ def probe(
     not prefixes of one another are disjoint events, so any sum of candidate
     probabilities (ft_hit_prob, opener_mass) then falls short of the exact sum by
     at most the prompt's `unscored_mass` <= `tolerance`. 0, the default, is exact.
+    `exact_candidates[i]` (also listed in `candidates[i]`) are never left out: their
+    prefixes are always teacher-forced, whatever their probability.
     """
     if candidates is not None and len(candidates) != len(contexts):
         raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
+    if exact_candidates is not None and len(exact_candidates) != len(contexts):
+        raise ValueError(f"{len(exact_candidates)} exact candidate lists for {len(contexts)} contexts")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= tolerance < 1:
@@ -109,6 +114,7 @@ def probe(
                 [contexts[i] for i in rows],
                 [context_ids[i] for i in rows],
                 [list(candidates[i]) if candidates is not None else [] for i in rows],
+                [set(exact_candidates[i]) if exact_candidates is not None else set() for i in rows],
             )
             for i, step in zip(rows, steps):
                 results[i] = step
@@ -293,7 +299,7 @@ class _Engine:
             new_cache = getattr(out, "past_key_values", None)
         return out.logits, new_cache
 
-    def run_batch(self, indices, contexts, ids_list, cand_lists) -> list[FirstStep]:
+    def run_batch(self, indices, contexts, ids_list, cand_lists, exact_sets=None) -> list[FirstStep]:
         """Prefill one batch together; `indices` are the prompts' places in `contexts` (seeds)."""
         B, P = len(ids_list), max(len(ids) for ids in ids_list)
         input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
@@ -319,7 +325,7 @@ class _Engine:
                 logprobs=logprobs[r].detach().cpu().clone(),
             ))
         if any(cand_lists):
-            scored = self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs)
+            scored = self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets)
             for step, (probs, unscored, positions) in zip(steps, scored):
                 step.candidate_probs, step.unscored_mass, step.candidate_positions = probs, unscored, positions
 
@@ -332,7 +338,7 @@ class _Engine:
                 steps[r].response_ids = responses[r]
         return steps
 
-    def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs):
+    def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets=None):
         """Per prompt of the prefilled batch: ({candidate: P(response starts with it)},
         unscored mass, trie positions forwarded).
 
@@ -343,7 +349,7 @@ class _Engine:
         shared prefixes are fed once and the cache is never copied. The cache is cropped
         back to the prompt afterwards. Before each level, a prompt's least likely new
         prefixes are left out while their total probability fits in what is left of
-        its `tolerance` (see `probe`).
+        its `tolerance` (see `probe`); prefixes of the prompt's exact candidates never are.
         """
         B, P = mask.shape
         n_real = mask.sum(-1).tolist()
@@ -353,6 +359,11 @@ class _Engine:
                 c: candidate_ids(self.tokenizer, contexts[r], c, ids_list[r], self.add_special_tokens)
                 for c in dict.fromkeys(cand_lists[r])
             })
+        kept: set[tuple[int, ...]] = set()  # prefixes of exact candidates: always forced
+        for r in range(B):
+            for c in (exact_sets[r] if exact_sets else ()):
+                tk = toks_of[r].get(c, [])
+                kept.update((r, *tk[:d]) for d in range(1, len(tk)))
         node_lp: dict[tuple[int, ...], torch.Tensor] = {(r,): logprobs[r] for r in range(B)}  # (row, *prefix) -> (V,)
         node_sum: dict[tuple[int, ...], float] = {(r,): 0.0 for r in range(B)}  # log P(prefix)
         slot: dict[tuple[int, ...], int] = {}  # node -> its column after the prompt
@@ -377,9 +388,12 @@ class _Engine:
                         fresh.append(node)
                     fresh.sort(key=lambda n: (node_sum[n], n))
                     for j, node in enumerate(fresh):
+                        if node in kept:
+                            level[r].append(node)
+                            continue
                         p = math.exp(node_sum[node])
                         if p > budget[r]:  # this one and every likelier one is scored
-                            level[r] = fresh[j:]
+                            level[r] += fresh[j:]
                             break
                         budget[r] -= p
                 Q = max(len(nodes) for nodes in level)

@@ -90,6 +90,14 @@ def _typed(value: str):
         return value
 
 
+# lm-eval's names for its Hugging Face backend; evalkit runs them all as `evalkit-hf`
+HF_TYPES = ("hf", "hf-auto", "huggingface", "evalkit-hf")
+# model args that say which model to load: with none of them, `hf` runs the embedded SmolLM2
+IDENTITY_ARGS = ("pretrained", "gguf_file", "tokenizer", "peft", "delta")
+# evalkit-hf's default `tolerance` (probability of opener prefixes left unscored per prompt)
+DEFAULT_TOLERANCE = 1e-4
+
+
 def model_class(name: str):
     """The lm-eval model class for `--model NAME`; `hf` and `vllm` get evalkit's probing subclasses."""
     from lm_eval.api.registry import get_model

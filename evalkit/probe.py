@@ -25,7 +25,8 @@ from tqdm import tqdm
 from evalkit import firststep, stats
 from evalkit.lexicon import load_lexicon
 from evalkit.metrics import UNSTABLE_BELOW, candidate_strings
-from evalkit.models import apply_quant
+from evalkit.models import DEFAULT_TOLERANCE, apply_quant
+from evalkit.units import drop_covered
 
 # Inputs without content (Zhao et al. 2021), put through the same template as the prompts.
 CONTENT_FREE = ("N/A", "", "…", "无")
@@ -35,10 +36,11 @@ CONTENT_FREE = ("N/A", "", "…", "无")
 class EvalkitHFLM(HFLM):
     """HFLM plus the exact first-step probe. Extra model args: quant, top_k,
     temperature (for top3_mass@T), first_temperature, ban_openers, probe_seed, and
-    tolerance: per prompt, the least likely token prefixes of the candidate trie
-    whose probabilities add up to at most this are not teacher-forced, so
-    ft_hit_prob and opener_mass each fall short of exact by at most `tolerance`
-    (a bound, not an estimate; 0 is exact; see `firststep.probe`)."""
+    tolerance: per prompt, the least likely token prefixes of the lexicon openers'
+    trie whose probabilities add up to at most this are not teacher-forced, so
+    opener_mass falls short of exact by at most `tolerance` (a bound, not an
+    estimate; 0 is exact; see `firststep.probe`). The accepted answers are always
+    scored exactly: ft_hit_prob is exact."""
 
     def __init__(
         self,
@@ -50,7 +52,7 @@ class EvalkitHFLM(HFLM):
         first_temperature: float | None = None,
         ban_openers: bool = False,
         probe_seed: int = 0,
-        tolerance: float = 1e-4,
+        tolerance: float = DEFAULT_TOLERANCE,
         device: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -132,7 +134,7 @@ class EvalkitHFLM(HFLM):
                     top_k=self.top_k, max_new_tokens=max_new, stop=until, batch_size=bs,
                     first_temperature=self.first_temperature, banned_first_ids=banned,
                     seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
-                    tolerance=self.tolerance,
+                    tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
                 )
                 for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
                     out[i] = self._result(ctx, doc, cand, n_answer, step, until)
@@ -167,7 +169,7 @@ class EvalkitHFLM(HFLM):
         }
         if n_answer:
             answers = cands[:n_answer]
-            metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in dict.fromkeys(answers))
+            metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers))
             firsts = {ids[0] for a in answers if (ids := firststep.candidate_ids(self.tokenizer, context, a))}
             metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in firsts else 0.0
             metrics["opener_mass"] = sum(step.candidate_probs[o] for o in dict.fromkeys(cands[n_answer:]))

@@ -118,13 +118,19 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     lexicon = load_lexicon()
 
     model_args = models.parse_model_args(cfg.model_args)
-    default_model = "pretrained" not in model_args and cfg.model in ("hf", "evalkit-hf")
+    hf = cfg.model in models.HF_TYPES
+    named = [k for k in models.IDENTITY_ARGS if k in model_args]
+    default_model = hf and not named
+    if hf and named and "pretrained" not in model_args:
+        raise BadInput(f"--model-args {named[0]}=... needs pretrained=... too (give none of them for the embedded model)")
     if default_model:  # the embedded SmolLM2, with any other model args the user gave
+        if "dtype" in model_args:
+            raise BadInput("the embedded model's dtype is set with --quant (fp32, bf16, ...), not --model-args dtype=")
         model_args = {**models.default_model_args(), **model_args}
         quant = cfg.quant or "q4_1"
     else:
         quant = cfg.quant
-        if cfg.quant and cfg.model not in ("hf", "evalkit-hf"):
+        if cfg.quant and not hf:
             raise BadInput(f"--quant applies to the hf backend only (got --model {cfg.model})")
     pretrained = model_args.get("pretrained")
     if isinstance(pretrained, str) and pretrained.startswith(("/", "./", "../", "~")) and not os.path.exists(
@@ -139,9 +145,12 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
             raise BadInput(f"--model {cfg.model} needs --model-args pretrained=MODEL (a local folder or a hub id)")
         if cfg.first_temperature is not None or cfg.ban_openers:
             raise BadInput(f"--first-temperature and --ban-openers apply to the hf backend only (got --model {cfg.model})")
-    if model_args.get("trust_remote_code") is None and cfg.model in ("hf", "evalkit-hf"):
+    if hf and model_args.get("trust_remote_code") is None:
         model_args["trust_remote_code"] = False
-    if "tolerance" in model_args and cfg.model in ("hf", "evalkit-hf"):
+    if hf and "prune_below" in model_args:
+        raise BadInput("--model-args prune_below is gone: tolerance=P bounds the opener probability left unscored per prompt")
+    if hf:
+        model_args.setdefault("tolerance", models.DEFAULT_TOLERANCE)  # recorded in the run row
         try:
             tolerance = float(model_args["tolerance"])
         except (TypeError, ValueError):
@@ -230,7 +239,7 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     writer = is_main_rank()
     run_id = new_run_id()
     extra_args: dict[str, Any] = {}
-    if cfg.model in ("hf", "evalkit-hf"):
+    if cfg.model in models.HF_TYPES:
         extra_args = {
             "quant": plan["quant"], "top_k": cfg.top_k, "temperature": cfg.temperature,
             "first_temperature": cfg.first_temperature, "ban_openers": cfg.ban_openers,

@@ -284,7 +284,7 @@ def finish_run(path, run_id: str, *, metrics, samples, topk, **fields: Any) -> N
 
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     """A run id from an id, a unique id prefix, `latest`, `tag:NAME`, or a run's `--name`
-    (the newest run of that name)."""
+    (the newest `done` run of that name, else the newest of any status)."""
     ref = ref.strip()
     if ref == "latest":
         row = con.execute("SELECT id FROM runs ORDER BY created_at DESC, id DESC LIMIT 1").fetchone()
@@ -304,12 +304,14 @@ def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     if not ref:
         raise BadInput("empty run id")
     ids = [r[0] for r in con.execute("SELECT id FROM runs WHERE starts_with(id, ?) ORDER BY id", [ref]).fetchall()]
+    named = con.execute("SELECT id FROM runs WHERE name = ? ORDER BY status = 'done' DESC, created_at DESC, id DESC "
+                        "LIMIT 1", [ref]).fetchone()
+    if ids and named and ids != [ref]:
+        raise BadInput(f"{ref!r} is both a run name and an id prefix ({ids[0]}): give the full id")
     if not ids:
-        row = con.execute("SELECT id FROM runs WHERE name = ? ORDER BY created_at DESC, id DESC LIMIT 1",
-                          [ref]).fetchone()
-        if row is None:
+        if named is None:
             raise BadInput(f"unknown run {ref!r} (not a run id, id prefix, run name, latest or tag:NAME)")
-        return row[0]
+        return named[0]
     if len(ids) > 1:
         raise BadInput(f"run id prefix {ref!r} is ambiguous: {', '.join(ids[:5])}")
     return ids[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import inspect
 import math
 
 import pytest
@@ -161,6 +162,56 @@ def test_tolerance_bounds_the_shortfall_of_every_sum(tiny, contexts):
     assert saved > 0  # the random tiny model spreads mass thinly: many prefixes fit in 0.05
     with pytest.raises(ValueError, match="tolerance"):
         probe(model, tokenizer, contexts[:1], cands[:1], tolerance=1.0)
+
+
+class Sharpened(torch.nn.Module):
+    """The tiny model with its logits multiplied by `factor`: greedy continuations become nearly certain."""
+
+    def __init__(self, inner, factor):
+        super().__init__()
+        self.inner, self.factor = inner, factor
+        self.generation_config = inner.generation_config
+        self.cache_kw = "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, use_cache=None, cache=None,
+                logits_to_keep=0):
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=use_cache, logits_to_keep=logits_to_keep, **{self.cache_kw: cache})
+        out.logits = out.logits * self.factor
+        return out
+
+
+def test_tolerance_shortfall_is_the_mass_left_out_and_exact_candidates_stay_exact(tiny, contexts):
+    """A string whose first token is unlikely but whose continuation is nearly certain: leaving
+    its first token out loses almost all of the unscored mass, which is that token's probability."""
+    model, tokenizer = Sharpened(tiny[0], 8.0), tiny[1]
+    context = contexts[0]
+    ctx_ids = ids_of(tokenizer, context)
+    first = reference_logprobs(model, ctx_ids)[-1]
+    for t in torch.argsort(first, descending=True).tolist()[1:50]:
+        cont, lp_cont = [], 0.0
+        for _ in range(3):
+            lp = reference_logprobs(model, [*ctx_ids, t, *cont])[-1]
+            cont.append(int(lp.argmax()))
+            lp_cont += float(lp.max())
+        text = tokenizer.decode([t, *cont])
+        if candidate_ids(tokenizer, context, text) == [t, *cont] and lp_cont > math.log(0.5):
+            break
+    else:
+        pytest.fail("no unlikely first token with a likely continuation in the tiny model")
+    p_first = math.exp(float(first[t]))
+    (exact,) = probe(model, tokenizer, [context], [[text]], max_new_tokens=0)
+    assert exact.candidate_probs[text] == pytest.approx(p_first * math.exp(lp_cont), rel=1e-3)
+    (lenient,) = probe(model, tokenizer, [context], [[text]], max_new_tokens=0, tolerance=1.5 * p_first)
+    assert lenient.candidate_probs[text] == 0.0
+    assert lenient.unscored_mass == pytest.approx(p_first, rel=1e-4)  # the prefix left out, not the tolerance
+    shortfall = exact.candidate_probs[text] - lenient.candidate_probs[text]
+    assert 0.5 * lenient.unscored_mass < shortfall <= lenient.unscored_mass * (1 + 1e-6)
+    assert lenient.candidate_positions == 0 < exact.candidate_positions
+    (kept,) = probe(model, tokenizer, [context], [[text]], max_new_tokens=0, tolerance=1.5 * p_first,
+                    exact_candidates=[[text]])
+    assert kept.candidate_probs[text] == pytest.approx(exact.candidate_probs[text], rel=1e-5)
+    assert kept.unscored_mass == 0.0
 
 
 def test_greedy_matches_generate(tiny, contexts):

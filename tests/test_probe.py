@@ -68,12 +68,14 @@ def string_probs(model, tokenizer, context, strings) -> dict[str, float]:
 
 
 def answer_strings(answers):
-    """SPEC 1.1: the whole start when it holds CJK, its first word otherwise."""
+    """SPEC 1.1: the whole start when it holds CJK, its first word otherwise; SPEC 1.2: a
+    string that begins with another of the set is dropped (its mass is already counted)."""
     out = []
     for a in answers:
         cjk = any("\u4e00" <= ch <= "\u9fff" for ch in a)
         out.append(a if cjk else a.split()[0])
-    return list(dict.fromkeys(out))
+    uniq = list(dict.fromkeys(out))
+    return [s for s in uniq if not any(o != s and s.startswith(o) for o in uniq)]
 
 
 def opener_strings():
@@ -183,6 +185,16 @@ def test_result_shape(batched):
         assert set(res["metrics"]) >= {"ft_hit_prob", "opener_mass", "ft_token_hit", "prior_drift", "top3_mass",
                                        "unstable", "entropy"}
         assert len(res["topk"]) == K
+
+
+def test_answers_that_extend_another_are_not_counted_twice(tiny, lm, contexts):
+    """["Prime", "Primes"]: "Primes" starts with "Prime", so P(starts with "Prime") is the whole of ft_hit_prob."""
+    model, tokenizer = tiny
+    doc = {"id": "en-prime", "prompt": "Name a kind of number.", "answers": ["Prime", "Primes", "prime"]}
+    (res,) = lm.generate_until(requests_for([doc], contexts[:1]), disable_tqdm=True)
+    probs = string_probs(model, tokenizer, contexts[0], ["Prime", "Primes", "prime"])
+    assert probs["Primes"] > 0
+    assert res["metrics"]["ft_hit_prob"] == pytest.approx(probs["Prime"] + probs["prime"], abs=1e-6)
 
 
 def test_ft_hit_prob_and_opener_mass_match_plain_softmax_product(tiny, docs, contexts, batched):

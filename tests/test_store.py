@@ -285,6 +285,20 @@ def test_resolve_run_by_name(db_with_runs):
         assert resolve_run(con, "2601011204") == "2601011204-111111"  # ids still come first
         with pytest.raises(BadInput, match="run name"):
             resolve_run(con, "chat")
+
+
+def test_resolve_run_by_name_prefers_done_runs_and_refuses_a_name_that_is_an_id_prefix(db_with_runs):
+    for run_id, minutes, name, status in [("2601011204-111111", 4, "nightly", "done"),
+                                          ("2601011205-222222", 5, "nightly", "interrupted"),
+                                          ("2601011206-333333", 6, "only-failed", "failed"),
+                                          ("2601011207-444444", 7, "260101120", "done")]:
+        store.insert_run(db_with_runs, {"id": run_id, "created_at": T0 + dt.timedelta(minutes=minutes),
+                                        "status": status, "model": "hf", "tasks": ["firsttoken"], "name": name})
+    with open_store(db_with_runs, read_only=True) as con:
+        assert resolve_run(con, "nightly") == "2601011204-111111"  # the newer one was interrupted
+        assert resolve_run(con, "only-failed") == "2601011206-333333"
+        with pytest.raises(BadInput, match="both a run name and an id prefix"):
+            resolve_run(con, "260101120")
         with pytest.raises(BadInput):
             resolve_run(con, "")
         with pytest.raises(BadInput):
