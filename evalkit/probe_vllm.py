@@ -103,6 +103,7 @@ def first_step_result(
     temperature: float,
     decode: Callable[[list[int], bool], str],
     answer_first_ids: set[int] | None = None,
+    eos_ids: set[int] | frozenset = frozenset(),
 ) -> dict[str, Any]:
     """The `evalkit-hf` response dict from one vLLM completion (`RequestOutput.outputs[0]`).
 
@@ -113,6 +114,8 @@ def first_step_result(
     exactly; `entropy` is None (unknown), not 0.
     """
     ids = [int(t) for t in token_ids]
+    if ids and ids[-1] in eos_ids:  # vLLM keeps the eos that ended the completion; evalkit-hf does not
+        ids = ids[:-1]
     top = step_topk(logprobs[0] if logprobs else None, k)
     unit, _ = firststep.first_unit_ids(lambda xs: decode(xs, True), ids)
     metrics: dict[str, float] = {}
@@ -210,6 +213,7 @@ class EvalkitVLLM(VLLM):
         def decode(ids: list[int], skip_special_tokens: bool) -> str:
             return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
+        eos_ids = {int(i) for i in (self.eot_token_id, getattr(self.tokenizer, "eos_token_id", None)) if i is not None}
         results = []
         for req, context, until, output in zip(requests, contexts, untils, outputs):
             completion = output.outputs[0]
@@ -217,7 +221,7 @@ class EvalkitVLLM(VLLM):
                 postprocess_generated_text(completion.text, until, self.think_end_token),
                 completion.token_ids, completion.logprobs,
                 k=self.logprobs_k, temperature=self.temperature, decode=decode,
-                answer_first_ids=self._answer_first_ids(context, req.doc or {}),
+                answer_first_ids=self._answer_first_ids(context, req.doc or {}), eos_ids=eos_ids,
             ))
         return results
 

@@ -300,6 +300,9 @@ def test_first_step_result_from_logprobs(fake_vllm):
     assert "ft_token_hit" not in first_step_result("A", [11], [step0], k=3, temperature=1.0, decode=decode)["metrics"]
     empty = first_step_result("", [], None, k=20, temperature=1.0, decode=decode, answer_first_ids={11})
     assert empty["topk"] == [] and empty["metrics"] == {} and empty["first_token_id"] is None
+    # a completion that is only the eos vLLM keeps: no first token, as evalkit-hf stores it
+    only_eos = first_step_result("", [14], [step0], k=3, temperature=1.0, decode=decode, eos_ids={14})
+    assert only_eos["first_token_id"] is None and only_eos["first_token"] == "" and len(only_eos["topk"]) == 3
 
 
 def test_topk_is_ordered_by_rank_with_the_sampled_token_out_of_the_top(fake_vllm):
