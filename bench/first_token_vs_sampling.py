@@ -73,12 +73,9 @@ def sampled_path(lm, contexts: list[str], repeats: int, seed: int) -> list[list[
 
 def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bool, tolerance: float = 0.0) -> list[dict]:
     """(b) with candidates, (c) without: one prefill per prompt, metrics as EvalkitHFLM computes them."""
-    import torch
-
-    from evalkit import firststep, stats
+    from evalkit import firststep
     from evalkit.metrics import candidate_strings
-    from evalkit.probe import CONTENT_FREE
-    from evalkit.units import drop_covered
+    from evalkit.probe import candidate_metrics, content_free_prior
 
     cands, n_answers = [], []
     for doc in docs:
@@ -96,20 +93,10 @@ def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bo
              "prompt_tokens": len(step.context_ids), "positions": step.candidate_positions,
              "unscored": step.unscored_mass}
         if with_candidates:
-            answers = cand[:n_ans]
-            m["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers))
-            firsts = {ids[0] for a in answers if (ids := firststep.candidate_ids(tokenizer, ctx, a))}
-            m["ft_token_hit"] = 1.0 if step.topk_ids[0] in firsts else 0.0
-            m["opener_mass"] = sum(step.candidate_probs[o] for o in dict.fromkeys(cand[n_ans:]))
             frame = ctx.replace(doc["prompt"], "\x00")
             if frame not in priors:
-                cf = firststep.probe(model, tokenizer, [frame.replace("\x00", c) for c in CONTENT_FREE],
-                                     top_k=50, max_new_tokens=0, batch_size=len(CONTENT_FREE))
-                mean = torch.stack([s.logprobs.exp() for s in cf]).mean(0)
-                top = torch.topk(mean, 50)
-                priors[frame] = dict(zip(top.indices.tolist(), top.values.tolist()))
-            p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
-            m["prior_drift"] = stats.prior_drift(p, priors[frame])
+                priors[frame] = content_free_prior(model, tokenizer, frame, 50)
+            m.update(candidate_metrics(tokenizer, ctx, step, cand[:n_ans], cand[n_ans:], priors[frame]))
         out.append(m)
     return out
 

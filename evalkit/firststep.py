@@ -142,6 +142,12 @@ def candidate_ids(
     return _encode(tokenizer, candidate, False)
 
 
+def first_ids(tokenizer, context: str, strings: Iterable[str]) -> set[int]:
+    """The first token of each string tokenised in context (`candidate_ids`): the token a
+    strict, token-level hit must start with (SPEC 1.1 `ft_token_hit`)."""
+    return {ids[0] for s in strings if (ids := candidate_ids(tokenizer, context, s))}
+
+
 def top_mass(logprobs: torch.Tensor, k: int = 3, temperature: float = 1.0) -> float:
     """Probability mass of the k most likely tokens of softmax(logits / temperature).
 

@@ -32,6 +32,34 @@ from evalkit.units import drop_covered
 CONTENT_FREE = ("N/A", "", "…", "无")
 
 
+def content_free_prior(model, tokenizer, frame: str, top_k: int) -> dict[int, float]:
+    """The content-free prior (SPEC 1.3) of a prompt frame (the context with its prompt
+    replaced by "\x00"): the mean first-step distribution over CONTENT_FREE inputs put in
+    the frame, as its top-k `token_id -> probability`."""
+    # under a template with no text around the prompt, "" leaves nothing to condition on
+    contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
+    steps = firststep.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts))
+    mean = torch.stack([s.logprobs.exp() for s in steps]).mean(0)
+    top = torch.topk(mean, top_k)
+    return dict(zip(top.indices.tolist(), top.values.tolist()))
+
+
+def candidate_metrics(tokenizer, context: str, step: firststep.FirstStep, answers: list[str], openers: list[str],
+                      prior: dict[int, float] | None) -> dict[str, float]:
+    """ft_hit_prob, ft_token_hit, opener_mass and (with a prior) prior_drift of one probed prompt.
+
+    Sums skip strings that begin with another string of the same set (SPEC 1.2)."""
+    metrics = {
+        "ft_hit_prob": sum(step.candidate_probs[a] for a in drop_covered(answers)),
+        "ft_token_hit": 1.0 if step.topk_ids[0] in firststep.first_ids(tokenizer, context, answers) else 0.0,
+        "opener_mass": sum(step.candidate_probs[o] for o in drop_covered(openers)),
+    }
+    if prior is not None:
+        p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
+        metrics["prior_drift"] = stats.prior_drift(p, prior)
+    return metrics
+
+
 @register_model("evalkit-hf")
 class EvalkitHFLM(HFLM):
     """HFLM plus the exact first-step probe. Extra model args: quant, top_k,
@@ -93,12 +121,7 @@ class EvalkitHFLM(HFLM):
             return None
         frame = context.replace(prompt, "\x00")
         if frame not in self._priors:
-            # under a template with no text around the prompt, "" leaves nothing to condition on
-            contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
-            steps = firststep.probe(self.model, self.tokenizer, contexts, top_k=self.top_k, max_new_tokens=0, batch_size=len(contexts))
-            mean = torch.stack([s.logprobs.exp() for s in steps]).mean(0)
-            top = torch.topk(mean, self.top_k)
-            self._priors[frame] = dict(zip(top.indices.tolist(), top.values.tolist()))
+            self._priors[frame] = content_free_prior(self.model, self.tokenizer, frame, self.top_k)
         return self._priors[frame]
 
     # -- lm-eval API -------------------------------------------------------------
@@ -168,15 +191,8 @@ class EvalkitHFLM(HFLM):
             "entropy": step.entropy,
         }
         if n_answer:
-            answers = cands[:n_answer]
-            metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers))
-            firsts = {ids[0] for a in answers if (ids := firststep.candidate_ids(self.tokenizer, context, a))}
-            metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in firsts else 0.0
-            metrics["opener_mass"] = sum(step.candidate_probs[o] for o in dict.fromkeys(cands[n_answer:]))
-            prior = self._prior(context, doc)
-            if prior is not None:
-                p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
-                metrics["prior_drift"] = stats.prior_drift(p, prior)
+            metrics.update(candidate_metrics(self.tokenizer, context, step, cands[:n_answer], cands[n_answer:],
+                                             self._prior(context, doc)))
         first_id = step.response_ids[0] if step.response_ids else None
         return {
             "text": text,

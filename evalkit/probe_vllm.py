@@ -229,9 +229,4 @@ class EvalkitVLLM(VLLM):
         """First tokens of the doc's accepted starts tokenised after this context (None: no answers)."""
         if doc.get("needle") or not doc.get("answers"):
             return None
-        firsts = set()
-        for answer in candidate_strings(doc["answers"]):
-            ids = firststep.candidate_ids(self.tokenizer, context, answer)
-            if ids:
-                firsts.add(ids[0])
-        return firsts
+        return firststep.first_ids(self.tokenizer, context, candidate_strings(doc["answers"]))
