@@ -105,7 +105,7 @@ def model_class(name: str):
     from evalkit.catalog import check_installed
 
     check_installed(name)
-    if name in ("hf", "hf-auto", "huggingface"):
+    if name in HF_TYPES:
         name = "evalkit-hf"
     if name == "vllm":
         name = "evalkit-vllm"
