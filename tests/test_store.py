@@ -181,13 +181,19 @@ def test_migrating_twice_is_a_no_op(tmp_path):
         assert pending(con) == []
 
 
-def test_partly_migrated_db_gets_only_the_rest(tmp_path):
-    path = tmp_path / "old.duckdb"
+def older_db(path, migrations: int):
+    """Open `path` as an evalkit that knew only the first `migrations` migrations left it."""
     con = duckdb.connect(str(path))
     con.execute(SCHEMA_VERSION_DDL)
-    for version, m in enumerate(MIGRATIONS[:2], start=1):
+    for version, m in enumerate(MIGRATIONS[:migrations], start=1):
         m(con)
         con.execute("INSERT INTO schema_version VALUES (?, ?, now())", [version, m.__name__])
+    return con
+
+
+def test_partly_migrated_db_gets_only_the_rest(tmp_path):
+    path = tmp_path / "old.duckdb"
+    con = older_db(path, 2)
     con.execute("INSERT INTO runs (id, created_at, status, model) VALUES ('r1', now(), 'done', 'hf')")
     con.close()
     with open_store(path) as con:
@@ -206,12 +212,7 @@ def test_read_only_open_needs_an_existing_db(tmp_path):
 def test_read_only_open_of_an_older_db_upgrades_it_once(tmp_path):
     """A file written by an older evalkit (fewer migrations) is migrated once, then read."""
     path = tmp_path / "older.duckdb"
-    con = duckdb.connect(str(path))
-    con.execute(SCHEMA_VERSION_DDL)
-    for version, m in enumerate(MIGRATIONS[:5], start=1):
-        m(con)
-        con.execute("INSERT INTO schema_version VALUES (?, ?, now())", [version, m.__name__])
-    con.close()
+    older_db(path, 5).close()
     with open_store(path, read_only=True) as con:
         assert pending(con) == []
         assert EXPECTED_VIEWS <= relations(con, "VIEW")
