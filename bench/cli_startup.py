@@ -49,7 +49,9 @@ if os.environ.get("FAKE"):
     mark("fake LM registered (imports lm_eval.api)")
 import evalkit.cli
 mark("evalkit.cli imported")
-from evalkit import models, runner, store
+from evalkit.backends import models
+from evalkit.runner import execute as runner
+from evalkit.store import db as store
 
 def timed(fn, label):
     def wrapper(*args, **kwargs):

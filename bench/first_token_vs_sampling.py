@@ -6,7 +6,7 @@ default SmolLM2-135M-Instruct (loaded ONCE, shared by every path), in one proces
   (a) lm-eval `generate_until` through `lm_eval.models.huggingface.HFLM` (the loaded
       model object and tokenizer, batch size 1): every prompt requested 20 times
       (`repeats: 20`), do_sample, temperature 0.8, max_gen_toks 4, until "\\n\\n";
-  (b) evalkit's first-token metrics, the path `evalkit.probe.EvalkitHFLM` takes:
+  (b) evalkit's first-token metrics, the path `evalkit.backends.hf.EvalkitHFLM` takes:
       `firststep.probe` with the answers' candidate strings plus the lexicon candidates
       (tolerance 1e-4, as runs use), max_new_tokens 0, batch size 8, then top-k,
       top3_mass@0.8, ft_hit_prob, ft_token_hit, opener_mass and prior_drift (the
@@ -15,7 +15,7 @@ default SmolLM2-135M-Instruct (loaded ONCE, shared by every path), in one proces
   (b') a cross-check, untimed against the target: the same requests through
       `EvalkitHFLM.generate_until` itself (max_gen_toks 0); its metrics must equal (b)'s.
 
-Every path sees the same chat-templated contexts (`evalkit.templates.render_prompt`,
+Every path sees the same chat-templated contexts (`evalkit.prompts.templates.render_prompt`,
 the template `chat`). Prints wall times, per-prompt times, the ratios (a)/(b) and
 (a)/(c) against the >= 50x target, and per prompt the sampled top-3 share of (a)
 (over first units, and over first tokens re-tokenised in context) next to the exact
@@ -73,9 +73,9 @@ def sampled_path(lm, contexts: list[str], repeats: int, seed: int) -> list[list[
 
 def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bool, tolerance: float = 0.0) -> list[dict]:
     """(b) with candidates, (c) without: one prefill per prompt, metrics as EvalkitHFLM computes them."""
-    from evalkit import firststep
-    from evalkit.metrics import candidate_strings
-    from evalkit.probe import candidate_metrics, content_free_prior
+    from evalkit.backends import engine as firststep
+    from evalkit.backends.hf import candidate_metrics, content_free_prior
+    from evalkit.scoring.firsttoken import candidate_strings
 
     cands, n_answers = [], []
     for doc in docs:
@@ -112,7 +112,7 @@ def evalkit_lm_path(lm, contexts, docs) -> list[dict]:
 
 
 def first_token_in_context(tokenizer, context: str, text: str) -> int | None:
-    from evalkit import firststep
+    from evalkit.backends import engine as firststep
 
     ids = firststep.candidate_ids(tokenizer, context, text) if text else []
     return ids[0] if ids else None
@@ -136,11 +136,11 @@ def main() -> int:
 
     import torch
 
-    from evalkit import models
-    from evalkit.inspect import load_model
-    from evalkit.lexicon import load_lexicon
-    from evalkit.metrics import first_unit_text, top3_share
-    from evalkit.templates import get_template, render_prompt
+    from evalkit.backends import models
+    from evalkit.inspection import load_model
+    from evalkit.prompts.templates import get_template, render_prompt
+    from evalkit.scoring.firsttoken import first_unit_text, top3_share
+    from evalkit.scoring.lexicon import load_lexicon
 
     docs = load_docs(args.per_lang)
     t0 = time.perf_counter()
@@ -162,7 +162,7 @@ def main() -> int:
 
     from lm_eval.models.huggingface import HFLM
 
-    from evalkit.probe import EvalkitHFLM
+    from evalkit.backends.hf import EvalkitHFLM
 
     hflm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1, device="cpu")
     evalkit_lm = EvalkitHFLM(pretrained=model, tokenizer=tokenizer, batch_size=8, device="cpu",

@@ -37,7 +37,7 @@ SAMPLE_METRICS = ("ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opene
 
 
 def build(db: Path, rows: int) -> None:
-    from evalkit.store import open_store
+    from evalkit.store.db import open_store
 
     with open_store(db) as con:
         con.execute("BEGIN TRANSACTION")
@@ -147,7 +147,7 @@ def main() -> None:
     build(db, args.rows)
     print(f"build: {time.perf_counter() - t0:.1f} s")
 
-    from evalkit.report import build_report
+    from evalkit.report.build import build_report
 
     t0, c0 = time.perf_counter(), cpu_s()
     report = build_report(db, None, work / "report-lib", prompts=4)

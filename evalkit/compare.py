@@ -22,10 +22,10 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from evalkit import stats
 from evalkit.errors import BadInput
-from evalkit.metrics import METRICS
-from evalkit.store import SAMPLE_METRIC_COLUMNS, open_store, resolve_run
+from evalkit.scoring import stats
+from evalkit.scoring.firsttoken import METRICS
+from evalkit.store.db import SAMPLE_METRIC_COLUMNS, open_store, resolve_run
 
 ALL_TASKS = "all"  # the `task` of the overall rows
 TOP_N = 5  # top5_mass / top5_overlap

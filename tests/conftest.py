@@ -27,8 +27,8 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_model_available():
+    from evalkit.backends.models import default_model_dir
     from evalkit.errors import BadInput
-    from evalkit.models import default_model_dir
 
     try:
         default_model_dir()

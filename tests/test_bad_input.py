@@ -168,7 +168,7 @@ def make_inputs(folder: Path, db: Path, db2: Path, prefix: str) -> dict[str, str
 
 def seed_db(path: Path, runs: int = 2) -> list[str]:
     """A DB holding `runs` finished fake-LM runs (firsttoken, 2 prompts per task); return their ids."""
-    from evalkit.runner import RunConfig, execute
+    from evalkit.runner.execute import RunConfig, execute
     from tests.fake_lm import register_fake_lm
 
     register_fake_lm()

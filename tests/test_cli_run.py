@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from evalkit.cli import cli
-from evalkit.lexicon import load_lexicon
-from evalkit.templates import get_template
+from evalkit.prompts.templates import get_template
+from evalkit.scoring.lexicon import load_lexicon
 from tests import fake_lm
 
 FAKE = ["--model", "evalkit-fake"]

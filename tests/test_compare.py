@@ -8,9 +8,9 @@ import math
 import pytest
 from click.testing import CliRunner
 
-from evalkit import store
 from evalkit.cli import cli
 from evalkit.compare import ALL_TASKS, compare_runs
+from evalkit.store import db as store
 
 
 def _log2(x):

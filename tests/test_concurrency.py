@@ -21,7 +21,7 @@ HOLD_S = 3.0  # how long the test holds the write lock against `evalkit query`
 
 def test_four_runs_on_one_db_all_land(tmp_path):
     from evalkit.errors import BadInput
-    from evalkit.store import read_query
+    from evalkit.store.db import read_query
 
     db = tmp_path / "evalkit.duckdb"
     reads: list[int] = []  # runs seen by each read made while the four write
@@ -78,7 +78,7 @@ def test_four_runs_on_one_db_all_land(tmp_path):
 
 def test_query_waits_for_a_writer(tmp_path):
     """`evalkit query` started while another process holds the write lock succeeds once it is released."""
-    from evalkit.store import open_store
+    from evalkit.store.db import open_store
 
     db = tmp_path / "evalkit.duckdb"
     with open_store(db):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from evalkit.runner import RunConfig, execute
+from evalkit.runner.execute import RunConfig, execute
 
 TABLES = ("metrics", "samples", "first_token_topk")
 

@@ -8,9 +8,9 @@ from click.testing import CliRunner
 
 from evalkit.cli import cli
 from evalkit.errors import BadInput
-from evalkit.export import TABLES, export_parquet, merged_query
-from evalkit.runner import RunConfig, execute
-from evalkit.store import read_query
+from evalkit.runner.execute import RunConfig, execute
+from evalkit.store.db import read_query
+from evalkit.store.export import TABLES, export_parquet, merged_query
 
 
 def fake_run(db, mode="hit", limit=2, name=None):
@@ -28,7 +28,7 @@ def all_rows(query, table):
 @pytest.fixture(scope="module")
 def two_dbs(tmp_path_factory):
     """Two DB files as if from two machines: A with 2 runs (one tagged), B with 1."""
-    from evalkit.store import transaction
+    from evalkit.store.db import transaction
 
     folder = tmp_path_factory.mktemp("machines")
     a, b = folder / "a.duckdb", folder / "b.duckdb"

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from evalkit import firststep
-from evalkit.firststep import candidate_ids, first_unit_ids, probe, top_mass, topk_dict
+from evalkit.backends import engine as firststep
+from evalkit.backends.engine import candidate_ids, first_unit_ids, probe, top_mass, topk_dict
 from tests.tiny import build_tiny_model, load_tiny
 
 QUESTIONS = [
@@ -141,7 +141,7 @@ def test_batched_and_unbatched_agree(tiny, contexts):
 def test_tolerance_bounds_the_shortfall_of_every_sum(tiny, contexts):
     """Left-out prefixes cost at most `tolerance` on any sum of prefix-free candidates,
     every candidate still scored keeps its exact value, and fewer positions are forwarded."""
-    from evalkit.lexicon import load_lexicon
+    from evalkit.scoring.lexicon import load_lexicon
 
     model, tokenizer = tiny
     cands = [["Recursion", "Paris", "递归"] + load_lexicon().candidates()] * len(contexts)

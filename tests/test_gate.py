@@ -1,4 +1,4 @@
-"""evalkit.gate: pure-logic tests of rules parsing, decide() and the verdict's renderings."""
+"""evalkit.gate.rules: pure-logic tests of rules parsing, decide() and the verdict's renderings."""
 
 import copy
 import xml.etree.ElementTree as ET
@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from evalkit.errors import BadInput
-from evalkit.gate import (
+from evalkit.gate.rules import (
     DEFAULT_RULES,
     HEADLINE_METRICS,
     Regression,

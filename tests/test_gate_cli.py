@@ -36,7 +36,7 @@ def fake_run(db, mode, limit=40, name=None):
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     """A DB with three done fake-LM runs (baseline, degraded, equal) and two odd ones."""
-    from evalkit import store
+    from evalkit.store import db as store
 
     db = tmp_path_factory.mktemp("gate") / "runs.duckdb"
     ids = {"base": fake_run(db, "hit", name="baseline"),
@@ -104,7 +104,7 @@ def test_a_run_gated_against_itself_passes(runs, who):
 
 def test_example_rules_check_thresholds_and_regressions(runs):
     rules = EXAMPLES / "gate-rules.yaml"
-    from evalkit.gate import load_rules
+    from evalkit.gate.rules import load_rules
 
     loaded = load_rules(rules)
     assert loaded.thresholds and loaded.regressions
@@ -224,7 +224,7 @@ def test_promote_then_gate_against_the_tag(runs):
 
     # promoting a newer run moves tag:prod to it; the first keeps its row
     assert invoke("promote", runs["equal"], "--tag", "prod").exit_code == 0
-    from evalkit.store import open_store, resolve_run
+    from evalkit.store.db import open_store, resolve_run
 
     with open_store(None, read_only=True) as con:
         assert resolve_run(con, "tag:prod") == runs["equal"]

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from evalkit.cli import cli
 from evalkit.cli.inspect import bar
-from evalkit.inspect import token_label
-from evalkit.templates import get_template
+from evalkit.inspection import token_label
+from evalkit.prompts.templates import get_template
 from tests.tiny import load_tiny
 
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(.+?)\s+(\d\.\d{6})\s+([█▏▎▍▌▋▊▉]*)\s+(\d\.\d{6})$")

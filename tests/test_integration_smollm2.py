@@ -14,9 +14,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from evalkit.backends.models import DEFAULT_GGUF, default_model_dir
 from evalkit.cli import cli
-from evalkit.lexicon import load_lexicon
-from evalkit.models import DEFAULT_GGUF, default_model_dir
+from evalkit.scoring.lexicon import load_lexicon
 
 pytestmark = pytest.mark.slow
 

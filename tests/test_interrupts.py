@@ -2,7 +2,7 @@
 
 A real `evalkit run` process (tests.fake_cli, the fake LM slowed by
 EVALKIT_FAKE_DELAY) is signalled once its run row reads 'running'. Exit codes
-(evalkit.runner's handler: mark the run, one line, os._exit): SIGINT → 130
+(evalkit.runner.execute's handler: mark the run, one line, os._exit): SIGINT → 130
 ("evalkit: error: interrupted"); SIGTERM → 143 ("evalkit: terminated").
 """
 
@@ -79,7 +79,7 @@ class StderrLines:
     (signal.SIGTERM, 143, "evalkit: terminated"),
 ], ids=["SIGINT", "SIGTERM"])
 def test_signal_mid_run_marks_the_run_interrupted(sig, code, last_line, tmp_path):
-    from evalkit.runner import RunConfig, execute
+    from evalkit.runner.execute import RunConfig, execute
 
     db = tmp_path / "evalkit.duckdb"
     proc = evalkit_process(

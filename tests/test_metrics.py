@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from evalkit import metrics
-from evalkit.lexicon import load_lexicon
-from evalkit.metrics import (
+from evalkit.scoring import firsttoken as metrics
+from evalkit.scoring.firsttoken import (
     METRICS,
     candidate_strings,
     first_unit_text,
@@ -20,7 +19,8 @@ from evalkit.metrics import (
     score_response,
     top3_share,
 )
-from evalkit.units import starts_with
+from evalkit.scoring.lexicon import load_lexicon
+from evalkit.scoring.text import starts_with
 
 DATA = Path(__file__).resolve().parents[1] / "tasks" / "firsttoken" / "data"
 OPENERS = ["Sure", "Of course", "Great question", "I'd be happy", "好的", "当然", "首先", "是的"]

@@ -7,8 +7,8 @@ import unicodedata
 import pytest
 
 from evalkit.errors import BadInput
-from evalkit.needle import (
-    DATA_DIR,
+from evalkit.prompts.catalog import data_path
+from evalkit.prompts.needle import (
     DEFAULT_DEPTHS,
     build_doc,
     build_grid,
@@ -21,7 +21,7 @@ from evalkit.needle import (
     question,
     split_sentences,
 )
-from evalkit.needle_plot import heatmap, recall_by_depth_plot
+from evalkit.report.needle_plot import heatmap, recall_by_depth_plot
 
 # the constant stands for the chat template's overhead
 WORD_COUNTER = lambda s: 30 + len(s.split())  # noqa: E731
@@ -267,7 +267,7 @@ def test_plots_reject_empty_rows(tmp_path):
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_haystack_has_no_digits_or_needle_words(lang):
-    text = (DATA_DIR / f"haystack_{lang}.txt").read_text(encoding="utf-8")
+    text = data_path("needle", "data", f"haystack_{lang}.txt").read_text(encoding="utf-8")
     assert not [c for c in text if c.isdigit() or unicodedata.category(c) == "Nd"]
     lowered = text.casefold()
     for word in ("code", "key", "number", "编号", "密码", "access"):
@@ -276,8 +276,8 @@ def test_haystack_has_no_digits_or_needle_words(lang):
 
 
 def test_haystack_sizes():
-    en = (DATA_DIR / "haystack_en.txt").read_text(encoding="utf-8")
-    zh = (DATA_DIR / "haystack_zh.txt").read_text(encoding="utf-8")
+    en = data_path("needle", "data", "haystack_en.txt").read_text(encoding="utf-8")
+    zh = data_path("needle", "data", "haystack_zh.txt").read_text(encoding="utf-8")
     assert len(en.split()) >= 3000
     assert len(re.findall(r"[\u4e00-\u9fff]", zh)) >= 5000
     assert len(load_haystack("en")) > 100 and len(load_haystack("zh")) > 100

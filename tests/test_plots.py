@@ -9,7 +9,7 @@ from functools import partial
 
 import pytest
 
-from evalkit import plots
+from evalkit.report import plots
 
 
 def write_pid(path) -> None:

@@ -17,9 +17,9 @@ import torch
 from click.testing import CliRunner
 from lm_eval.api.instance import Instance
 
+from evalkit.backends.hf import EvalkitHFLM
 from evalkit.cli import cli
-from evalkit.lexicon import load_lexicon
-from evalkit.probe import EvalkitHFLM
+from evalkit.scoring.lexicon import load_lexicon
 from tests.tiny import load_tiny
 
 DATA = Path(__file__).resolve().parents[1] / "tasks" / "firsttoken" / "data"

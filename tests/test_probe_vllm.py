@@ -209,7 +209,7 @@ def write_fake_vllm(root: Path) -> Path:
 
 
 def _ours(name: str) -> bool:
-    return name == "vllm" or name.startswith("vllm.") or name in ("lm_eval.models.vllm_causallms", "evalkit.probe_vllm")
+    return name == "vllm" or name.startswith("vllm.") or name in ("lm_eval.models.vllm_causallms", "evalkit.backends.vllm")
 
 
 @pytest.fixture
@@ -236,7 +236,7 @@ def fake_vllm(tmp_path, monkeypatch):
 @pytest.fixture
 def make_lm(fake_vllm, tiny_model_dir):
     """make_lm(**model_args) -> an `evalkit-vllm` LM on the tiny model, built as the runner builds it."""
-    from evalkit.models import model_class
+    from evalkit.backends.models import model_class
 
     def make(**args):
         cls = model_class("vllm")
@@ -275,7 +275,7 @@ def _reference(tiny_model_dir, context: str, k: int):
 def test_first_step_result_from_logprobs(fake_vllm):
     from vllm.logprobs import Logprob
 
-    from evalkit.probe_vllm import first_step_result
+    from evalkit.backends.vllm import first_step_result
 
     # as vLLM builds a position: the sampled token first, then ranks 1..n
     step0 = {11: Logprob(-0.5, 1, "A"), 12: Logprob(-1.5, 2, "B"), 13: Logprob(-2.0, 3, "C"), 14: Logprob(-3.0, 4, "D")}
@@ -308,7 +308,7 @@ def test_first_step_result_from_logprobs(fake_vllm):
 def test_topk_is_ordered_by_rank_with_the_sampled_token_out_of_the_top(fake_vllm):
     from vllm.logprobs import Logprob
 
-    from evalkit.probe_vllm import step_topk
+    from evalkit.backends.vllm import step_topk
 
     # a sampled (non-argmax) token of rank 7 comes first in vLLM's dict; it is not in the top 3
     step = {40: Logprob(-4.0, 7, "x"), 1: Logprob(-0.2, 1, "a"), 2: Logprob(-1.9, 2, "b"), 3: Logprob(-2.5, 3, "c")}
@@ -316,7 +316,7 @@ def test_topk_is_ordered_by_rank_with_the_sampled_token_out_of_the_top(fake_vllm
 
 
 def test_logprobs_k_is_capped_by_vllms_max_logprobs(fake_vllm):
-    from evalkit.probe_vllm import VLLM_MAX_LOGPROBS, logprobs_k
+    from evalkit.backends.vllm import VLLM_MAX_LOGPROBS, logprobs_k
 
     assert VLLM_MAX_LOGPROBS == 20
     assert logprobs_k(50, None) == 20  # engine not known: vLLM's default
@@ -347,7 +347,7 @@ def test_greedy_requests_return_the_probe_dict_with_top20(make_lm, tiny_model_di
         assert res["metrics"]["unstable"] == (1.0 if res["metrics"]["top3_mass"] < 0.70 else 0.0)
         assert res["entropy"] is None
         assert not {"entropy", "ft_hit_prob", "opener_mass", "prior_drift"} & set(res["metrics"])
-        from evalkit import firststep
+        from evalkit.backends import engine as firststep
 
         firsts = {firststep.candidate_ids(lm.tokenizer, req.args[0], a)[0] for a in req.doc["answers"]}
         assert res["metrics"]["ft_token_hit"] == (1.0 if top[0][0] in firsts else 0.0)
@@ -355,7 +355,7 @@ def test_greedy_requests_return_the_probe_dict_with_top20(make_lm, tiny_model_di
 
 def test_agrees_with_evalkit_hf_where_both_are_exact(make_lm, tiny_model_dir):
     """Same model, same contexts: the vLLM dict equals evalkit-hf's on every key vLLM fills."""
-    from evalkit.probe import EvalkitHFLM
+    from evalkit.backends.hf import EvalkitHFLM
 
     lm = make_lm(top_k=50, temperature=1.0)
     reqs = _requests(lm, [GREEDY] * len(DOCS))
@@ -397,8 +397,8 @@ def test_sampled_requests_go_to_vllm_unchanged(make_lm, fake_vllm):
 
 
 def test_probe_dict_scores_and_collects(make_lm):
-    from evalkit.lexicon import load_lexicon
-    from evalkit.metrics import score_response
+    from evalkit.scoring.firsttoken import score_response
+    from evalkit.scoring.lexicon import load_lexicon
 
     lm = make_lm(top_k=50, temperature=1.0)
     res = lm.generate_until(_requests(lm, [GREEDY]))[0]
@@ -412,8 +412,8 @@ def test_evalkit_run_model_vllm_end_to_end(fake_vllm, tiny_model_dir, tmp_path):
     """`evalkit run --model vllm` on the fake engine: 20 top-k rows per prompt, no entropy, exact top3 at T=1."""
     from click.testing import CliRunner
 
-    from evalkit import store
     from evalkit.cli import cli
+    from evalkit.store import db as store
 
     db = tmp_path / "vllm.duckdb"
     args = ["run", "--model", "vllm", "--model-args", f"pretrained={tiny_model_dir}", "--tasks", "firsttoken_en",
@@ -438,8 +438,8 @@ def test_model_vllm_without_vllm_is_bad_input_and_leaves_the_db(tmp_path):
 
     from click.testing import CliRunner
 
-    from evalkit import store
     from evalkit.cli import cli
+    from evalkit.store import db as store
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
@@ -483,8 +483,8 @@ def test_help_imports_neither_vllm_nor_torch():
         "from click.testing import CliRunner\n"
         "from evalkit.cli import cli\n"
         "assert CliRunner().invoke(cli, ['run', '--help']).exit_code == 0\n"
-        "import evalkit.models, evalkit.catalog\n"
-        "bad = [m for m in ('vllm', 'torch', 'lm_eval.models.vllm_causallms', 'evalkit.probe_vllm') if m in sys.modules]\n"
+        "import evalkit.backends.models, evalkit.backends.catalog\n"
+        "bad = [m for m in ('vllm', 'torch', 'lm_eval.models.vllm_causallms', 'evalkit.backends.vllm') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -57,7 +57,7 @@ def report(out, *args):
 
 def add_topk(ids):
     """Synthetic first_token_topk rows: base and bad disagree on en-0002's top-1 token only."""
-    from evalkit.store import transaction
+    from evalkit.store.db import transaction
 
     dists = {
         "base": {("firsttoken_en", "en-0001"): [(11, " Recursion", 0.7), (12, " Sure", 0.2)],
@@ -77,7 +77,7 @@ def add_topk(ids):
 
 def add_needle(run_id):
     """Synthetic needle samples and metric rows for one run: recall 1 at the edges, 0 in the middle."""
-    from evalkit.store import transaction
+    from evalkit.store.db import transaction
 
     rows = []
     for lang in ("en", "zh"):
@@ -115,7 +115,7 @@ def test_report_writes_html_markdown_and_pngs(runs, tmp_path):
 
 def test_leaderboard_numbers_come_from_the_view(runs, tmp_path):
     _, _page, md = report(tmp_path / "rep")
-    from evalkit.store import read_query
+    from evalkit.store.db import read_query
 
     _, rows = read_query(None, "SELECT name, value, ci_lo, ci_hi FROM leaderboard "
                                "WHERE task = 'firsttoken_en' AND metric = 'ft_hit' ORDER BY name")
@@ -183,8 +183,8 @@ def test_trend_needs_two_runs_of_one_model(runs, tmp_path):
 
 
 def test_default_is_the_newest_twelve_done_runs(tmp_path):
-    from evalkit import store
-    from evalkit.report import build_report
+    from evalkit.report.build import build_report
+    from evalkit.store import db as store
 
     ids = []
     for i in range(14):
@@ -222,7 +222,7 @@ def test_bad_input_exits_2(runs, tmp_path):
 def test_no_finished_runs_is_bad_input(tmp_path):
     res = invoke("report", "--out", tmp_path / "rep")
     assert res.exit_code == 2 and "no evalkit database" in res.stderr
-    from evalkit.store import open_store
+    from evalkit.store.db import open_store
 
     with open_store(None):
         pass

@@ -1,4 +1,4 @@
-"""evalkit.stats: checked against plain numpy formulas, not against itself."""
+"""evalkit.scoring.stats: checked against plain numpy formulas, not against itself."""
 
 import math
 import time
@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from evalkit import stats
-from evalkit.stats import Delta, jsd, mean_stderr, paired_bootstrap, prior_drift, top_overlap
+from evalkit.scoring import stats
+from evalkit.scoring.stats import Delta, jsd, mean_stderr, paired_bootstrap, prior_drift, top_overlap
 
 
 def _entropy2(x):

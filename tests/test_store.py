@@ -10,10 +10,10 @@ import shutil
 import duckdb
 import pytest
 
-from evalkit import store
 from evalkit.errors import BadInput
-from evalkit.migrations import MIGRATIONS
-from evalkit.store import applied, migrate, open_store, pending, read_query, resolve_run
+from evalkit.store import db as store
+from evalkit.store.db import applied, migrate, open_store, pending, read_query, resolve_run
+from evalkit.store.migrations import MIGRATIONS
 
 EXPECTED_TABLES = {
     "schema_version": {"version": "INTEGER", "name": "VARCHAR", "applied_at": "TIMESTAMP"},

@@ -6,8 +6,8 @@ import doctest
 
 import pytest
 
-from evalkit import units
-from evalkit.units import drop_covered, first_word, is_cjk, is_punct, matched_start, normalize, starts_with
+from evalkit.scoring import text as units
+from evalkit.scoring.text import drop_covered, first_word, is_cjk, is_punct, matched_start, normalize, starts_with
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ def export_command(out_dir, db):
       evalkit export --parquet exports/gpu-box
       evalkit query --parquet exports/gpu-box --db reports/evalkit.duckdb "SELECT host, count(*) FROM runs GROUP BY host"
     """
-    from evalkit.export import export_parquet
+    from evalkit.store.export import export_parquet
 
     for table, n, path in export_parquet(db, out_dir):
         click.echo(f"{table:<17} {n:>9} rows  {path}")

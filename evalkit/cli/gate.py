@@ -30,7 +30,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, db):
       evalkit gate --candidate 2612021005 --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml
     """
     from evalkit.errors import BadInput, RunFailed
-    from evalkit.gate_data import gate_runs
+    from evalkit.gate.db import gate_runs
 
     if junit_file and not os.path.isdir(os.path.dirname(os.path.abspath(junit_file))):
         raise BadInput(f"cannot write --junit {junit_file}: its folder does not exist")
@@ -61,7 +61,7 @@ def promote_command(run, tag, db):
       evalkit promote latest --tag prod
       evalkit gate --candidate latest --baseline tag:prod && evalkit promote latest --tag prod
     """
-    from evalkit.gate_data import promote
+    from evalkit.gate.db import promote
 
     run_id, added = promote(db, run, tag)
     click.echo(f"run {run_id} tagged {tag}" if added else f"run {run_id} already tagged {tag}")

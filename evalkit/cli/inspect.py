@@ -59,7 +59,7 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
     """
     from dataclasses import asdict
 
-    from evalkit.inspect import inspect_prompt
+    from evalkit.inspection import inspect_prompt
 
     r = inspect_prompt(prompt, template=template, quant=quant, top_k=top_k, model_args=model_args,
                        temperature=temperature, templates_file=templates_file)

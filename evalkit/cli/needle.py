@@ -23,8 +23,8 @@ def needle_heatmap_command(run, out, db):
       evalkit needle-heatmap latest --out reports/
     """
     from evalkit.errors import BadInput
-    from evalkit.needle_plot import heatmap, recall_by_depth_plot
-    from evalkit.queries import needle_cells
+    from evalkit.report.needle_plot import heatmap, recall_by_depth_plot
+    from evalkit.store.queries import needle_cells
 
     run_id, rows = needle_cells(db, run)
     if not rows:

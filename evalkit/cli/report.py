@@ -29,7 +29,7 @@ def report_command(runs, out, prompts, db):
       evalkit report --runs tag:prod,latest --out reports/compare
       evalkit report --runs 2612021005 --runs 2612021107 --prompts 6
     """
-    from evalkit.report import build_report
+    from evalkit.report.build import build_report
 
     report = build_report(db, runs, out, prompts)
     for path in report.files:

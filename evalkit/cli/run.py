@@ -55,7 +55,7 @@ def run_command(**opts):
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
     """
-    from evalkit.runner import RunConfig, execute
+    from evalkit.runner.execute import RunConfig, execute
 
     tasks = [t.strip() for t in (opts.pop("tasks") or "").split(",") if t.strip()]
     cfg = RunConfig(tasks=tasks, **opts)

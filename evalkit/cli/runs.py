@@ -20,7 +20,7 @@ def runs_command(limit, db, fmt):
       evalkit runs
       evalkit runs --format csv --limit 5
     """
-    from evalkit.queries import list_runs
+    from evalkit.store.queries import list_runs
 
     cols, rows = list_runs(db, limit)
     click.echo(render(cols, rows, fmt))
@@ -38,7 +38,7 @@ def show_command(run, db, fmt):
       evalkit show latest
       evalkit show tag:prod --format json
     """
-    from evalkit.queries import run_summary
+    from evalkit.store.queries import run_summary
 
     info, cols, rows = run_summary(db, run)
     if fmt == "table":

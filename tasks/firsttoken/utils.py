@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evalkit.lexicon import load_lexicon
-from evalkit.metrics import score_response
-from evalkit.prompts import load_prompts
+from evalkit.prompts.jsonl import load_prompts
+from evalkit.scoring.firsttoken import score_response
+from evalkit.scoring.lexicon import load_lexicon
 
 DATA = Path(__file__).parent / "data"
 

@@ -1,6 +1,6 @@
-"""lm-eval hooks of the needle tasks; the logic lives in evalkit.needle_task."""
+"""lm-eval hooks of the needle tasks; the logic lives in evalkit.prompts.needle_task."""
 
-from evalkit.needle_task import load_docs, process_results  # noqa: F401
+from evalkit.prompts.needle_task import load_docs, process_results  # noqa: F401
 
 
 def load_en(**metadata):

@@ -1,11 +1,10 @@
-"""Names a run may ask for, found without importing lm-eval's heavy modules.
+"""Model type names a run may ask for, found without importing lm-eval's model modules.
 
-Owns: the task/group/tag names of evalkit's task folders (read from the YAML
-files) and the model type names lm-eval registers (read from its model modules'
-`register_model(...)` calls). Importing `lm_eval.tasks` or `lm_eval.models`
-costs seconds; validating a run's names must not, so that bad input is refused
-fast and `evalkit run` starts loading the model within its budget (SPEC 4).
-Does not: build tasks or models.
+Owns: the model type names lm-eval registers (read from its model modules'
+`register_model(...)` calls) and whether a backend's extra package is installed.
+Importing `lm_eval.models` costs seconds; validating a run's names must not, so
+that bad input is refused fast and `evalkit run` starts loading the model within
+its budget. Does not: build models (task names: `evalkit.prompts.catalog`).
 """
 
 from __future__ import annotations
@@ -15,35 +14,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-import yaml
-
 from evalkit.errors import BadInput
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads lm-eval's `!function module.name` tags as plain strings."""
-
-
-_Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
-
-
-def task_names(folders: list[Path]) -> set[str]:
-    """Every `task`, `group` and `tag` name declared in the YAML files under `folders`."""
-    names: set[str] = set()
-    for folder in folders:
-        for path in sorted(Path(folder).rglob("*.yaml")):
-            try:
-                cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-            except (yaml.YAMLError, UnicodeDecodeError, OSError):
-                continue  # lm-eval reports broken files itself when it loads them
-            if not isinstance(cfg, dict):
-                continue
-            for key in ("task", "group", "tag"):
-                value = cfg.get(key)
-                values = value if isinstance(value, list) else [value]
-                names.update(v for v in values if isinstance(v, str))
-    return names
-
 
 _REGISTER = re.compile(r"register_model\(([^)]*)\)")
 

@@ -6,8 +6,8 @@ read from the ``leaderboard`` and ``needle_heatmap`` views or the ``runs``,
 rows never reach Python — and rendering the sections as offline HTML (no
 external CSS, JS or fonts; images are relative PNG files) and markdown. A
 section without data is left out with a one-line reason.
-Does not: compute metrics or statistics, draw (``evalkit.plots``,
-``evalkit.needle_plot``), print, or write to the DB (it opens it read-only and
+Does not: compute metrics or statistics, draw (``evalkit.report.plots``,
+``evalkit.report.needle_plot``), print, or write to the DB (it opens it read-only and
 closes it before plotting).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import BadInput
-from evalkit.store import db_path, open_store, resolve_run
+from evalkit.store.db import db_path, open_store, resolve_run
 
 MAX_DEFAULT_RUNS = 12
 MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
@@ -117,7 +117,7 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
         _needle_section(data, out_dir),
         _trend_section(data, out_dir),
     ]
-    from evalkit.plots import render
+    from evalkit.report.plots import render
 
     render([image.draw for s in sections for image in s.images])  # the figures, several at a time
     images = [out_dir / image.name for s in sections for image in s.images]
@@ -301,7 +301,7 @@ def _metric_sort_key(metric: str) -> tuple:
 
 
 def _higher_is_better(metric: str) -> bool | None:
-    from evalkit.metrics import METRICS
+    from evalkit.scoring.firsttoken import METRICS
 
     if metric in METRICS:
         return METRICS[metric].higher_is_better
@@ -374,7 +374,7 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
         section.notes.append(f"{len(breakdowns)} breakdown metrics (e.g. {breakdowns[0]}) are left out of this "
                              "table; see the needle section or query the leaderboard view.")
 
-    from evalkit.plots import leaderboard_plot
+    from evalkit.report.plots import leaderboard_plot
 
     plotted = metrics[:MAX_PLOT_METRICS]
     entries = [{"metric": r["metric"], "task": r["task"], "run": runs[r["run_id"]]["label"],
@@ -424,7 +424,7 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
         "the top-1 probability). Probabilities are exp(logprob) from first_token_topk; a token outside "
         "a run's stored top-k shows as 0."
     )
-    from evalkit.plots import first_token_plot, token_label
+    from evalkit.report.plots import first_token_plot, token_label
 
     panels = []
     for prompt in data.ft_prompts:
@@ -473,7 +473,7 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
     if not data.needle_cells:
         section.omitted = "no needle rows in the selected runs (run the needle tasks, e.g. --tasks needle)"
         return section
-    from evalkit.needle_plot import heatmap
+    from evalkit.report.needle_plot import heatmap
 
     runs = {r["id"]: r for r in data.runs}
     section.intro = ("Mean needle_recall per depth × requested length from the needle_heatmap view, "
@@ -528,7 +528,7 @@ def _trend_section(data: _Data, out_dir: Path) -> Section:
     if not series:
         section.omitted = f"the runs of {group[0]['model_label']} have no metric rows"
         return section
-    from evalkit.plots import trend_plot
+    from evalkit.report.plots import trend_plot
 
     ordered = sorted(series.items(), key=lambda kv: (kv[0][0], _metric_sort_key(kv[0][1])))
     model = group[0]["model_label"]

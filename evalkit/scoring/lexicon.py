@@ -14,9 +14,9 @@ from pathlib import Path
 import yaml
 
 from evalkit.errors import BadInput
-from evalkit.units import drop_covered
+from evalkit.scoring.text import drop_covered
 
-PACKAGED = Path(__file__).parent / "data" / "openers.yaml"
+PACKAGED = Path(__file__).resolve().parents[1] / "data" / "openers.yaml"
 
 
 @dataclass(frozen=True)

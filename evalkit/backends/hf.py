@@ -22,11 +22,12 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
-from evalkit import firststep, stats
-from evalkit.lexicon import load_lexicon
-from evalkit.metrics import UNSTABLE_BELOW, candidate_strings
-from evalkit.models import DEFAULT_TOLERANCE, apply_quant
-from evalkit.units import drop_covered
+from evalkit.backends import engine as firststep
+from evalkit.backends.models import DEFAULT_TOLERANCE, apply_quant
+from evalkit.scoring import stats
+from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
+from evalkit.scoring.lexicon import load_lexicon
+from evalkit.scoring.text import drop_covered
 
 # Inputs without content (Zhao et al. 2021), put through the same template as the prompts.
 CONTENT_FREE = ("N/A", "", "…", "无")

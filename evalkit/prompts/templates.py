@@ -15,7 +15,7 @@ import yaml
 
 from evalkit.errors import BadInput
 
-PACKAGED = Path(__file__).parent / "data" / "templates.yaml"
+PACKAGED = Path(__file__).resolve().parents[1] / "data" / "templates.yaml"
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from evalkit import stats
 from evalkit.errors import BadInput
+from evalkit.scoring import stats
 
 __all__ = [
     "DEFAULT_RULES",

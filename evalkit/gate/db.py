@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evalkit.errors import BadInput
-from evalkit.store import SAMPLE_METRIC_COLUMNS, _now, open_store, resolve_run, transaction
+from evalkit.store.db import SAMPLE_METRIC_COLUMNS, _now, open_store, resolve_run, transaction
 
-if TYPE_CHECKING:  # evalkit.gate imports numpy and yaml: loaded when a gate runs
-    from evalkit.gate import Verdict
+if TYPE_CHECKING:  # evalkit.gate.rules imports numpy and yaml: loaded when a gate runs
+    from evalkit.gate.rules import Verdict
 
 _TAG_RE = re.compile(r"^[\w.\-]+$")
 
@@ -51,7 +51,7 @@ def load_run_data(con, run_id: str):
     Aggregates take the ``none`` filter where a metric has several; per-sample
     values are the numeric ``samples`` columns (SAMPLE_METRIC_COLUMNS), nulls left out.
     """
-    from evalkit.gate import RunData
+    from evalkit.gate.rules import RunData
 
     metrics: dict[tuple[str, str], float] = {}
     for task, metric, value in con.execute(
@@ -76,7 +76,7 @@ def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
     Raises BadInput for an invalid rules file, an unknown or unfinished run, or
     two runs that share no prompt.
     """
-    from evalkit import gate
+    from evalkit.gate import rules as gate
 
     rules = gate.load_rules(rules_path)
     with open_store(db, read_only=True) as con:

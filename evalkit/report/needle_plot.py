@@ -1,7 +1,7 @@
 """PNG plots of needle recall (SPEC 1.6): the depth x length heatmap and the recall-by-depth curve.
 
 Owns: averaging recall rows per cell and drawing them with matplotlib's Agg
-backend. Does not: compute recall (``evalkit.needle``), read the store, or
+backend. Does not: compute recall (``evalkit.prompts.needle``), read the store, or
 write HTML (the report module embeds these PNGs).
 
 A row is a dict ``{"lang", "hint", "depth", "length", "recall"}``; several rows

@@ -12,8 +12,8 @@ import json
 import math
 from typing import Any
 
-from evalkit.metrics import score_response
-from evalkit.store import SAMPLE_METRIC_COLUMNS
+from evalkit.scoring.firsttoken import score_response
+from evalkit.store.db import SAMPLE_METRIC_COLUMNS
 
 
 def _num(value: Any) -> float | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evalkit.units import first_word, is_cjk, matched_start
+from evalkit.scoring.text import first_word, is_cjk, matched_start
 
 
 @dataclass(frozen=True)

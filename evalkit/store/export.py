@@ -17,8 +17,8 @@ from pathlib import Path
 
 import duckdb
 
-from evalkit import store
 from evalkit.errors import BadInput
+from evalkit.store import db as store
 
 # the tables an export holds, one Parquet file each
 TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags")

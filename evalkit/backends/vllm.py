@@ -49,8 +49,8 @@ from lm_eval.models.vllm_causallms import VLLM
 from tqdm import tqdm
 from vllm import SamplingParams
 
-from evalkit import firststep
-from evalkit.metrics import UNSTABLE_BELOW, candidate_strings
+from evalkit.backends import engine as firststep
+from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
 
 log = logging.getLogger(__name__)
 

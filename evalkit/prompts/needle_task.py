@@ -16,8 +16,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from evalkit import needle
 from evalkit.errors import BadInput
+from evalkit.prompts import needle
 
 # in-process tokenizers handed over by an evalkit run (key -> tokenizer), so the
 # docs are counted with the very tokenizer the run loaded
@@ -35,7 +35,7 @@ def _load_tokenizer(path: str, gguf_file: str | None):
 
 def token_counter(tokenizer, *, chat: bool, system: str | None) -> Callable[[str], int]:
     """count(user_text) = tokens of the whole prompt the model sees for that message."""
-    from evalkit.templates import Template, render_prompt
+    from evalkit.prompts.templates import Template, render_prompt
 
     template = Template("needle", chat, system)
     return lambda text: len(tokenizer(render_prompt(tokenizer, template, text), add_special_tokens=False)["input_ids"])
@@ -119,7 +119,7 @@ def derived_metrics(run_id: str, samples: list[dict]) -> list[dict]:
     rows = []
     for task, items in sorted(by_task.items()):
         def add(metric, values, task=task):
-            from evalkit.stats import mean_stderr
+            from evalkit.scoring.stats import mean_stderr
 
             mean, se = mean_stderr(values)
             rows.append({"run_id": run_id, "task": task, "metric": metric, "filter": "none",

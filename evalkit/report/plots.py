@@ -3,7 +3,7 @@
 Owns: drawing already-computed numbers with matplotlib's Agg backend (imported
 lazily, on a `Figure`, never pyplot's global state), and drawing a report's
 figures side by side in worker processes (`render`). Does not: query the DB or
-compute any statistic; the needle heatmap lives in `evalkit.needle_plot`.
+compute any statistic; the needle heatmap lives in `evalkit.report.needle_plot`.
 
 Labels: matplotlib's bundled font has no CJK glyphs, so characters it cannot
 draw are written as \\uXXXX escapes (`plot_label`); the HTML report shows the

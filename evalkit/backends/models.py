@@ -102,15 +102,15 @@ def model_class(name: str):
     """The lm-eval model class for `--model NAME`; `hf` and `vllm` get evalkit's probing subclasses."""
     from lm_eval.api.registry import get_model
 
-    from evalkit.catalog import check_installed
+    from evalkit.backends.catalog import check_installed
 
     check_installed(name)
     if name in HF_TYPES:
         name = "evalkit-hf"
     if name == "vllm":
         name = "evalkit-vllm"
-    # the module that registers evalkit's model type (evalkit.probe imports torch and HFLM, probe_vllm vllm)
-    module = {"evalkit-hf": "evalkit.probe", "evalkit-vllm": "evalkit.probe_vllm"}.get(name)
+    # the module that registers evalkit's model type (evalkit.backends.hf imports torch and HFLM, probe_vllm vllm)
+    module = {"evalkit-hf": "evalkit.backends.hf", "evalkit-vllm": "evalkit.backends.vllm"}.get(name)
     if module:
         importlib.import_module(module)
     try:

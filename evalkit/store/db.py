@@ -20,7 +20,7 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
-from evalkit.migrations import MIGRATIONS
+from evalkit.store.migrations import MIGRATIONS
 
 DEFAULT_DB = Path("reports") / "evalkit.duckdb"
 LOCK_TIMEOUT_S = float(os.environ.get("EVALKIT_LOCK_TIMEOUT", "120"))

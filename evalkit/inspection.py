@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalkit.errors import BadInput
-from evalkit.templates import render_prompt
+from evalkit.prompts.templates import render_prompt
 
 # what `--model-args` may hold here (the subset of lm-eval's HFLM arguments that loading uses)
 MODEL_ARG_KEYS = ("pretrained", "gguf_file", "tokenizer", "revision", "dtype", "trust_remote_code", "device")
@@ -70,8 +70,8 @@ def inspect_prompt(
     Raises BadInput for an empty prompt, an unknown template or quant, bad model args,
     `top_k < 1` or `temperature <= 0`, before any model is loaded.
     """
-    from evalkit import models
-    from evalkit.templates import get_template
+    from evalkit.backends import models
+    from evalkit.prompts.templates import get_template
 
     if not prompt or not prompt.strip():
         raise BadInput("empty prompt: give the text to inspect, e.g. evalkit inspect \"What is recursion?\"")
@@ -107,7 +107,7 @@ def load_model(args: dict[str, Any], quant: str | None):
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evalkit import models
+    from evalkit.backends import models
 
     transformers.utils.logging.disable_progress_bar()
 
@@ -138,7 +138,7 @@ def load_model(args: dict[str, Any], quant: str | None):
 def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,
                     max_new_tokens: int = MAX_NEW_TOKENS) -> Inspection:
     """Probe `context` once and lay its first step out for reading (prompt/model fields empty)."""
-    from evalkit import firststep
+    from evalkit.backends import engine as firststep
 
     step = firststep.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
                            stop=STOP, batch_size=1)[0]

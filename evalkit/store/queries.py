@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from evalkit.store import open_store, resolve_run
+from evalkit.store.db import open_store, resolve_run
 
 
 def _read(path, fn):

@@ -9,7 +9,7 @@ Does not: import lm-eval, load a model or tokenizer, or render a chat
 template. Token counting is the caller's ``count_tokens(user_text) -> int``,
 which must count the whole prompt the model sees for that user message
 (template included). The lm-eval task wiring and the plots live elsewhere
-(``evalkit.needle_plot`` for the heatmap and the recall-by-depth curve).
+(``evalkit.report.needle_plot`` for the heatmap and the recall-by-depth curve).
 """
 
 from __future__ import annotations
@@ -19,16 +19,15 @@ import random
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 from evalkit.errors import BadInput
+from evalkit.prompts.catalog import data_path
 
 LANGS = ("en", "zh")
 DEFAULT_DEPTHS = tuple(round(i / 10, 1) for i in range(11))  # 0.0, 0.1, ..., 1.0
 DEFAULT_LENGTHS = (256, 512, 1024, 2048)
 LENGTH_TOLERANCE = 0.02  # |n_tokens - length| <= 2 % of length
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "tasks" / "needle" / "data"
 
 _QUESTION = {
     "en": "What is the access code mentioned in the text above? Answer with the code only.",
@@ -81,7 +80,7 @@ def split_sentences(text: str, lang: str) -> list[str]:
 def load_haystack(lang: str) -> list[str]:
     """The filler sentences of ``tasks/needle/data/haystack_{lang}.txt``."""
     _check_lang(lang)
-    path = DATA_DIR / f"haystack_{lang}.txt"
+    path = data_path("needle", "data", f"haystack_{lang}.txt")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:

@@ -27,11 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalkit import __version__, store
+from evalkit import __version__
 from evalkit.errors import BadInput, RunFailed
-
-TASKS_DIR = Path(__file__).resolve().parents[1] / "tasks"
-PROMPTS_TASK = "firsttoken_user"
+from evalkit.prompts.catalog import PROMPTS_TASK, task_manager, task_names, tasks_path
+from evalkit.store import db as store
 
 
 @dataclass
@@ -75,21 +74,6 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def tasks_dir() -> Path:
-    path = Path(os.environ.get("EVALKIT_TASKS") or TASKS_DIR)
-    if not path.is_dir():
-        raise BadInput(f"evalkit task folder not found at {path} (set EVALKIT_TASKS)")
-    return path
-
-
-def task_manager(cfg: RunConfig, metadata: dict[str, Any] | None = None):
-    """lm-eval's TaskManager over evalkit's tasks only (the 14k built-ins are not indexed)."""
-    from lm_eval.tasks import TaskManager
-
-    paths = [str(tasks_dir())] + ([cfg.include_path] if cfg.include_path else [])
-    return TaskManager(include_path=paths, include_defaults=False, metadata=metadata)
-
-
 def _quiet_lm_eval() -> None:
     for name in ("lm-eval", "lm_eval", "lm_eval.api.task", "lm_eval.evaluator", "lm_eval.models.huggingface"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -97,9 +81,9 @@ def _quiet_lm_eval() -> None:
 
 def validate(cfg: RunConfig) -> dict[str, Any]:
     """Check every input before anything is written; return what the run needs."""
-    from evalkit import catalog, models
-    from evalkit.lexicon import load_lexicon
-    from evalkit.templates import get_template
+    from evalkit.backends import catalog, models
+    from evalkit.prompts.templates import get_template
+    from evalkit.scoring.lexicon import load_lexicon
 
     if not cfg.tasks and not cfg.prompts_file:
         raise BadInput("no tasks given: use --tasks firsttoken (or --prompts FILE)")
@@ -160,12 +144,12 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
 
     prompts = None
     if cfg.prompts_file:
-        from evalkit.prompts import load_prompts
+        from evalkit.prompts.jsonl import load_prompts
 
         prompts = load_prompts(cfg.prompts_file)
 
-    folders = [tasks_dir()] + ([Path(cfg.include_path)] if cfg.include_path else [])
-    available = catalog.task_names(folders)
+    folders = [tasks_path()] + ([Path(cfg.include_path)] if cfg.include_path else [])
+    available = task_names(folders)
     names = list(dict.fromkeys(cfg.tasks))
     unknown = [t for t in names if t not in available]
     if unknown:
@@ -174,7 +158,7 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
     if prompts is not None:
         names.append(PROMPTS_TASK)
     if any(t.startswith("needle") for t in names):
-        from evalkit.needle_task import check_lengths
+        from evalkit.prompts.needle_task import check_lengths
 
         check_lengths(cfg.needle_lengths or [], None)  # the context check follows once the model is known
         for depth in cfg.needle_depths or []:
@@ -193,7 +177,7 @@ def validate(cfg: RunConfig) -> dict[str, Any]:
 def _git_commit() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "HEAD"],
+            ["git", "-C", str(Path(__file__).resolve().parents[2]), "rev-parse", "HEAD"],
             capture_output=True, text=True, timeout=5,
         )
         return out.stdout.strip() or None
@@ -232,7 +216,7 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     plan = validate(cfg)
     template = plan["template"]
     model_args = dict(plan["model_args"])
-    from evalkit import models
+    from evalkit.backends import models
 
     if models.is_local(model_args):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -353,7 +337,7 @@ def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -
     if cfg.prompts_file:
         metadata["prompts_file"] = str(Path(cfg.prompts_file).resolve())
     t_load = time.monotonic()
-    from evalkit import models
+    from evalkit.backends import models
 
     lm = models.model_class(cfg.model).create_from_arg_obj(
         {**model_args, **{k: v for k, v in extra_args.items() if v is not None}},
@@ -361,10 +345,10 @@ def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -
     )
     load_s = time.monotonic() - t_load
     if any(t.startswith("needle") for t in plan["task_names"]):
-        from evalkit.needle_task import needle_metadata
+        from evalkit.prompts.needle_task import needle_metadata
 
         metadata.update(needle_metadata(cfg, template, lm))
-    tm = task_manager(cfg, metadata)
+    tm = task_manager(cfg.include_path, metadata)
     t_eval = time.monotonic()
     results = lm_eval.simple_evaluate(
         model=lm,
@@ -384,11 +368,11 @@ def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -
     eval_s = time.monotonic() - t_eval
     if results is None:  # non-zero ranks under accelerate get None
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0)
-    from evalkit.collect import collect
+    from evalkit.runner.collect import collect
 
     metric_rows, sample_rows, topk_rows = collect(run_id, results, plan["lexicon"])
     if any(s.get("needle_depth") is not None for s in sample_rows):
-        from evalkit.needle_task import derived_metrics
+        from evalkit.prompts.needle_task import derived_metrics
 
         metric_rows += derived_metrics(run_id, sample_rows)
     duration = time.monotonic() - t0

@@ -1,0 +1,109 @@
+"""evalkit's lm-eval tasks: where they are installed, and the names they declare.
+
+Owns: `tasks_path()` (the installed `evalkit.tasks` folder, the repository's `tasks/`
+in a checkout), `task_names` (every task, group and tag declared by the YAML files of
+some folders, read without importing lm-eval's task modules, which costs seconds), and
+`task_manager` (lm-eval's TaskManager over evalkit's folders only, never the 14k
+built-in YAML files). Does not: build tasks or documents.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from evalkit.errors import BadInput
+
+PROMPTS_TASK = "firsttoken_user"  # the task of `--prompts FILE`
+GROUP_TAG = "evalkit"  # the tag every built-in task carries (not a task a user names)
+
+
+def tasks_path() -> Path:
+    """The folder of evalkit's task YAMLs: $EVALKIT_TASKS, else the installed `evalkit.tasks`."""
+    override = os.environ.get("EVALKIT_TASKS")
+    if override:
+        path = Path(override)
+    else:
+        spec = importlib.util.find_spec("evalkit.tasks")
+        if spec is None or not spec.submodule_search_locations:
+            raise BadInput("evalkit's task folder is not installed (reinstall evalkit, or set EVALKIT_TASKS)")
+        path = Path(list(spec.submodule_search_locations)[0])
+    if not path.is_dir():
+        raise BadInput(f"evalkit task folder not found at {path} (set EVALKIT_TASKS)")
+    return path
+
+
+def data_path(*parts: str) -> Path:
+    """A file under the tasks folder, e.g. data_path("needle", "data", "haystack_en.txt")."""
+    return tasks_path().joinpath(*parts)
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads lm-eval's `!function module.name` tags as plain strings."""
+
+
+_Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def _declared(path: Path) -> set[str]:
+    try:
+        cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return set()  # lm-eval reports broken files itself when it loads them
+    if not isinstance(cfg, dict):
+        return set()
+    names: set[str] = set()
+    for key in ("task", "group", "tag"):
+        value = cfg.get(key)
+        values = value if isinstance(value, list) else [value]
+        names.update(v for v in values if isinstance(v, str))
+    return names
+
+
+def task_names(folders: Iterable[Path]) -> set[str]:
+    """Every `task`, `group` and `tag` name declared in the YAML files under `folders`."""
+    names: set[str] = set()
+    for folder in folders:
+        for path in sorted(Path(folder).rglob("*.yaml")):
+            names |= _declared(path)
+    return names
+
+
+@functools.lru_cache(maxsize=8)
+def _yaml_config(path: str) -> dict[str, Any]:
+    cfg = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Loader)
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def generation_kwargs(task: str) -> dict[str, Any]:
+    """A built-in task's `generation_kwargs`, following its `include:` (e.g. `until`, `max_gen_toks`).
+
+    Raises BadInput for a name that is not a built-in task with generation settings.
+    """
+    root = tasks_path()
+    for path in sorted(root.rglob("*.yaml")):
+        cfg = _yaml_config(str(path))
+        if cfg.get("task") != task:
+            continue
+        merged: dict[str, Any] = {}
+        for source in (cfg.get("include"), None):
+            layer = _yaml_config(str(path.parent / source)) if source else cfg
+            merged.update(layer.get("generation_kwargs") or {})
+        if merged:
+            return merged
+    known = sorted(n for n in task_names([root]) if n.startswith(("firsttoken_", "needle_")))
+    raise BadInput(f"unknown task {task!r} (known: {', '.join(known)})")
+
+
+def task_manager(include_path: str | None = None, metadata: dict[str, Any] | None = None):
+    """lm-eval's TaskManager over evalkit's tasks (and `include_path`), without the built-ins."""
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(tasks_path())] + ([str(include_path)] if include_path else [])
+    return TaskManager(include_path=paths, include_defaults=False, metadata=metadata)
