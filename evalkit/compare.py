@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import METRICS
 from evalkit.store.db import SAMPLE_METRIC_COLUMNS, open_store, resolve_run
 
 ALL_TASKS = "all"  # the `task` of the overall rows
@@ -78,7 +77,7 @@ def compare_runs(db: str | os.PathLike | None, run_a: str, run_b: str) -> Compar
     with open_store(db, read_only=True) as con:
         a = resolve_run(con, run_a)
         b = resolve_run(con, run_b)
-        metric_cols = [m for m in METRICS if m in SAMPLE_METRIC_COLUMNS]  # registry order
+        metric_cols = list(SAMPLE_METRIC_COLUMNS)  # registry order
         keys, values = _paired_samples(con, a, b, metric_cols)
         if not keys:
             raise BadInput(f"runs {a} and {b} share no prompts (same task and doc_id); nothing to compare")

@@ -10,7 +10,6 @@ import pytest
 
 from evalkit.scoring import firsttoken as metrics
 from evalkit.scoring.firsttoken import (
-    METRICS,
     candidate_strings,
     first_unit_text,
     ft_hit,
@@ -208,20 +207,6 @@ def test_score_response_chinese():
     values, fields = score_response(doc, "好的，答案是42。", OPENERS)
     assert values == {"ft_hit": 0.0, "opener_rate": 1.0}
     assert fields["first_unit"] == "好" and fields["ft_outcome"] == "opener"
-
-
-# ---- registry ------------------------------------------------------------------------
-
-
-def test_registry():
-    for name in ("ft_hit", "opener_rate", "top3_share", "ft_hit_prob", "ft_token_hit", "opener_mass",
-                 "prior_drift", "top3_mass", "unstable", "entropy"):
-        assert name in METRICS, name
-    assert METRICS["ft_hit"].higher_is_better and METRICS["ft_hit"].level == "text"
-    assert not METRICS["opener_rate"].higher_is_better
-    assert not METRICS["opener_mass"].higher_is_better and METRICS["opener_mass"].level == "distribution"
-    assert METRICS["top3_share"].level == "sampled"
-    assert all(spec.description for spec in METRICS.values())
 
 
 def test_docstring_examples():

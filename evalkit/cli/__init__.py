@@ -71,6 +71,7 @@ _COMMAND_MODULES = [
     "export",
     "report",
     "gate",
+    "metrics",
 ]
 
 for _name in _COMMAND_MODULES:

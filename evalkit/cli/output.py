@@ -31,7 +31,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int 
     return "\n".join(out)
 
 
-def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "table") -> str:
+def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "table", max_width: int = 60) -> str:
     if fmt == "json":
         return json.dumps([dict(zip(columns, r)) for r in rows], default=str, ensure_ascii=False, indent=2)
     if fmt == "csv":
@@ -40,4 +40,4 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "ta
         w.writerow(columns)
         w.writerows([[("" if v is None else v) for v in r] for r in rows])
         return buf.getvalue().rstrip("\n")
-    return table(columns, rows)
+    return table(columns, rows, max_width)

@@ -34,12 +34,11 @@ from typing import Any
 import yaml
 
 from evalkit.errors import BadInput
-from evalkit.scoring import stats
+from evalkit.scoring import registry, stats
 
 __all__ = [
     "DEFAULT_RULES",
     "HEADLINE_METRICS",
-    "LOWER_IS_BETTER",
     "Regression",
     "Rules",
     "RunData",
@@ -53,10 +52,6 @@ __all__ = [
     "to_markdown",
 ]
 
-# Metrics where a smaller value is better; every other metric is higher-is-better.
-LOWER_IS_BETTER = frozenset(
-    {"opener_rate", "opener_mass", "prior_drift", "flip_rate", "js_div", "unstable"}
-)
 HEADLINE_METRICS = ("ft_hit", "ft_hit_prob", "opener_rate", "opener_mass", "needle_recall")
 DEFAULT_REGRESSION_DELTA = 0.02
 
@@ -108,7 +103,7 @@ class Regression:
 class Rules:
     thresholds: tuple[Threshold, ...] = ()
     regressions: tuple[Regression, ...] = ()
-    # "metric" or "task/metric" -> True when higher is better; overrides LOWER_IS_BETTER
+    # "metric" or "task/metric" -> True when higher is better; overrides the registry
     higher_is_better: Mapping[str, bool] = field(default_factory=dict)
     source: str = "built-in default rules"
 
@@ -117,7 +112,8 @@ class Rules:
             return self.higher_is_better[f"{task}/{metric}"]
         if metric in self.higher_is_better:
             return self.higher_is_better[metric]
-        return metric not in LOWER_IS_BETTER
+        known = registry.higher_is_better(metric)
+        return True if known is None else known
 
 
 DEFAULT_RULES = Rules(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import BadInput
+from evalkit.scoring import registry
 from evalkit.store.db import db_path, open_store, resolve_run
 
 MAX_DEFAULT_RUNS = 12
@@ -30,11 +31,6 @@ MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
 MAX_HEATMAPS = 3  # needle heatmaps, newest runs first (each costs ~0.4 s of CPU)
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
 TABLE_RANKS = 5  # ranks per run in the first-token tables
-# metrics listed first, in this order; the rest follow alphabetically
-METRIC_ORDER = (
-    "ft_hit", "ft_hit_prob", "ft_token_hit", "opener_rate", "opener_mass", "prior_drift",
-    "top3_mass", "top3_share", "unstable", "entropy", "needle_recall", "middle_gap",
-)
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
 
 
@@ -296,20 +292,6 @@ def _with_ci(row: dict) -> str:
     return text
 
 
-def _metric_sort_key(metric: str) -> tuple:
-    return (METRIC_ORDER.index(metric), "") if metric in METRIC_ORDER else (len(METRIC_ORDER), metric)
-
-
-def _higher_is_better(metric: str) -> bool | None:
-    from evalkit.scoring.firsttoken import METRICS
-
-    if metric in METRICS:
-        return METRICS[metric].higher_is_better
-    if metric == "middle_gap":
-        return False
-    return None
-
-
 def _is_breakdown(metric: str) -> bool:
     return "@" in metric  # needle_recall@depth0.1, needle_recall@len512 ...
 
@@ -340,14 +322,14 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
     if not main:
         section.omitted = "no metric rows for the selected runs in the leaderboard view"
         return section
-    metrics = sorted({r["metric"] for r in main}, key=_metric_sort_key)
+    metrics = sorted({r["metric"] for r in main}, key=registry.sort_key)
     runs = {r["id"]: r for r in data.runs}
     cells = {(r["task"], r["run_id"], r["metric"]): r for r in main}
     keys = sorted({(r["task"], r["run_id"]) for r in main},
                   key=lambda k: (k[0], runs[k[1]]["model_label"], runs[k[1]]["quant"] or "",
                                  runs[k[1]]["template"] or "", runs[k[1]]["created_at"], k[1]))
     arrows = {True: " ↑", False: " ↓", None: ""}
-    columns = ["task", "model", "quant", "template", "run"] + [m + arrows[_higher_is_better(m)] for m in metrics]
+    columns = ["task", "model", "quant", "template", "run"] + [m + arrows[registry.higher_is_better(m)] for m in metrics]
     rows, strong = [], set()
     for task, run_id in keys:
         run = runs[run_id]
@@ -355,7 +337,7 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
         row += [_with_ci(cells[(task, run_id, m)]) if (task, run_id, m) in cells else "" for m in metrics]
         rows.append(row)
     for j, metric in enumerate(metrics):
-        better = _higher_is_better(metric)
+        better = registry.higher_is_better(metric)
         if better is None:
             continue
         for task in {k[0] for k in keys}:
@@ -380,7 +362,7 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
     entries = [{"metric": r["metric"], "task": r["task"], "run": runs[r["run_id"]]["label"],
                 "value": r["value"], "lo": r["ci_lo"], "hi": r["ci_hi"]}
                for r in main if r["metric"] in plotted and r["value"] is not None]
-    entries.sort(key=lambda e: _metric_sort_key(e["metric"]))
+    entries.sort(key=lambda e: registry.sort_key(e["metric"]))
     if entries:
         labels = [runs[i]["label"] for i in data.done if any(e["run"] == runs[i]["label"] for e in entries)]
         section.images.append(Image("leaderboard.png", "leaderboard: each metric per task and run with 95 % CI",
@@ -530,7 +512,7 @@ def _trend_section(data: _Data, out_dir: Path) -> Section:
         return section
     from evalkit.report.plots import trend_plot
 
-    ordered = sorted(series.items(), key=lambda kv: (kv[0][0], _metric_sort_key(kv[0][1])))
+    ordered = sorted(series.items(), key=lambda kv: (kv[0][0], registry.sort_key(kv[0][1])))
     model = group[0]["model_label"]
     first, last = min(r["created_at"] for r in group), max(r["created_at"] for r in group)
     draw = partial(trend_plot, [{"task": t, "metric": m, "points": pts} for (t, m), pts in ordered],

@@ -1,7 +1,7 @@
-"""Per-prompt metrics, registered by name, and the scoring of one response.
+"""The first-token metrics of one response, and the scoring of one response.
 
-Owns: the metric registry (name, direction, level, description) and the
-text-level metrics of SPEC 1.1, 1.2 and 1.4 as small functions of plain values;
+Owns: the text-level metrics (ft_hit, opener_rate, top3_share) as small functions
+of plain values (what each means: `evalkit.scoring.registry`);
 `score_response`, which turns one lm-eval response (a string, a list of sampled
 strings, or the probe's dict) into per-sample metric values and stored fields.
 Does not: run models (distribution-level values arrive already computed by
@@ -12,50 +12,14 @@ store anything.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from evalkit.scoring.text import first_word, is_cjk, matched_start
 
-
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str
-    higher_is_better: bool
-    level: str  # text | distribution | sampled | needle
-    description: str
-
-
-METRICS: dict[str, MetricSpec] = {}
-
-
-def register(name: str, *, higher_is_better: bool, level: str, description: str):
-    """Record a metric in the registry (the function itself is returned unchanged)."""
-
-    def deco(fn: Callable) -> Callable:
-        METRICS[name] = MetricSpec(name, higher_is_better, level, description)
-        return fn
-
-    return deco
-
-
-for _name, _hib, _level, _desc in [
-    ("ft_hit_prob", True, "distribution", "P(response begins with an accepted start), teacher-forced"),
-    ("ft_token_hit", True, "distribution", "argmax first token = first token of an accepted start"),
-    ("opener_mass", False, "distribution", "P(response begins with a lexicon opener)"),
-    ("prior_drift", False, "distribution", "1 - JSD2(first-token dist, content-free prior)"),
-    ("top3_mass", True, "distribution", "top-3 mass of the first-token distribution at temperature T"),
-    ("unstable", False, "distribution", "1 when top-3 mass (or sampled top-3 share) < 0.70"),
-    ("entropy", False, "distribution", "full-vocabulary entropy of the first token, nats"),
-    ("needle_recall", True, "needle", "the needle's key appears in the response"),
-]:
-    register(_name, higher_is_better=_hib, level=_level, description=_desc)(lambda: None)
-
 UNSTABLE_BELOW = 0.70
 
 
-@register("ft_hit", higher_is_better=True, level="text", description="response begins with an accepted start")
 def ft_hit(response: str, starts: Sequence[str]) -> float:
     """1.0 when the response begins with one of the accepted starts (SPEC 1.1).
 
@@ -67,7 +31,6 @@ def ft_hit(response: str, starts: Sequence[str]) -> float:
     return 1.0 if matched_start(response, starts) else 0.0
 
 
-@register("opener_rate", higher_is_better=False, level="text", description="response begins with a lexicon opener")
 def opener_rate(response: str, openers: Sequence[str]) -> float:
     """1.0 when the response begins with a generic opener from the lexicon (SPEC 1.2).
 
@@ -104,7 +67,6 @@ def first_unit_text(response: str) -> str:
     return first_word(response)
 
 
-@register("top3_share", higher_is_better=True, level="sampled", description="share of the 3 most frequent sampled first units")
 def top3_share(first_units: Iterable[str]) -> float:
     """Share of the three most frequent first units among N samples (SPEC 1.4).
 

@@ -20,6 +20,7 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
+from evalkit.scoring import registry
 from evalkit.store.migrations import MIGRATIONS
 
 DEFAULT_DB = Path("reports") / "evalkit.duckdb"
@@ -220,11 +221,8 @@ SAMPLE_COLUMNS = (
     "prior_drift", "top3_mass", "top3_share", "unstable", "entropy", "needle_depth",
     "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
 )
-# the samples columns that hold one numeric per-sample metric value each
-SAMPLE_METRIC_COLUMNS = (
-    "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass", "prior_drift",
-    "top3_mass", "top3_share", "unstable", "entropy", "needle_recall",
-)
+# the samples columns that hold one numeric per-sample metric value each (the registry says which)
+SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()
 METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n")
 TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
 

@@ -1,0 +1,151 @@
+"""The metric registry: the one place that says what each metric evalkit reports is.
+
+Owns: every metric's name, level, direction, aggregation, unit, range, whether a
+`samples` column holds its per-prompt value, and a one-line meaning. The gate's
+directions, the report's order and arrows, the samples columns, `evalkit compare`,
+`evalkit metrics` and the README's table all read this module; the task YAMLs'
+`metric_list` must agree with it (a test checks). Does not: compute anything (the
+functions live beside it in `scoring`, the distribution-level values in the backends).
+
+Levels:
+- text: read off the response text, any backend;
+- distribution: read off the model's first-step distribution (logprobs needed);
+- sampled: from N sampled first units (backends without logprobs);
+- needle: per needle document;
+- derived: computed from a run's per-sample values (per depth, per length, gaps);
+- pair: describes two runs side by side (`evalkit compare`).
+
+A family such as ``needle_recall@depth{D}`` covers every name with that prefix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass
+
+LEVELS = ("text", "distribution", "sampled", "needle", "derived", "pair")
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # a family ends in "{D}" / "{L}": needle_recall@depth{D}
+    level: str  # one of LEVELS
+    higher_is_better: bool  # the direction the gate and the report's arrows use
+    meaning: str  # one line a user reads in `evalkit metrics`
+    unit: str = "share"  # share (of prompts, 0..1) | probability | nats | bits | difference
+    per_sample: bool = False  # a `samples` column of the same name holds the per-prompt value
+    binary: bool = False  # per-prompt values are 0 or 1 (an interval on the mean is a proportion's)
+    aggregation: str = "mean"  # mean over prompts | difference of means | mean over prompt pairs
+    lo: float = 0.0  # the range of the aggregate (hi None: unbounded)
+    hi: float | None = 1.0
+
+    @property
+    def arrow(self) -> str:
+        return "↑" if self.higher_is_better else "↓"
+
+    @property
+    def family(self) -> str | None:
+        """The prefix of a family's names ("needle_recall@depth"), None for a single metric."""
+        return self.name.split("{", 1)[0] if "{" in self.name else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "direction": "higher" if self.higher_is_better else "lower"}
+
+
+_METRICS = (  # in the order the report and `evalkit metrics` list them
+    Metric("ft_hit", "text", True, "the response's first word (first k characters for CJK) is an accepted answer start",
+           per_sample=True, binary=True),
+    Metric("ft_hit_prob", "distribution", True,
+           "P(response begins with an accepted start): teacher-forced product over its tokens in context, "
+           "summed over the starts", unit="probability", per_sample=True),
+    Metric("ft_token_hit", "distribution", True,
+           "the most likely first token is the first token of an accepted start", per_sample=True, binary=True),
+    Metric("opener_rate", "text", False, "the response begins with an entry of the opener lexicon (Sure, 好的 ...)",
+           per_sample=True, binary=True),
+    Metric("opener_mass", "distribution", False,
+           "P(response begins with an opener of the lexicon), summed over the entries", unit="probability",
+           per_sample=True),
+    Metric("prior_drift", "distribution", False,
+           "1 - JSD2(first-token distribution, content-free prior): 1 = the prompt changed nothing",
+           unit="probability", per_sample=True),
+    Metric("top3_mass", "distribution", True,
+           "mass of the 3 most likely first tokens at temperature T (the exact 'sample it 20 times' test)",
+           unit="probability", per_sample=True),
+    Metric("top3_share", "sampled", True, "share of the 3 most frequent first units among N samples at T",
+           per_sample=True),
+    Metric("unstable", "distribution", False, "top3_mass (or the sampled top3_share) is below 0.70",
+           per_sample=True, binary=True),
+    Metric("entropy", "distribution", False, "entropy of the whole first-token distribution",
+           unit="nats", per_sample=True, hi=None),
+    Metric("needle_recall", "needle", True,
+           "the needle's key appears in the response (digits, separators, width and case normalised)",
+           per_sample=True, binary=True),
+    Metric("needle_recall@depth{D}", "derived", True, "needle_recall of the documents with the needle at depth D"),
+    Metric("needle_recall@len{L}", "derived", True, "needle_recall of the documents of L tokens"),
+    Metric("middle_gap", "derived", False,
+           "recall at depths 0 and 1 minus recall at depths 0.3-0.7: positive = lost in the middle",
+           unit="difference", aggregation="difference of means", lo=-1.0),
+    Metric("top5_mass", "pair", True, "mass of the 5 most likely first tokens of each run", unit="probability",
+           aggregation="mean over shared prompts"),
+    Metric("top5_overlap", "pair", True, "|top-5 of A and top-5 of B| / 5", aggregation="mean over shared prompts"),
+    Metric("js_div", "pair", False, "Jensen-Shannon divergence of the two first-token distributions",
+           unit="bits", aggregation="mean over shared prompts"),
+    Metric("flip_rate", "pair", False, "share of shared prompts whose most likely first token differs",
+           aggregation="mean over shared prompts"),
+)
+
+METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
+_FAMILIES = {m.family: m for m in _METRICS if m.family}
+
+
+def get(name: str) -> Metric | None:
+    """The metric called `name` (a family member such as needle_recall@depth0.5 included), or None.
+
+    >>> get("ft_hit").level, get("needle_recall@depth0.5").name, get("ft_hitt")
+    ('text', 'needle_recall@depth{D}', None)
+    """
+    if name in METRICS:
+        return METRICS[name]
+    for prefix, metric in _FAMILIES.items():
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return metric
+    return None
+
+
+def higher_is_better(name: str) -> bool | None:
+    """The registered direction of `name`, None when evalkit does not know the metric."""
+    metric = get(name)
+    return None if metric is None else metric.higher_is_better
+
+
+def per_sample_columns() -> tuple[str, ...]:
+    """The metrics whose per-prompt values are `samples` columns, in registry order."""
+    return tuple(m.name for m in _METRICS if m.per_sample)
+
+
+def sort_key(name: str) -> tuple:
+    """Registry order first (a family's members by their number), then unknown names alphabetically."""
+    metric = get(name)
+    if metric is None:
+        return (len(_METRICS), 0.0, name)
+    suffix = name[len(metric.family):] if metric.family else ""
+    try:
+        number = float(suffix) if suffix else 0.0
+    except ValueError:
+        number = 0.0
+    return (_METRICS.index(metric), number, name)
+
+
+def suggest(name: str, known: list[str] | None = None) -> str:
+    """A ' (did you mean X?)' hint for a misspelled name, or ''.
+
+    >>> suggest("ft_hitt"), suggest("zzz")
+    (' (did you mean ft_hit?)', '')
+    """
+    pool = list(known) if known is not None else list(METRICS)
+    close = difflib.get_close_matches(name, pool, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def all_metrics() -> tuple[Metric, ...]:
+    return _METRICS

@@ -1,0 +1,85 @@
+"""The metric registry is the single source: the task YAMLs, the samples table, the gate,
+the report and `evalkit metrics` all agree with it."""
+
+from __future__ import annotations
+
+import json
+
+import duckdb
+import yaml
+from click.testing import CliRunner
+
+from evalkit.cli import cli
+from evalkit.gate.rules import Regression, Rules, RunData, decide
+from evalkit.prompts.catalog import tasks_path
+from evalkit.scoring import registry
+from evalkit.store.db import migrate
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+_Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def _yaml_metric_lists():
+    """(file, metric name, higher_is_better or None) of every metric_list / aggregate_metric_list entry."""
+    out = []
+    for path in sorted(tasks_path().rglob("*.yaml")):
+        cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader) or {}
+        for key in ("metric_list", "aggregate_metric_list"):
+            for entry in cfg.get(key) or []:
+                out.append((path.name, entry["metric"], entry.get("higher_is_better")))
+    return out
+
+
+def test_every_task_yaml_metric_is_registered_with_the_same_direction():
+    entries = _yaml_metric_lists()
+    assert len(entries) >= 12
+    for name, metric, higher in entries:
+        spec = registry.get(metric)
+        assert spec is not None, f"{name}: {metric} is not in the registry"
+        if higher is not None:
+            assert spec.higher_is_better is higher, f"{name}: {metric} direction differs from the registry"
+
+
+def test_every_per_sample_metric_is_a_samples_column():
+    con = duckdb.connect(":memory:")
+    migrate(con)
+    columns = {r[0] for r in con.execute("SELECT column_name FROM duckdb_columns() WHERE table_name = 'samples'").fetchall()}
+    assert set(registry.per_sample_columns()) <= columns
+
+
+def test_entries_are_complete_and_families_resolve():
+    for m in registry.all_metrics():
+        assert m.level in registry.LEVELS and m.meaning and m.unit
+        assert m.hi is None or m.lo < m.hi
+    assert registry.get("needle_recall@depth0.25").name == "needle_recall@depth{D}"
+    assert registry.get("needle_recall@len4096").higher_is_better
+    assert registry.get("needle_recall@") is None and registry.get("nope") is None
+    assert registry.sort_key("needle_recall@depth0.5") < registry.sort_key("needle_recall@depth1") < registry.sort_key(
+        "middle_gap") < registry.sort_key("unknown_metric")
+
+
+def test_entropy_and_middle_gap_are_lower_is_better_in_the_gate():
+    # the candidate's entropy rose on every prompt: a regression for a lower-is-better metric
+    keys = [("t", str(i)) for i in range(30)]
+    base = RunData("b", {}, {k: {"entropy": 1.0} for k in keys})
+    cand = RunData("c", {}, {k: {"entropy": 2.0} for k in keys})
+    verdict = decide(cand, base, Rules(regressions=(Regression("entropy", 0.1),)))
+    assert not verdict.passed and verdict.rows[0].higher_is_better is False
+    assert Rules().is_higher_better("t", "middle_gap") is False
+    # and falling entropy passes
+    assert decide(base, cand, Rules(regressions=(Regression("entropy", 0.1),))).passed
+
+
+def test_metrics_command_lists_the_registry():
+    result = CliRunner().invoke(cli, ["metrics", "--format", "json"], catch_exceptions=False)
+    assert result.exit_code == 0
+    rows = json.loads(result.output)
+    assert [r["name"] for r in rows] == [m.name for m in registry.all_metrics()]
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["entropy"]["direction"] == "lower" and by_name["entropy"]["hi"] is None
+    table = CliRunner().invoke(cli, ["metrics"], catch_exceptions=False).output
+    assert "ft_hit_prob" in table and "↓ lower" in table and "needle_recall@depth{D}" in table
