@@ -29,7 +29,6 @@ Takes a few minutes on a laptop CPU, most of it in (a).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -47,12 +46,9 @@ UNTIL = ["\n\n"]
 
 
 def load_docs(per_lang: int) -> list[dict]:
-    docs = []
-    for lang in ("en", "zh"):
-        with open(DATA / f"firsttoken_{lang}.jsonl", encoding="utf-8") as fh:
-            rows = [json.loads(line) for line in fh if line.strip()]
-        docs += rows[:per_lang]
-    return docs
+    from evalkit.prompts.jsonl import load_prompts
+
+    return [doc for lang in ("en", "zh") for doc in load_prompts(DATA / f"firsttoken_{lang}.jsonl")[:per_lang]]
 
 
 def sampled_path(lm, contexts: list[str], repeats: int, seed: int) -> list[list[str]]:
@@ -108,7 +104,7 @@ def evalkit_lm_path(lm, contexts, docs) -> list[dict]:
     gen = {"until": UNTIL, "do_sample": False, "max_gen_toks": 0}
     requests = [Instance("generate_until", doc, (ctx, dict(gen)), idx=0, metadata=("bench", i, 1))
                 for i, (ctx, doc) in enumerate(zip(contexts, docs))]
-    return [r["metrics"] for r in lm.generate_until(requests, disable_tqdm=True)]
+    return [r.metrics for r in lm.generate_until(requests, disable_tqdm=True)]
 
 
 def first_token_in_context(tokenizer, context: str, text: str) -> int | None:

@@ -318,3 +318,21 @@ def test_query_refuses_writes(all_runs, db):
     assert "read-only" in result.stderr
     counts = json.loads(invoke("query", "SELECT count(*) AS n FROM runs", "--db", db, "--format", "json").stdout)
     assert counts == [{"n": len(all_runs)}]
+
+
+def test_each_response_is_scored_once(tmp_path, monkeypatch):
+    """The task's process_results scores a response; collecting the rows reads those values."""
+    from evalkit.scoring import firsttoken
+
+    calls = []
+    real = firsttoken.score
+
+    def counting(doc, resp, openers):
+        calls.append(doc["id"])
+        return real(doc, resp, openers)
+
+    monkeypatch.setattr(firsttoken, "score", counting)
+    run = Run(tmp_path / "once.duckdb", "--tasks", "firsttoken", "--limit", "3")
+    assert run.n_samples == 6
+    assert sorted(calls) == sorted(r["doc_id"] for r in run.samples())
+    assert {r["ft_outcome"] for r in run.samples()} == {"hit"}

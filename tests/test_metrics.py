@@ -1,4 +1,4 @@
-"""Text-level metrics (SPEC 1.1, 1.2, 1.4), `score_response`, and the opener lexicon against the task data."""
+"""Text-level metrics, `score` and `stored_fields`, and the opener lexicon against the task data."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from evalkit.contract import FirstStepResult
 from evalkit.scoring import firsttoken as metrics
 from evalkit.scoring.firsttoken import (
     candidate_strings,
@@ -15,7 +16,8 @@ from evalkit.scoring.firsttoken import (
     ft_hit,
     ft_outcome,
     opener_rate,
-    score_response,
+    score,
+    stored_fields,
     top3_share,
 )
 from evalkit.scoring.lexicon import load_lexicon
@@ -90,7 +92,8 @@ def test_opener_rate(response, expected):
     ],
 )
 def test_ft_outcome(response, starts, expected):
-    assert ft_outcome(response, starts, OPENERS) == expected
+    doc = {"kind": "firsttoken", "prompt": "Q", "answers": starts}
+    assert ft_outcome(score(doc, response, OPENERS)) == expected
 
 
 def test_top3_share():
@@ -136,77 +139,79 @@ def test_empty_inputs_raise():
     with pytest.raises(ValueError):
         top3_share(iter([]))
     with pytest.raises(ValueError):
-        score_response({"prompt": "Q", "answers": []}, "Paris", OPENERS)
+        score({"prompt": "Q", "answers": []}, "Paris", OPENERS)
     with pytest.raises(ValueError):
-        score_response({"prompt": "Q"}, "Paris", OPENERS)
+        score({"prompt": "Q"}, "Paris", OPENERS)
     with pytest.raises(ValueError):
-        score_response({"prompt": "Q", "answers": ["Paris"]}, [], OPENERS)
+        score({"prompt": "Q", "answers": ["Paris"]}, [], OPENERS)
     with pytest.raises(ValueError):
-        score_response({"prompt": "Q", "answers": ["Paris"]}, "Paris", [])
+        score({"prompt": "Q", "answers": ["Paris"]}, "Paris", [])
     with pytest.raises(TypeError):
-        score_response({"prompt": "Q", "answers": ["Paris"]}, 42, OPENERS)
+        score({"prompt": "Q", "answers": ["Paris"]}, 42, OPENERS)
     with pytest.raises(TypeError):
-        score_response({"prompt": "Q", "answers": ["Paris"]}, {"text": None}, OPENERS)
+        score({"prompt": "Q", "answers": ["Paris"]}, FirstStepResult(None, None, "", ""), OPENERS)
 
 
-# ---- score_response on the three response shapes ------------------------------------
+# ---- score and stored_fields on the three response shapes ---------------------------
 
-DOC = {"prompt": "What is the capital of France?", "answers": ["Paris"], "lang": "en"}
+DOC = {"kind": "firsttoken", "prompt": "What is the capital of France?", "answers": ["Paris"], "lang": "en"}
 
 
-def test_score_response_on_a_string():
-    values, fields = score_response(DOC, "Paris is the capital.", OPENERS)
+def test_score_a_string():
+    values = score(DOC, "Paris is the capital.", OPENERS)
     assert values == {"ft_hit": 1.0, "opener_rate": 0.0}
-    assert fields == {"response": "Paris is the capital.", "ft_outcome": "hit", "first_unit": "paris"}
+    assert ft_outcome(values) == "hit"
+    assert stored_fields("Paris is the capital.") == {"response": "Paris is the capital.", "first_unit": "paris"}
 
-    values, fields = score_response(DOC, "Sure! It is Paris.", OPENERS)
+    values = score(DOC, "Sure! It is Paris.", OPENERS)
     assert values == {"ft_hit": 0.0, "opener_rate": 1.0}
-    assert fields["ft_outcome"] == "opener"
+    assert ft_outcome(values) == "opener"
+    assert ft_outcome({"ft_hit": 0.0, "opener_rate": 0.0}) == "other"
 
 
-def test_score_response_on_sampled_strings():
+def test_score_sampled_strings():
     samples = ["Sure, Paris.", "Sure! Paris.", "Paris.", "The capital is Paris.", "Well, Paris."]
-    values, fields = score_response(DOC, samples, OPENERS)
+    values = score(DOC, samples, OPENERS)
     # the first sample is the response; top3_share over first units sure, sure, paris, the, well
     assert values["ft_hit"] == 0.0 and values["opener_rate"] == 1.0
     assert values["top3_share"] == pytest.approx(0.8)
     assert values["unstable"] == 0.0
-    assert fields["response"] == "Sure, Paris." and fields["samples"] == samples
-    assert fields["ft_outcome"] == "opener"
+    assert stored_fields(samples)["response"] == "Sure, Paris."
+    assert ft_outcome(values) == "opener"
 
     spread = ["Paris", "Rome", "Sure", "The", "Well", "I", "A", "It", "So", "Hmm"]
-    values, _ = score_response(DOC, tuple(spread), OPENERS)
+    values = score(DOC, tuple(spread), OPENERS)
     assert values["top3_share"] == pytest.approx(0.3)
     assert values["unstable"] == 1.0
     assert values["ft_hit"] == 1.0
 
 
-def test_score_response_on_a_probe_dict():
-    probe = {
-        "text": "Paris is the capital.",
-        "first_token_id": 123,
-        "first_token": "Par",
-        "first_unit": "Paris",
-        "topk": [[123, "Par", -0.1], [7, "The", -2.5]],
-        "entropy": 0.6,
-        "metrics": {"ft_hit_prob": 0.8, "opener_mass": 0.05, "top3_mass": 0.9, "prior_drift": None},
-    }
-    values, fields = score_response(DOC, probe, OPENERS)
+def test_score_a_first_step_result():
+    probe = FirstStepResult(
+        text="Paris is the capital.",
+        first_token_id=123,
+        first_token="Par",
+        first_unit="Paris",
+        topk=[(123, "Par", -0.1), (7, "The", -2.5)],
+        entropy=0.6,
+        metrics={"ft_hit_prob": 0.8, "opener_mass": 0.05, "top3_mass": 0.9, "prior_drift": None},
+    )
+    values = score(DOC, probe, OPENERS)
     assert values == {"ft_hit": 1.0, "opener_rate": 0.0, "ft_hit_prob": 0.8, "opener_mass": 0.05, "top3_mass": 0.9}
+    fields = stored_fields(probe)
     assert fields["response"] == "Paris is the capital."
-    assert fields["ft_outcome"] == "hit"
     assert fields["first_unit"] == "Paris"  # the token-level first unit wins over the text-level one
     assert fields["first_token"] == "Par" and fields["first_token_id"] == 123
-    assert fields["topk"] == probe["topk"] and fields["entropy"] == 0.6
+    assert fields["topk"] == probe.topk
 
 
-def test_score_response_chinese():
-    doc = {"prompt": "17加25等于多少？", "answers": ["42", "四十二"], "lang": "zh"}
-    assert score_response(doc, "42等于", OPENERS)[0]["ft_hit"] == 1.0
-    assert score_response(doc, "四十二。", OPENERS)[0]["ft_hit"] == 1.0
-    values, fields = score_response(doc, "好的，答案是42。", OPENERS)
+def test_score_chinese():
+    doc = {"kind": "firsttoken", "prompt": "17加25等于多少？", "answers": ["42", "四十二"], "lang": "zh"}
+    assert score(doc, "42等于", OPENERS)["ft_hit"] == 1.0
+    assert score(doc, "四十二。", OPENERS)["ft_hit"] == 1.0
+    values = score(doc, "好的，答案是42。", OPENERS)
     assert values == {"ft_hit": 0.0, "opener_rate": 1.0}
-    assert fields["first_unit"] == "好" and fields["ft_outcome"] == "opener"
+    assert stored_fields("好的，答案是42。")["first_unit"] == "好" and ft_outcome(values) == "opener"
 
 
 def test_docstring_examples():
@@ -262,7 +267,7 @@ def test_no_accepted_answer_is_an_opener():
     yes_docs = [d for d in docs if "是" in d["answers"]]
     assert yes_docs
     for d in yes_docs:
-        assert ft_outcome("是的，没错。", d["answers"], entries) == "hit"
+        assert ft_outcome(score(d, "是的，没错。", entries)) == "hit"
 
 
 def test_no_answer_string_begins_with_an_opener_string():
@@ -280,7 +285,7 @@ def test_every_doc_scores_a_hit_on_its_own_answer():
     entries = load_lexicon().entries
     for d in task_docs():
         for answer in d["answers"]:
-            values, fields = score_response(d, f"{answer} 。", entries)
+            values = score(d, f"{answer} 。", entries)
             assert values["ft_hit"] == 1.0, (d["id"], answer)
             assert values["opener_rate"] == 0.0, (d["id"], answer)
-            assert fields["ft_outcome"] == "hit"
+            assert ft_outcome(values) == "hit"

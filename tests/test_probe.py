@@ -19,6 +19,7 @@ from lm_eval.api.instance import Instance
 
 from evalkit.backends.hf import EvalkitHFLM
 from evalkit.cli import cli
+from evalkit.contract import FirstStepResult
 from evalkit.scoring.lexicon import load_lexicon
 from tests.tiny import load_tiny
 
@@ -26,7 +27,7 @@ DATA = Path(__file__).resolve().parents[1] / "tasks" / "firsttoken" / "data"
 # two prompts of each language, and on en-0007 and zh-0010 the tiny model's argmax begins an opener
 DOC_IDS = ["en-0001", "en-0002", "en-0007", "zh-0001", "zh-0002", "zh-0010"]
 DOCS = sorted(
-    (doc for path in DATA.glob("firsttoken_*.jsonl") for line in path.read_text(encoding="utf-8").splitlines()
+    ({"kind": "firsttoken", **doc} for path in DATA.glob("firsttoken_*.jsonl") for line in path.read_text(encoding="utf-8").splitlines()
      if line.strip() and (doc := json.loads(line))["id"] in DOC_IDS),
     key=lambda doc: DOC_IDS.index(doc["id"]),
 )
@@ -181,20 +182,20 @@ def banned(tiny_model_dir, docs, contexts):
 def test_result_shape(batched):
     assert len(batched) == len(DOCS)
     for res in batched:
-        assert set(res) >= {"text", "first_token_id", "first_token", "first_unit", "topk", "entropy", "metrics"}
-        assert set(res["metrics"]) >= {"ft_hit_prob", "opener_mass", "ft_token_hit", "prior_drift", "top3_mass",
+        assert isinstance(res, FirstStepResult)
+        assert set(res.metrics) >= {"ft_hit_prob", "opener_mass", "ft_token_hit", "prior_drift", "top3_mass",
                                        "unstable", "entropy"}
-        assert len(res["topk"]) == K
+        assert len(res.topk) == K
 
 
 def test_answers_that_extend_another_are_not_counted_twice(tiny, lm, contexts):
     """["Prime", "Primes"]: "Primes" starts with "Prime", so P(starts with "Prime") is the whole of ft_hit_prob."""
     model, tokenizer = tiny
-    doc = {"id": "en-prime", "prompt": "Name a kind of number.", "answers": ["Prime", "Primes", "prime"]}
+    doc = {"kind": "firsttoken", "id": "en-prime", "prompt": "Name a kind of number.", "answers": ["Prime", "Primes", "prime"]}
     (res,) = lm.generate_until(requests_for([doc], contexts[:1]), disable_tqdm=True)
     probs = string_probs(model, tokenizer, contexts[0], ["Prime", "Primes", "prime"])
     assert probs["Primes"] > 0
-    assert res["metrics"]["ft_hit_prob"] == pytest.approx(probs["Prime"] + probs["prime"], abs=1e-6)
+    assert res.metrics["ft_hit_prob"] == pytest.approx(probs["Prime"] + probs["prime"], abs=1e-6)
 
 
 def test_ft_hit_prob_and_opener_mass_match_plain_softmax_product(tiny, docs, contexts, batched):
@@ -206,7 +207,7 @@ def test_ft_hit_prob_and_opener_mass_match_plain_softmax_product(tiny, docs, con
         answers = answer_strings(doc["answers"])
         expected_hit = sum(string_probs(model, tokenizer, context, answers).values())
         expected_opener = sum(string_probs(model, tokenizer, context, openers).values())
-        got_hit, got_opener = res["metrics"]["ft_hit_prob"], res["metrics"]["opener_mass"]
+        got_hit, got_opener = res.metrics["ft_hit_prob"], res.metrics["opener_mass"]
         assert got_hit == pytest.approx(expected_hit, abs=1e-5), doc["id"]
         assert math.log(got_hit) == pytest.approx(math.log(expected_hit), abs=1e-4), doc["id"]
         assert got_opener == pytest.approx(expected_opener, abs=1e-5), doc["id"]
@@ -221,22 +222,22 @@ def test_topk_and_first_step_metrics_match_plain_forward(tiny, contexts, batched
         lp = last_logprobs(model, ids_of(tokenizer, context))
         probs = torch.softmax(lp, dim=-1)
         top = torch.topk(probs, K)
-        assert [t for t, _, _ in res["topk"]] == top.indices.tolist()
-        assert [math.exp(lp_) for _, _, lp_ in res["topk"]] == pytest.approx(top.values.tolist(), abs=1e-5)
-        assert [text for _, text, _ in res["topk"]] == [
+        assert [t for t, _, _ in res.topk] == top.indices.tolist()
+        assert [math.exp(lp_) for _, _, lp_ in res.topk] == pytest.approx(top.values.tolist(), abs=1e-5)
+        assert [text for _, text, _ in res.topk] == [
             tokenizer.decode([t], skip_special_tokens=False) for t in top.indices.tolist()
         ]
-        assert res["entropy"] == pytest.approx(float(-(probs * lp).sum()), abs=1e-4)
+        assert res.entropy == pytest.approx(float(-(probs * lp).sum()), abs=1e-4)
         top3_at_t = float(torch.topk(torch.softmax(lp / 0.8, dim=-1), 3).values.sum())
-        assert res["metrics"]["top3_mass"] == pytest.approx(top3_at_t, abs=1e-5)
-        assert res["metrics"]["unstable"] == (1.0 if top3_at_t < 0.7 else 0.0)
-        assert res["first_token_id"] == top.indices[0].item()
-        assert 0.0 <= res["metrics"]["prior_drift"] <= 1.0
+        assert res.metrics["top3_mass"] == pytest.approx(top3_at_t, abs=1e-5)
+        assert res.metrics["unstable"] == (1.0 if top3_at_t < 0.7 else 0.0)
+        assert res.first_token_id == top.indices[0].item()
+        assert 0.0 <= res.metrics["prior_drift"] <= 1.0
 
 
 def special_topk_entries(tokenizer, results):
     special = set(tokenizer.all_special_ids)
-    return [(t, text) for res in results for t, text, _ in res["topk"] if t in special]
+    return [(t, text) for res in results for t, text, _ in res.topk if t in special]
 
 
 def test_special_tokens_reach_the_topk(tiny, batched):
@@ -255,9 +256,9 @@ def test_ft_token_hit(tiny, docs, contexts, batched):
     for doc, context, res in zip(docs, contexts, batched):
         ctx = ids_of(tokenizer, context)
         firsts = {ids_of(tokenizer, context + a)[len(ctx)] for a in answer_strings(doc["answers"])}
-        assert res["metrics"]["ft_token_hit"] == (1.0 if res["first_token_id"] in firsts else 0.0)
+        assert res.metrics["ft_token_hit"] == (1.0 if res.first_token_id in firsts else 0.0)
     # the model's own argmax is among the answers of at least one doc (see `docs`)
-    assert any(res["metrics"]["ft_token_hit"] == 1.0 for res in batched)
+    assert any(res.metrics["ft_token_hit"] == 1.0 for res in batched)
 
 
 def test_text_is_the_greedy_continuation(tiny, contexts, batched):
@@ -269,31 +270,31 @@ def test_text_is_the_greedy_continuation(tiny, contexts, batched):
                                  do_sample=False, max_new_tokens=GEN["max_gen_toks"],
                                  pad_token_id=tokenizer.pad_token_id)
         text = tokenizer.decode(out[0, len(ids):].tolist(), skip_special_tokens=True).split("\n\n")[0]
-        assert res["text"] == text
+        assert res.text == text
 
 
 def test_first_unit_is_whole(batched):
     for doc, res in zip(DOCS, batched):
-        unit = res["first_unit"]
+        unit = res.first_unit
         assert "\ufffd" not in unit, doc["id"]
         assert unit == unit.strip()
         if unit:
-            assert res["text"].lstrip().startswith(unit), doc["id"]
+            assert res.text.lstrip().startswith(unit), doc["id"]
 
 
 def test_batched_and_unbatched_agree(batched, unbatched):
     for a, b in zip(batched, unbatched):
-        assert a["text"] == b["text"] and a["first_unit"] == b["first_unit"]
-        assert a["first_token_id"] == b["first_token_id"]
-        assert [t for t, _, _ in a["topk"]] == [t for t, _, _ in b["topk"]]
+        assert a.text == b.text and a.first_unit == b.first_unit
+        assert a.first_token_id == b.first_token_id
+        assert [t for t, _, _ in a.topk] == [t for t, _, _ in b.topk]
         # float32 noise of a left-padded batch: 1e-5 in probability, a few ulps in log space
-        probs_a, probs_b = ([math.exp(lp) for _, _, lp in r["topk"]] for r in (a, b))
+        probs_a, probs_b = ([math.exp(lp) for _, _, lp in r.topk] for r in (a, b))
         assert probs_a == pytest.approx(probs_b, abs=1e-5)
-        assert [lp for _, _, lp in a["topk"]] == pytest.approx([lp for _, _, lp in b["topk"]], rel=1e-5)
-        assert a["metrics"].keys() == b["metrics"].keys()
-        for name in a["metrics"]:
-            assert a["metrics"][name] == pytest.approx(b["metrics"][name], abs=1e-5), name
-        assert math.log(a["metrics"]["ft_hit_prob"]) == pytest.approx(math.log(b["metrics"]["ft_hit_prob"]), abs=1e-4)
+        assert [lp for _, _, lp in a.topk] == pytest.approx([lp for _, _, lp in b.topk], rel=1e-5)
+        assert a.metrics.keys() == b.metrics.keys()
+        for name in a.metrics:
+            assert a.metrics[name] == pytest.approx(b.metrics[name], abs=1e-5), name
+        assert math.log(a.metrics["ft_hit_prob"]) == pytest.approx(math.log(b.metrics["ft_hit_prob"]), abs=1e-4)
 
 
 def test_ban_openers_changes_only_the_first_token(tiny, contexts, batched, banned):
@@ -303,14 +304,14 @@ def test_ban_openers_changes_only_the_first_token(tiny, contexts, batched, banne
         initial = opener_initial_ids(tokenizer, context)
         assert len(initial) > 10
         # the distribution and every distribution-level metric are the model's own
-        assert [t for t, _, _ in ban["topk"]] == [t for t, _, _ in free["topk"]]
-        assert [lp for _, _, lp in ban["topk"]] == pytest.approx([lp for _, _, lp in free["topk"]], abs=1e-6)
-        for name in free["metrics"]:
-            assert ban["metrics"][name] == pytest.approx(free["metrics"][name], abs=1e-6), name
+        assert [t for t, _, _ in ban.topk] == [t for t, _, _ in free.topk]
+        assert [lp for _, _, lp in ban.topk] == pytest.approx([lp for _, _, lp in free.topk], abs=1e-6)
+        for name in free.metrics:
+            assert ban.metrics[name] == pytest.approx(free.metrics[name], abs=1e-6), name
         # the chosen first token is the most likely one that does not begin an opener
-        assert ban["first_token_id"] not in initial
-        assert ban["first_token_id"] == next(t for t, _, _ in free["topk"] if t not in initial)
-        changed += free["first_token_id"] in initial
+        assert ban.first_token_id not in initial
+        assert ban.first_token_id == next(t for t, _, _ in free.topk if t not in initial)
+        changed += free.first_token_id in initial
     assert changed >= 1  # on some prompt the free argmax did begin an opener
 
 
@@ -319,8 +320,8 @@ def test_plain_template_context(lm, docs):
     content-free prior's frame is empty (its "" input leaves nothing to condition on)."""
     doc = docs[0]
     (res,) = lm.generate_until(requests_for([doc], [doc["prompt"]]), disable_tqdm=True)
-    assert 0.0 <= res["metrics"]["prior_drift"] <= 1.0
-    assert len(res["topk"]) == K
+    assert 0.0 <= res.metrics["prior_drift"] <= 1.0
+    assert len(res.topk) == K
 
 
 # ---- through the CLI ---------------------------------------------------------------------------------

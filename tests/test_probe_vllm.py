@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from evalkit.contract import FirstStepResult
+
 FAKE_VERSION = "0.11.0"
 
 FAKE_INIT = '''
@@ -187,11 +189,10 @@ def resolve_hf_chat_template(tokenizer, chat_template=None, tools=None, model_co
 
 GREEDY = {"until": ["\n\n"], "max_gen_toks": 6, "do_sample": False}
 SAMPLED = {"until": ["\n\n"], "max_gen_toks": 4, "do_sample": True, "temperature": 0.8}
-HF_KEYS = {"text", "first_token_id", "first_token", "first_unit", "topk", "entropy", "metrics"}
 DOCS = [
-    {"id": "en-1", "prompt": "What is the capital of France?", "answers": ["Paris"], "lang": "en"},
-    {"id": "zh-1", "prompt": "中国的首都是哪里？", "answers": ["北京"], "lang": "zh"},
-    {"id": "en-2", "prompt": "What is recursion?", "answers": ["Recursion"], "lang": "en"},
+    {"kind": "firsttoken", "id": "en-1", "prompt": "What is the capital of France?", "answers": ["Paris"], "lang": "en"},
+    {"kind": "firsttoken", "id": "zh-1", "prompt": "中国的首都是哪里？", "answers": ["北京"], "lang": "zh"},
+    {"kind": "firsttoken", "id": "en-2", "prompt": "What is recursion?", "answers": ["Recursion"], "lang": "en"},
 ]
 
 
@@ -286,23 +287,23 @@ def test_first_step_result_from_logprobs(fake_vllm):
 
     out = first_step_result("A e", [11, 15], [step0, {15: Logprob(-0.1, 1, " e")}],
                             k=3, temperature=1.0, decode=decode, answer_first_ids={11})
-    assert set(out) == HF_KEYS
-    assert out["topk"] == [[11, "A", -0.5], [12, "B", -1.5], [13, "C", -2.0]]  # K=3 cuts rank 4
-    assert out["first_token_id"] == 11 and out["first_token"] == "A" and out["first_unit"] == "A"
-    assert out["entropy"] is None
+    assert isinstance(out, FirstStepResult)
+    assert out.topk == [(11, "A", -0.5), (12, "B", -1.5), (13, "C", -2.0)]  # K=3 cuts rank 4
+    assert out.first_token_id == 11 and out.first_token == "A" and out.first_unit == "A"
+    assert out.entropy is None
     top3 = math.exp(-0.5) + math.exp(-1.5) + math.exp(-2.0)
-    assert out["metrics"] == pytest.approx({"top3_mass": top3, "unstable": 1.0 if top3 < 0.7 else 0.0, "ft_token_hit": 1.0})
+    assert out.metrics == pytest.approx({"top3_mass": top3, "unstable": 1.0 if top3 < 0.7 else 0.0, "ft_token_hit": 1.0})
 
     # at T != 1 the top-K logprobs do not fix top3_mass@T: left out, with `unstable`
     at_08 = first_step_result("A e", [11, 15], [step0], k=3, temperature=0.8, decode=decode, answer_first_ids={12})
-    assert at_08["metrics"] == {"ft_token_hit": 0.0}
+    assert at_08.metrics == {"ft_token_hit": 0.0}
     # no accepted starts (a needle doc): no ft_token_hit; no logprobs at all: empty top-k, no metrics
-    assert "ft_token_hit" not in first_step_result("A", [11], [step0], k=3, temperature=1.0, decode=decode)["metrics"]
+    assert "ft_token_hit" not in first_step_result("A", [11], [step0], k=3, temperature=1.0, decode=decode).metrics
     empty = first_step_result("", [], None, k=20, temperature=1.0, decode=decode, answer_first_ids={11})
-    assert empty["topk"] == [] and empty["metrics"] == {} and empty["first_token_id"] is None
+    assert empty.topk == [] and empty.metrics == {} and empty.first_token_id is None
     # a completion that is only the eos vLLM keeps: no first token, as evalkit-hf stores it
     only_eos = first_step_result("", [14], [step0], k=3, temperature=1.0, decode=decode, eos_ids={14})
-    assert only_eos["first_token_id"] is None and only_eos["first_token"] == "" and len(only_eos["topk"]) == 3
+    assert only_eos.first_token_id is None and only_eos.first_token == "" and len(only_eos.topk) == 3
 
 
 def test_topk_is_ordered_by_rank_with_the_sampled_token_out_of_the_top(fake_vllm):
@@ -336,25 +337,25 @@ def test_greedy_requests_return_the_probe_dict_with_top20(make_lm, tiny_model_di
     assert asked and all(sp.logprobs == 20 and sp.temperature == 0.0 for sp in asked)
     plain = type(lm).__mro__[1].generate_until(lm, _requests(lm, [GREEDY] * len(DOCS)))  # VLLM's own, for the text
     for req, res, text in zip(reqs, out, plain):
-        assert set(res) == HF_KEYS
-        assert res["text"] == text
+        assert isinstance(res, FirstStepResult)
+        assert res.text == text
         top, logprobs = _reference(tiny_model_dir, req.args[0], 20)
-        assert [t for t, _, _ in res["topk"]] == [t for t, _ in top]
-        assert [lp for _, _, lp in res["topk"]] == pytest.approx([lp for _, lp in top], abs=1e-5)
-        assert res["first_token_id"] == top[0][0]
-        assert res["topk"][0][1] == lm.tokenizer.decode([top[0][0]], skip_special_tokens=False)
-        assert res["metrics"]["top3_mass"] == pytest.approx(float(logprobs.exp().sort(descending=True).values[:3].sum()), abs=1e-5)
-        assert res["metrics"]["unstable"] == (1.0 if res["metrics"]["top3_mass"] < 0.70 else 0.0)
-        assert res["entropy"] is None
-        assert not {"entropy", "ft_hit_prob", "opener_mass", "prior_drift"} & set(res["metrics"])
+        assert [t for t, _, _ in res.topk] == [t for t, _ in top]
+        assert [lp for _, _, lp in res.topk] == pytest.approx([lp for _, lp in top], abs=1e-5)
+        assert res.first_token_id == top[0][0]
+        assert res.topk[0][1] == lm.tokenizer.decode([top[0][0]], skip_special_tokens=False)
+        assert res.metrics["top3_mass"] == pytest.approx(float(logprobs.exp().sort(descending=True).values[:3].sum()), abs=1e-5)
+        assert res.metrics["unstable"] == (1.0 if res.metrics["top3_mass"] < 0.70 else 0.0)
+        assert res.entropy is None
+        assert not {"entropy", "ft_hit_prob", "opener_mass", "prior_drift"} & set(res.metrics)
         from evalkit.backends import engine as firststep
 
         firsts = {firststep.candidate_ids(lm.tokenizer, req.args[0], a)[0] for a in req.doc["answers"]}
-        assert res["metrics"]["ft_token_hit"] == (1.0 if top[0][0] in firsts else 0.0)
+        assert res.metrics["ft_token_hit"] == (1.0 if top[0][0] in firsts else 0.0)
 
 
 def test_agrees_with_evalkit_hf_where_both_are_exact(make_lm, tiny_model_dir):
-    """Same model, same contexts: the vLLM dict equals evalkit-hf's on every key vLLM fills."""
+    """Same model, same contexts: the vLLM result equals evalkit-hf's on every field vLLM fills."""
     from evalkit.backends.hf import EvalkitHFLM
 
     lm = make_lm(top_k=50, temperature=1.0)
@@ -363,22 +364,22 @@ def test_agrees_with_evalkit_hf_where_both_are_exact(make_lm, tiny_model_dir):
     hf = EvalkitHFLM(pretrained=str(tiny_model_dir), device="cpu", batch_size=1, top_k=50, temperature=1.0)
     theirs = hf.generate_until(_requests(lm, [GREEDY] * len(DOCS)), disable_tqdm=True)
     for a, b in zip(ours, theirs):
-        assert set(a) == set(b)
+        assert type(a) is type(b) is FirstStepResult
         for key in ("text", "first_token_id", "first_token", "first_unit"):
-            assert a[key] == b[key], key
-        assert [row[:2] for row in a["topk"]] == [row[:2] for row in b["topk"][:20]]
-        assert [row[2] for row in a["topk"]] == pytest.approx([row[2] for row in b["topk"][:20]], abs=1e-5)
-        for metric, value in a["metrics"].items():
-            assert value == pytest.approx(b["metrics"][metric], abs=1e-5), metric
+            assert getattr(a, key) == getattr(b, key), key
+        assert [row[:2] for row in a.topk] == [row[:2] for row in b.topk[:20]]
+        assert [row[2] for row in a.topk] == pytest.approx([row[2] for row in b.topk[:20]], abs=1e-5)
+        for metric, value in a.metrics.items():
+            assert value == pytest.approx(b.metrics[metric], abs=1e-5), metric
 
 
 def test_engine_max_logprobs_raises_k_and_temperature_drops_top3(make_lm, fake_vllm):
     lm = make_lm(top_k=50, temperature=0.8, max_logprobs=64)
     assert lm.logprobs_k == 50
     res = lm.generate_until(_requests(lm, [GREEDY]))[0]
-    assert len(res["topk"]) == 50
-    assert "top3_mass" not in res["metrics"] and "unstable" not in res["metrics"]
-    assert "ft_token_hit" in res["metrics"]
+    assert len(res.topk) == 50
+    assert "top3_mass" not in res.metrics and "unstable" not in res.metrics
+    assert "ft_token_hit" in res.metrics
 
 
 def test_sampled_requests_go_to_vllm_unchanged(make_lm, fake_vllm):
@@ -386,7 +387,7 @@ def test_sampled_requests_go_to_vllm_unchanged(make_lm, fake_vllm):
     reqs = _requests(lm, [SAMPLED, GREEDY, SAMPLED])
     out = lm.generate_until(reqs)
     assert isinstance(out[0], str) and isinstance(out[2], str)
-    assert isinstance(out[1], dict) and len(out[1]["topk"]) == 20
+    assert isinstance(out[1], FirstStepResult) and len(out[1].topk) == 20
     by_prompt = {tuple(ids): sp for ids, sp in fake_vllm.CALLS}
     for req in (reqs[0], reqs[2]):
         sp = by_prompt[tuple(lm.tok_encode(req.args[0]))]
@@ -396,16 +397,16 @@ def test_sampled_requests_go_to_vllm_unchanged(make_lm, fake_vllm):
     assert again == [out[0], out[2]]
 
 
-def test_probe_dict_scores_and_collects(make_lm):
-    from evalkit.scoring.firsttoken import score_response
+def test_first_step_result_scores_and_collects(make_lm):
+    from evalkit.scoring.firsttoken import score, stored_fields
     from evalkit.scoring.lexicon import load_lexicon
 
     lm = make_lm(top_k=50, temperature=1.0)
     res = lm.generate_until(_requests(lm, [GREEDY]))[0]
-    values, fields = score_response(DOCS[0], res, load_lexicon().entries)
+    values, fields = score(DOCS[0], res, load_lexicon().entries), stored_fields(res)
     assert {"ft_hit", "opener_rate", "ft_token_hit", "top3_mass", "unstable"} <= set(values)
     assert "entropy" not in values
-    assert fields["topk"] == res["topk"] and fields["first_token_id"] == res["first_token_id"]
+    assert fields["topk"] == res.topk and fields["first_token_id"] == res.first_token_id
 
 
 def test_evalkit_run_model_vllm_end_to_end(fake_vllm, tiny_model_dir, tmp_path):

@@ -1,12 +1,12 @@
 """lm-eval model type `evalkit-hf`: HFLM whose generate_until also returns the first step.
 
-Owns: the bridge between lm-eval requests and `firststep.probe` — per request
-it returns a dict (text, first token, top-k, entropy and the distribution-level
-metrics of SPEC 1.1–1.4) instead of a bare string; lm-eval passes such dicts
-through `resps` to the task's `process_results` and the logged samples. The
-content-free prior (SPEC 1.3) is computed once per prompt frame inside the
-same run. Also applies `--quant` after loading. Does not: score text (the
-task's `process_results` does, through `metrics.score_response`) or store.
+Owns: the bridge between lm-eval requests and `engine.probe` — per request it
+returns a `FirstStepResult` (text, first token, top-k, entropy and the
+distribution-level metrics) instead of a bare string; lm-eval passes it through
+`resps` to the task's `process_results` and the logged samples. The content-free
+prior is computed once per prompt frame inside the same run. Also applies
+`--quant` after loading. Does not: score text (the task's `process_results` does,
+through `scoring.firsttoken.score`) or store.
 
 Sampling requests (`do_sample: true`, the sampled protocol) go to HFLM's own
 generate_until unchanged.
@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from evalkit.backends import engine as firststep
 from evalkit.backends.models import DEFAULT_TOLERANCE, apply_quant
+from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
 from evalkit.scoring.lexicon import load_lexicon
@@ -168,12 +169,12 @@ class EvalkitHFLM(HFLM):
 
     def _candidates(self, doc: dict) -> tuple[list[str], int]:
         """Answer-start strings followed by lexicon openers; returns (strings, how many are answers)."""
-        if doc.get("needle") or not doc.get("answers"):
+        if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
             return [], 0
         answers = candidate_strings(doc["answers"])
         return answers + self.lexicon.candidates(), len(answers)
 
-    def _result(self, context, doc, cands, n_answer, step: firststep.FirstStep, until) -> dict:
+    def _result(self, context, doc, cands, n_answer, step: firststep.FirstStep, until) -> FirstStepResult:
         text = self.tok_decode(step.response_ids, skip_special_tokens=True)
         for stop in until:
             if stop and stop in text:
@@ -182,7 +183,7 @@ class EvalkitHFLM(HFLM):
             lambda ids: self.tok_decode(ids, skip_special_tokens=True), step.response_ids
         )
         topk = [
-            [int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp)]
+            (int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp))
             for t, lp in zip(step.topk_ids, step.topk_logprobs)
         ]
         top3 = firststep.top_mass(step.logprobs, 3, self.temperature)
@@ -195,12 +196,12 @@ class EvalkitHFLM(HFLM):
             metrics.update(candidate_metrics(self.tokenizer, context, step, cands[:n_answer], cands[n_answer:],
                                              self._prior(context, doc)))
         first_id = step.response_ids[0] if step.response_ids else None
-        return {
-            "text": text,
-            "first_token_id": first_id,
-            "first_token": self.tok_decode([first_id]) if first_id is not None else "",
-            "first_unit": unit,
-            "topk": topk,
-            "entropy": step.entropy,
-            "metrics": metrics,
-        }
+        return FirstStepResult(
+            text=text,
+            first_token_id=first_id,
+            first_token=self.tok_decode([first_id]) if first_id is not None else "",
+            first_unit=unit,
+            topk=topk,
+            entropy=step.entropy,
+            metrics=metrics,
+        )

@@ -1,9 +1,9 @@
 """lm-eval model type `evalkit-vllm`: lm-eval's VLLM whose generate_until also returns the first step.
 
 Owns: asking vLLM for the top-K logprobs of each greedy request's generated tokens
-(`SamplingParams(logprobs=K)`) and turning the first step into the dict `evalkit-hf`
-returns (`probe.py`): text, first token, first unit, top-K, and the metrics those
-logprobs fix exactly. Does not: score text (the task's `process_results` does),
+(`SamplingParams(logprobs=K)`) and turning the first step into the
+`FirstStepResult` `evalkit-hf` returns: text, first token, first unit, top-K, and
+the metrics those logprobs fix exactly. Does not: score text (the task's `process_results` does),
 store, or talk to an OpenAI-compatible server (lm-eval's `local-completions` does,
 with text-level metrics only).
 
@@ -50,6 +50,7 @@ from tqdm import tqdm
 from vllm import SamplingParams
 
 from evalkit.backends import engine as firststep
+from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,8 @@ def first_step_result(
     decode: Callable[[list[int], bool], str],
     answer_first_ids: set[int] | None = None,
     eos_ids: set[int] | frozenset = frozenset(),
-) -> dict[str, Any]:
-    """The `evalkit-hf` response dict from one vLLM completion (`RequestOutput.outputs[0]`).
+) -> FirstStepResult:
+    """The `FirstStepResult` of one vLLM completion (`RequestOutput.outputs[0]`).
 
     `text`: the completion cut at its stop strings; `token_ids`, `logprobs`: the
     completion's (one token_id -> Logprob dict per generated token); `decode(ids,
@@ -126,15 +127,15 @@ def first_step_result(
     if answer_first_ids is not None and top:
         metrics["ft_token_hit"] = 1.0 if top[0][0] in answer_first_ids else 0.0
     first_id = ids[0] if ids else None
-    return {
-        "text": text,
-        "first_token_id": first_id,
-        "first_token": decode([first_id], True) if first_id is not None else "",
-        "first_unit": unit,
-        "topk": [[t, decode([t], False), lp] for t, lp in top],
-        "entropy": None,
-        "metrics": metrics,
-    }
+    return FirstStepResult(
+        text=text,
+        first_token_id=first_id,
+        first_token=decode([first_id], True) if first_id is not None else "",
+        first_unit=unit,
+        topk=[(t, decode([t], False), lp) for t, lp in top],
+        entropy=None,
+        metrics=metrics,
+    )
 
 
 def is_greedy(gen_kwargs: dict[str, Any]) -> bool:
@@ -186,7 +187,7 @@ class EvalkitVLLM(VLLM):
                 out[i] = result
         return out
 
-    def _probe(self, requests, disable_tqdm: bool) -> list[dict[str, Any]]:
+    def _probe(self, requests, disable_tqdm: bool) -> list[FirstStepResult]:
         """Greedy requests with logprobs=K, in request order."""
         eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None) or ""
         contexts = [r.args[0] for r in requests]
@@ -227,6 +228,6 @@ class EvalkitVLLM(VLLM):
 
     def _answer_first_ids(self, context: str, doc: dict) -> set[int] | None:
         """First tokens of the doc's accepted starts tokenised after this context (None: no answers)."""
-        if doc.get("needle") or not doc.get("answers"):
+        if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
             return None
         return firststep.first_ids(self.tokenizer, context, candidate_strings(doc["answers"]))

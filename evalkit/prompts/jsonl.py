@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from evalkit.contract import FIRSTTOKEN
 from evalkit.errors import BadInput
-
-FIELDS = ("id", "lang", "category", "prompt", "answers")
 
 
 def load_prompts(path: str | Path) -> list[dict]:
@@ -63,6 +62,7 @@ def load_prompts(path: str | Path) -> list[dict]:
         seen.add(doc_id)
         docs.append(
             {
+                "kind": FIRSTTOKEN,
                 "id": doc_id,
                 "lang": obj["lang"].strip(),
                 "category": str(obj.get("category") or ""),

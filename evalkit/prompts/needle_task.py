@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from evalkit.contract import NEEDLE, response_text
 from evalkit.errors import BadInput
 from evalkit.prompts import needle
 
@@ -66,7 +67,7 @@ def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
     docs = needle.build_grid(count, langs=[lang], lengths=lengths, depths=depths, hint=hint,
                              seed=int(metadata.get("seed", 1234)))
     for d in docs:
-        d["needle"] = True  # marks needle docs for the probe and the collector
+        d["kind"] = NEEDLE
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 
@@ -84,9 +85,7 @@ def check_lengths(lengths, max_length: int | None) -> None:
 
 
 def process_results(doc, results) -> dict[str, float]:
-    resp = results[0]
-    text = resp.get("text", "") if isinstance(resp, dict) else resp
-    return {"needle_recall": needle.needle_recall(text, doc["key"])}
+    return {"needle_recall": needle.needle_recall(response_text(results[0]), doc["key"])}
 
 
 def needle_metadata(cfg, template, lm) -> dict[str, Any]:

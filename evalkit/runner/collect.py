@@ -2,8 +2,8 @@
 
 Owns: reading `results["results"]`, `results["n-samples"]` and the logged
 samples, and shaping one row per metric, per prompt and per top-k token.
-Does not: compute metric values (it re-reads the same `score_response` the
-tasks used, for the stored fields) or write to the DB.
+Does not: compute metric values (the tasks' `process_results` did, once) or write
+to the DB.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import json
 import math
 from typing import Any
 
-from evalkit.scoring.firsttoken import score_response
+from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
+from evalkit.scoring.firsttoken import ft_outcome, stored_fields
 from evalkit.store.db import SAMPLE_METRIC_COLUMNS
 
 
@@ -49,24 +50,32 @@ def _doc_id(sample: dict[str, Any]) -> str:
     return str(doc.get("doc_id") or doc.get("id") or sample["doc_id"])
 
 
-def collect(run_id: str, results: dict[str, Any], lexicon) -> tuple[list[dict], list[dict], list[dict]]:
-    """(metric rows, sample rows, top-k rows) of one lm-eval results dict."""
+def _response(resp: Any) -> str:
+    """The stored text of a response of some other task (a loglikelihood pair, say): JSON."""
+    return resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False, default=str)
+
+
+def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict], list[dict]]:
+    """(metric rows, sample rows, top-k rows) of one lm-eval results dict.
+
+    Metric values are the ones the task's `process_results` computed (lm-eval logs them
+    with the sample); nothing is scored again here.
+    """
     metrics = metric_rows(run_id, results)
     samples, topk = [], []
     for task, logged in sorted(results.get("samples", {}).items()):
         for s in logged:
             doc = s.get("doc") or {}
+            kind = doc_kind(doc)
             resp = s["filtered_resps"][0] if s.get("filtered_resps") else s["resps"][0][0]
             values = {m: _num(s[m]) for m in s.get("metrics", []) if m in s}
-            fields: dict[str, Any] = {}
-            if "answers" in doc and "needle" not in doc:
-                _, fields = score_response(doc, resp, lexicon.entries)
+            if isinstance(resp, FirstStepResult) or kind == FIRSTTOKEN:
+                fields = stored_fields(resp)
             else:
-                text = resp.get("text") if isinstance(resp, dict) else resp
-                fields = {"response": text if isinstance(text, str) else json.dumps(text, ensure_ascii=False)}
-                if isinstance(resp, dict):
-                    fields.update({k: resp[k] for k in ("first_token", "first_token_id", "first_unit") if k in resp})
-                    fields["topk"] = resp.get("topk")
+                fields = {"response": _response(resp)}
+            if isinstance(resp, FirstStepResult) and resp.entropy is not None:
+                values.setdefault("entropy", _num(resp.entropy))
+            needle = kind == NEEDLE
             doc_id = _doc_id(s)
             row = {
                 "run_id": run_id,
@@ -79,17 +88,16 @@ def collect(run_id: str, results: dict[str, Any], lexicon) -> tuple[list[dict], 
                 "first_token": fields.get("first_token"),
                 "first_token_id": fields.get("first_token_id"),
                 "first_unit": fields.get("first_unit"),
-                "ft_outcome": fields.get("ft_outcome"),
+                "ft_outcome": ft_outcome(values) if kind == FIRSTTOKEN else None,
                 "lang": doc.get("lang"),
                 "category": doc.get("category"),
-                "needle_depth": doc.get("depth") if "needle" in doc else None,
-                "needle_length": doc.get("length") if "needle" in doc else None,
-                "needle_tokens": doc.get("n_tokens") if "needle" in doc else None,
-                "needle_hint": doc.get("hint") if "needle" in doc else None,
-                "metrics": json.dumps(values, sort_keys=True),
+                "needle_depth": doc.get("depth") if needle else None,
+                "needle_length": doc.get("length") if needle else None,
+                "needle_tokens": doc.get("n_tokens") if needle else None,
+                "needle_hint": doc.get("hint") if needle else None,
+                "metrics": json.dumps({k: v for k, v in values.items() if k in s.get("metrics", [])},
+                                      sort_keys=True),
             }
-            if isinstance(resp, dict) and "entropy" in resp:
-                values.setdefault("entropy", _num(resp["entropy"]))
             for m in SAMPLE_METRIC_COLUMNS:
                 row[m] = values.get(m)
             samples.append(row)

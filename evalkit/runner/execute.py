@@ -370,7 +370,7 @@ def _evaluate(cfg, plan, model_args, extra_args, template, run_id, writer, t0) -
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0)
     from evalkit.runner.collect import collect
 
-    metric_rows, sample_rows, topk_rows = collect(run_id, results, plan["lexicon"])
+    metric_rows, sample_rows, topk_rows = collect(run_id, results)
     if any(s.get("needle_depth") is not None for s in sample_rows):
         from evalkit.prompts.needle_task import derived_metrics
 

@@ -2,11 +2,11 @@
 
 Owns: the text-level metrics (ft_hit, opener_rate, top3_share) as small functions
 of plain values (what each means: `evalkit.scoring.registry`);
-`score_response`, which turns one lm-eval response (a string, a list of sampled
-strings, or the probe's dict) into per-sample metric values and stored fields.
-Does not: run models (distribution-level values arrive already computed by
-the probe, see `probe.py`/`firststep.py`), aggregate (lm-eval takes means), or
-store anything.
+`score`, which turns one lm-eval response (a string, a list of sampled strings,
+or a backend's `FirstStepResult`) into per-sample metric values, once, in the task's
+`process_results`; and `stored_fields`, what a samples row keeps of the response.
+Does not: run models (distribution-level values arrive already computed by a
+backend, see `evalkit.backends`), aggregate (lm-eval takes means), or store anything.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from evalkit.contract import FirstStepResult, response_text
 from evalkit.scoring.text import first_word, is_cjk, matched_start
 
 UNSTABLE_BELOW = 0.70
@@ -44,15 +45,15 @@ def opener_rate(response: str, openers: Sequence[str]) -> float:
     return 1.0 if matched_start(response, openers) else 0.0
 
 
-def ft_outcome(response: str, starts: Sequence[str], openers: Sequence[str]) -> str:
-    """`hit`, `opener` or `other` (SPEC 1.1); a hit wins over an opener.
+def ft_outcome(values: dict[str, float]) -> str:
+    """`hit`, `opener` or `other`, from a response's ft_hit and opener_rate; a hit wins over an opener.
 
-    >>> ft_outcome("Sure, Paris.", ["Paris"], ["Sure"]), ft_outcome("Paris.", ["Paris"], ["Sure"])
+    >>> ft_outcome({"ft_hit": 0.0, "opener_rate": 1.0}), ft_outcome({"ft_hit": 1.0, "opener_rate": 1.0})
     ('opener', 'hit')
     """
-    if starts and matched_start(response, starts):
+    if values.get("ft_hit") == 1.0:
         return "hit"
-    if matched_start(response, openers):
+    if values.get("opener_rate") == 1.0:
         return "opener"
     return "other"
 
@@ -95,43 +96,33 @@ def candidate_strings(starts: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def score_response(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> tuple[dict[str, float], dict[str, Any]]:
-    """Score one response of a first-token task.
+def score(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> dict[str, float]:
+    """The per-sample metric values of one first-token response (the task's `process_results`).
 
-    `resp` is what the model returned for the doc: a string (any lm-eval
-    backend), a list of strings (the sampled protocol: N repeats), or the
-    probe's dict (`{"text", "first_token", "first_unit", "metrics", ...}`).
-    Returns (per-sample metric values, other fields to store).
+    `resp` is a string (any lm-eval backend), a list of N sampled strings (the sampled
+    protocol), or a `FirstStepResult` (evalkit's backends), whose distribution-level
+    values are taken as the backend computed them.
     """
     starts = list(doc.get("answers") or [])
-    probe = resp if isinstance(resp, dict) else None
-    samples = list(resp) if isinstance(resp, (list, tuple)) else None
-    if probe is not None:
-        text = probe["text"]
-    elif samples is not None:
-        if not samples:
-            raise ValueError("no sampled responses")
-        text = samples[0]
-    else:
-        text = resp
-    if not isinstance(text, str):
-        raise TypeError(f"response must be text, got {type(text).__name__}")
-
+    text = response_text(resp)
     values: dict[str, float] = {"ft_hit": ft_hit(text, starts), "opener_rate": opener_rate(text, openers)}
-    fields: dict[str, Any] = {
-        "response": text,
-        "ft_outcome": ft_outcome(text, starts, openers),
-        "first_unit": first_unit_text(text),
-    }
-    if samples is not None:
-        share = top3_share(first_unit_text(s) for s in samples)
+    if isinstance(resp, (list, tuple)):
+        share = top3_share(first_unit_text(s) for s in resp)
         values["top3_share"] = share
         values["unstable"] = 1.0 if share < UNSTABLE_BELOW else 0.0
-        fields["samples"] = samples
-    if probe is not None:
-        values.update({k: float(v) for k, v in probe.get("metrics", {}).items() if v is not None})
-        for key in ("first_token", "first_token_id", "first_unit", "topk", "entropy"):
-            if key in probe:
-                fields[key] = probe[key]
-    return values, fields
+    if isinstance(resp, FirstStepResult):
+        values.update({k: float(v) for k, v in resp.metrics.items() if v is not None})
+    return values
 
+
+def stored_fields(resp: Any) -> dict[str, Any]:
+    """What a `samples` row keeps of one response besides its metric values (read, not scored).
+
+    >>> stored_fields("Sure, Paris.")
+    {'response': 'Sure, Paris.', 'first_unit': 'sure'}
+    """
+    text = response_text(resp)
+    if isinstance(resp, FirstStepResult):
+        return {"response": text, "first_unit": resp.first_unit, "first_token": resp.first_token,
+                "first_token_id": resp.first_token_id, "topk": resp.topk}
+    return {"response": text, "first_unit": first_unit_text(text)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evalkit.prompts.jsonl import load_prompts
-from evalkit.scoring.firsttoken import score_response
+from evalkit.scoring import firsttoken
 from evalkit.scoring.lexicon import load_lexicon
 
 DATA = Path(__file__).parent / "data"
@@ -38,6 +38,5 @@ def load_user(**kwargs):
 
 
 def process_results(doc, results):
-    """results: [response] — a string, a list of sampled strings, or evalkit's probe dict."""
-    values, _ = score_response(doc, results[0], load_lexicon().entries)
-    return values
+    """results: [response] — a string, a list of sampled strings, or a backend's FirstStepResult."""
+    return firsttoken.score(doc, results[0], load_lexicon().entries)

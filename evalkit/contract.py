@@ -1,0 +1,57 @@
+"""The contract between the lm-eval side (tasks, backends) and the rest of evalkit.
+
+Owns: the kinds of document evalkit's tasks produce (each doc says its `kind`), and
+`FirstStepResult`, what evalkit's backends return for one greedy request instead of a
+bare string. lm-eval passes a response through `resps` to the task's `process_results`
+and into the logged samples unchanged, so the same object reaches scoring and storage.
+Any other lm-eval backend answers with a string, or a list of strings under the sampled
+protocol; `response_text` reads the text of all three. Does not: compute anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# doc["kind"] of evalkit's tasks
+FIRSTTOKEN = "firsttoken"  # a prompt with accepted answer starts (tasks/firsttoken, --prompts)
+NEEDLE = "needle"  # a needle document (tasks/needle)
+DOC_KINDS = (FIRSTTOKEN, NEEDLE)
+
+
+@dataclass
+class FirstStepResult:
+    """One greedy response and its first step, as a backend read it off the model."""
+
+    text: str  # the response, cut before its stop strings
+    first_token_id: int | None  # None: the response is empty (the model said eos first)
+    first_token: str  # its text ("" when empty)
+    first_unit: str  # shortest prefix of tokens holding a whole non-space character
+    topk: list[tuple[int, str, float]] = field(default_factory=list)  # (token id, text, logprob), likeliest first
+    entropy: float | None = None  # full-vocabulary entropy in nats; None when the backend cannot know it
+    metrics: dict[str, float] = field(default_factory=dict)  # distribution-level values, registry names
+
+
+def doc_kind(doc: dict[str, Any]) -> str | None:
+    """The doc's kind (FIRSTTOKEN, NEEDLE), None for a doc of some other task."""
+    kind = doc.get("kind")
+    return kind if kind in DOC_KINDS else None
+
+
+def response_text(resp: Any) -> str:
+    """The text of one response: a string, the first of N sampled strings, or a FirstStepResult's text.
+
+    >>> response_text("Paris."), response_text(["a", "b"]), response_text(FirstStepResult("x", None, "", ""))
+    ('Paris.', 'a', 'x')
+    """
+    if isinstance(resp, FirstStepResult):
+        text = resp.text
+    elif isinstance(resp, (list, tuple)):
+        if not resp:
+            raise ValueError("no sampled responses")
+        text = resp[0]
+    else:
+        text = resp
+    if not isinstance(text, str):
+        raise TypeError(f"response must be text, got {type(text).__name__}")
+    return text
