@@ -133,19 +133,16 @@ def main() -> int:
     import torch
 
     from evalkit.backends import models
-    from evalkit.inspection import load_model
     from evalkit.prompts.templates import get_template, render_prompt
     from evalkit.scoring.firsttoken import first_unit_text, top3_share
     from evalkit.scoring.lexicon import load_lexicon
 
     docs = load_docs(args.per_lang)
     t0 = time.perf_counter()
-    if args.model_args:
-        model_args, quant, label = models.parse_model_args(args.model_args), None, args.model_args
-    else:
-        model_args, quant = models.default_model_args(), "q4_1"
-        label = f"{models.DEFAULT_NAME} ({models.DEFAULT_GGUF})"
-    model, tokenizer = load_model({**model_args, "device": "cpu"}, quant)
+    plan = models.resolve("hf", args.model_args, device="cpu")
+    label = plan.label + (f" ({models.DEFAULT_GGUF})" if plan.embedded else "")
+    lm = models.load(plan, batch_size=8)
+    model, tokenizer = lm.model, lm.tokenizer
     load_s = time.perf_counter() - t0
     template = get_template("chat")
     contexts = [render_prompt(tokenizer, template, d["prompt"]) for d in docs]

@@ -4,10 +4,10 @@ Usage: python bench/ingest.py [--rows 200000] [--topk-rows 1000000]
 
 Builds synthetic rows shaped like a real run's (every SAMPLE_COLUMNS field,
 ~150-character prompts, a per-sample metrics JSON) in memory, then times
-`store.finish_run` on a fresh DB file: the one transaction a run ends with
+`runs.finish_run` on a fresh DB file: the one transaction a run ends with
 (metrics + samples + first_token_topk + the run row's UPDATE, then COMMIT).
 Row building is not timed; the dict → Arrow conversion inside
-`store._insert_rows` is. Reported separately: samples alone through
+`runs.insert_rows` is. Reported separately: samples alone through
 `_insert_rows`, and first_token_topk rows (a run writes k ≥ 50 per prompt).
 Process CPU seconds are printed too: on a shared, busy machine they say more
 than wall time (DuckDB uses a second thread to compress while Python converts
@@ -33,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from evalkit import store  # noqa: E402  (after the sys.path line above)
+from evalkit.store import db as store_db  # noqa: E402  (after the sys.path line above)
+from evalkit.store import runs  # noqa: E402
 
 TARGET_ROWS_PER_S = 100_000
 
@@ -73,7 +74,7 @@ def topk_rows(run_id: str, n: int, k: int = 50) -> list[dict]:
 
 
 def new_run(db: Path, run_id: str) -> None:
-    store.insert_run(db, {"id": run_id, "created_at": store._now(), "status": "running", "model": "bench"})
+    runs.insert_run(db, {"id": run_id, "created_at": store_db.now(), "status": "running", "model": "bench"})
 
 
 def preload() -> float:
@@ -100,25 +101,25 @@ def main() -> int:
         metrics = [{"run_id": "r1", "task": "firsttoken_en", "metric": "ft_hit", "filter": "none",
                     "value": 0.5, "stderr": 0.01, "n": args.rows}]
         t0, c0 = time.perf_counter(), time.process_time()
-        store.finish_run(db, "r1", metrics=metrics, samples=samples, topk=[], status="done",
-                         finished_at=store._now(), duration_s=1.0)
+        runs.finish_run(db, "r1", metrics=metrics, samples=samples, topk=[], status="done",
+                         finished_at=store_db.now(), duration_s=1.0)
         results.append(("finish_run, samples", args.rows, time.perf_counter() - t0, time.process_time() - c0))
 
         new_run(db, "r2")
         samples = sample_rows("r2", args.rows)
-        with store.transaction(db) as con:
+        with store_db.transaction(db) as con:
             t0, c0 = time.perf_counter(), time.process_time()
-            store._insert_rows(con, "samples", store.SAMPLE_COLUMNS, samples)
+            runs.insert_rows(con, "samples", runs.SAMPLE_COLUMNS, samples)
             results.append(("_insert_rows, samples", args.rows, time.perf_counter() - t0, time.process_time() - c0))
 
         new_run(db, "r3")
         topk = topk_rows("r3", args.topk_rows)
         t0, c0 = time.perf_counter(), time.process_time()
-        store.finish_run(db, "r3", metrics=[], samples=[], topk=topk, status="done",
-                         finished_at=store._now(), duration_s=1.0)
+        runs.finish_run(db, "r3", metrics=[], samples=[], topk=topk, status="done",
+                         finished_at=store_db.now(), duration_s=1.0)
         results.append(("finish_run, top-k", args.topk_rows, time.perf_counter() - t0, time.process_time() - c0))
 
-        with store.open_store(db, read_only=True) as con:
+        with store_db.open_reader(db) as con:
             stored = con.execute("SELECT count(*) FROM samples").fetchone()[0]
         assert stored == 2 * args.rows, stored
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (wall time suffers when others run)")

@@ -37,9 +37,9 @@ SAMPLE_METRICS = ("ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opene
 
 
 def build(db: Path, rows: int) -> None:
-    from evalkit.store.db import open_store
+    from evalkit.store.db import open_writer
 
-    with open_store(db) as con:
+    with open_writer(db) as con:
         con.execute("BEGIN TRANSACTION")
         for i in range(RUNS):
             model = f"/models/model-{i % 3}"

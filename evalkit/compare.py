@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.store.db import SAMPLE_METRIC_COLUMNS, open_store, resolve_run
+from evalkit.store.db import open_reader
+from evalkit.store.queries import resolve_run
+from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
 
 ALL_TASKS = "all"  # the `task` of the overall rows
 TOP_N = 5  # top5_mass / top5_overlap
@@ -74,7 +76,7 @@ def compare_runs(db: str | os.PathLike | None, run_a: str, run_b: str) -> Compar
 
     Raises BadInput when a run is unknown or the two share no prompts.
     """
-    with open_store(db, read_only=True) as con:
+    with open_reader(db) as con:
         a = resolve_run(con, run_a)
         b = resolve_run(con, run_b)
         metric_cols = list(SAMPLE_METRIC_COLUMNS)  # registry order

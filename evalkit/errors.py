@@ -21,3 +21,11 @@ class RunFailed(EvalkitError):
 
     exit_code = 1
 
+
+
+class DatabaseBusy(RunFailed):
+    """Another process held the DuckDB file's lock for longer than evalkit waits (exit 1)."""
+
+
+class ResultsKept(RunFailed):
+    """A run finished but its results could not be written to the DB; they wait in a spool file (exit 1)."""

@@ -1,8 +1,8 @@
 """One prompt's first-token distribution, to watch a distribution turn into text (`evalkit inspect`).
 
-Owns: loading a model for a single look (the embedded SmolLM2 GGUF by default, or
-`pretrained=...`), putting the prompt through a template exactly as lm-eval does in a
-run (the tokenizer's chat template with the template's system message, add_generation_prompt
+Owns: a single look at one prompt with the model a run would load (`models.resolve` and
+`models.load`: the embedded SmolLM2 GGUF by default, or `pretrained=...`), putting the
+prompt through a template exactly as lm-eval does in a run (the tokenizer's chat template with the template's system message, add_generation_prompt
 on; or the raw text, system message glued in front, when the template is not chat), and
 reading the first step off `firststep.probe`: the top-k tokens with their probabilities
 and cumulative mass, the entropy, top3_mass@T and the greedy first unit and response.
@@ -14,17 +14,12 @@ metrics (ft_hit_prob, opener_mass need a task's accepted answers: use `evalkit r
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from evalkit.errors import BadInput
 from evalkit.prompts.templates import render_prompt
 
-# what `--model-args` may hold here (the subset of lm-eval's HFLM arguments that loading uses)
-MODEL_ARG_KEYS = ("pretrained", "gguf_file", "tokenizer", "revision", "dtype", "trust_remote_code", "device")
-STOP = ("\n\n",)  # the first-token tasks' `until`
-MAX_NEW_TOKENS = 24  # the first-token tasks' `max_gen_toks`
+DEFAULT_TASK = "firsttoken_en"  # the task whose generation settings inspect imitates
 
 
 @dataclass(frozen=True)
@@ -52,6 +47,7 @@ class Inspection:
     first_token: str = ""  # greedy first token, labelled like `tokens`
     first_unit: str = ""
     response: str = ""
+    task: str = ""  # whose generation settings (until, max_gen_toks) the response used
 
 
 def inspect_prompt(
@@ -63,85 +59,58 @@ def inspect_prompt(
     model_args: str | None = None,
     temperature: float = 0.8,
     templates_file: str | None = None,
-    max_new_tokens: int = MAX_NEW_TOKENS,
+    task: str = DEFAULT_TASK,
+    device: str | None = None,
 ) -> Inspection:
-    """Validate everything, load the model, and inspect `prompt`'s first step.
+    """Validate everything, load the model as a run does, and inspect `prompt`'s first step.
 
-    Raises BadInput for an empty prompt, an unknown template or quant, bad model args,
-    `top_k < 1` or `temperature <= 0`, before any model is loaded.
+    The model is resolved and loaded by `models.resolve` / `models.load`, the path of
+    `evalkit run`, and the response is generated with the generation settings of
+    `task` (its `until` and `max_gen_toks`), so the first step is a run's first step.
+    Raises BadInput for an empty prompt, an unknown template, task or quant, bad model
+    args, `top_k < 1` or a temperature that is not a finite number > 0, before any
+    model is loaded.
     """
     from evalkit.backends import models
+    from evalkit.prompts.catalog import generation_kwargs
     from evalkit.prompts.templates import get_template
+    from evalkit.runner.config import check_device
 
     if not prompt or not prompt.strip():
         raise BadInput("empty prompt: give the text to inspect, e.g. evalkit inspect \"What is recursion?\"")
-    if top_k < 1:
-        raise BadInput(f"--top-k must be at least 1, got {top_k}")
-    if not temperature > 0:
-        raise BadInput(f"--temperature must be > 0, got {temperature}")
+    if isinstance(top_k, bool) or not 1 <= top_k <= 10_000:
+        raise BadInput(f"--top-k must be a whole number from 1 to 10000, got {top_k}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise BadInput(f"--temperature must be a finite number > 0, got {temperature}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadInput(f"the prompt holds text that does not encode as UTF-8 (position {exc.start})") from None
     tmpl = get_template(template, templates_file)
-    models.check_quant(quant)
-    args = models.parse_model_args(model_args)
-    unknown = sorted(set(args) - set(MODEL_ARG_KEYS))
-    if unknown:
-        raise BadInput(f"--model-args: {unknown[0]!r} is not used by inspect (known: {', '.join(MODEL_ARG_KEYS)})")
-    if "pretrained" not in args:
-        if args:
-            raise BadInput("--model-args needs pretrained=... (or nothing, for the embedded SmolLM2)")
-        args = models.default_model_args()
-        label, quant = models.DEFAULT_NAME, quant or "q4_1"
-    else:
-        label = str(args["pretrained"])
+    gen = generation_kwargs(task)
+    plan = models.resolve("hf", model_args, quant_name=quant, device=device)
+    check_device(plan.device)
+    import transformers
 
-    model, tokenizer = load_model(args, quant)
-    context = render_prompt(tokenizer, tmpl, prompt)
-    result = first_step_view(model, tokenizer, context, top_k=top_k, temperature=temperature,
-                             max_new_tokens=max_new_tokens)
-    result.prompt, result.template, result.model, result.quant = prompt, tmpl.name, label, quant
+    transformers.utils.logging.disable_progress_bar()  # one prompt: no loading bar around the answer
+    lm = models.load(plan, batch_size=1)
+    context = render_prompt(lm.tokenizer, tmpl, prompt)
+    until = gen.get("until") or []
+    result = first_step_view(lm.model, lm.tokenizer, context, top_k=min(top_k, len(lm.tokenizer)),
+                             temperature=temperature, max_new_tokens=int(gen.get("max_gen_toks", 16)),
+                             stop=[until] if isinstance(until, str) else list(until))
+    result.prompt, result.template, result.model, result.quant = prompt, tmpl.name, plan.label, plan.quant
+    result.task = task
     return result
 
 
-def load_model(args: dict[str, Any], quant: str | None):
-    """(model in eval mode, tokenizer) as lm-eval's HFLM loads them, `quant` applied."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from evalkit.backends import models
-
-    transformers.utils.logging.disable_progress_bar()
-
-    if models.is_local(args):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    pretrained = str(args["pretrained"])
-    common = {"revision": args.get("revision", "main"), "trust_remote_code": bool(args.get("trust_remote_code", False))}
-    gguf = args.get("gguf_file")
-    device = args.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.get("dtype", "auto")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            pretrained, dtype=dtype if dtype == "auto" else getattr(torch, str(dtype)),
-            gguf_file=gguf, **common,
-        )
-        tok_source = args.get("tokenizer") or pretrained
-        tokenizer = AutoTokenizer.from_pretrained(
-            tok_source, gguf_file=None if args.get("tokenizer") else gguf, **common
-        )
-    except (OSError, ValueError, AttributeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise BadInput(f"cannot load model {pretrained!r}: {first}") from exc
-    if quant == "int8-dynamic" and not str(device).startswith("cpu"):
-        raise BadInput("--quant int8-dynamic runs on the CPU only (add device=cpu to --model-args)")
-    return models.apply_quant(model.to(device), quant).eval(), tokenizer
-
-
 def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,
-                    max_new_tokens: int = MAX_NEW_TOKENS) -> Inspection:
+                    max_new_tokens: int = 16, stop: list[str] | tuple[str, ...] = ("\n\n",)) -> Inspection:
     """Probe `context` once and lay its first step out for reading (prompt/model fields empty)."""
     from evalkit.backends import engine as firststep
 
     step = firststep.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
-                           stop=STOP, batch_size=1)[0]
+                           stop=stop, batch_size=1)[0]
     tokens, cum = [], 0.0
     for rank, (tid, lp) in enumerate(zip(step.topk_ids, step.topk_logprobs)):
         prob = math.exp(lp)
@@ -149,8 +118,9 @@ def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperat
         tokens.append(TokenProb(rank, int(tid), token_label(tokenizer, int(tid)), prob, cum))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     response = decode(step.response_ids)
-    for stop in STOP:
-        response = response.split(stop, 1)[0]
+    for text in stop:
+        if text:
+            response = response.split(text, 1)[0]
     unit, _ = firststep.first_unit_ids(decode, step.response_ids)
     return Inspection(
         prompt="", template="", model="", quant=None, context=context,

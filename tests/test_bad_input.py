@@ -78,7 +78,7 @@ CASES: list[Case] = [
     _case("run/prompts-not-object", ["run", *FAKE, "--prompts", "{not_object}", "--db", "{db}"], "JSON object"),
     _case("run/limit-0", ["run", *FAKE, "--tasks", "firsttoken", "--limit", "0", "--db", "{db}"], "--limit"),
     _case("run/needle-length-0", ["run", *FAKE, "--tasks", "needle", "--needle-lengths", "256,0", "--db", "{db}"],
-          "needle length must be a positive token count"),
+          "--needle-lengths must be a whole number"),
     _case("run/needle-depth-out-of-range", ["run", *FAKE, "--tasks", "needle", "--needle-depths", "0,1.5", "--db", "{db}"],
           "--needle-depths must lie in [0, 1]"),
     _case("run/limit-negative", ["run", *FAKE, "--tasks", "firsttoken", "--limit", "-3", "--db", "{db}"], "-3"),

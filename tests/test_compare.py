@@ -10,7 +10,8 @@ from click.testing import CliRunner
 
 from evalkit.cli import cli
 from evalkit.compare import ALL_TASKS, compare_runs
-from evalkit.store import db as store
+from evalkit.store import db as store_db
+from evalkit.store import runs, sandbox
 
 
 def _log2(x):
@@ -19,7 +20,7 @@ def _log2(x):
 
 def make_run(run_id, samples, topk=None, created="2025-01-01 00:00:00"):
     """samples: {(task, doc_id): {metric: value}}; topk: {(task, doc_id): [(token_id, prob), ...]}."""
-    store.insert_run(None, {"id": run_id, "created_at": created, "status": "running", "model": "synthetic"})
+    runs.insert_run(None, {"id": run_id, "created_at": created, "status": "running", "model": "synthetic"})
     sample_rows = [{"run_id": run_id, "task": t, "doc_id": d, **vals} for (t, d), vals in samples.items()]
     topk_rows = [
         {"run_id": run_id, "task": t, "doc_id": d, "rank": r, "token_id": tid, "token": f"t{tid}",
@@ -27,7 +28,7 @@ def make_run(run_id, samples, topk=None, created="2025-01-01 00:00:00"):
         for (t, d), toks in (topk or {}).items()
         for r, (tid, p) in enumerate(toks)
     ]
-    store.finish_run(None, run_id, metrics=[], samples=sample_rows, topk=topk_rows, status="done")
+    runs.finish_run(None, run_id, metrics=[], samples=sample_rows, topk=topk_rows, status="done")
     return run_id
 
 
@@ -146,7 +147,7 @@ def test_run_drift_view_agrees_with_compare():
     topk_b[EN[1]] = [(999, 0.9)]
     a = make_run("aaaa-6", base_samples(), base_topk())
     b = make_run("bbbb-6", base_samples(), topk_b)
-    cols, rows = store.read_query(
+    cols, rows = sandbox.read_query(
         None, f"SELECT task, n, top5_overlap, flip_rate, top5_mass_a, top5_mass_b FROM run_drift "
               f"WHERE run_a = '{a}' AND run_b = '{b}' ORDER BY task")
     drift = by_task(compare_runs(None, a, b).drift)
@@ -171,7 +172,7 @@ def test_cli_prints_drift_and_deltas():
     topk_b[EN[0]] = [(999, 0.9)]
     make_run("aaaa-7", base_samples(), base_topk(), created="2025-01-01 00:00:00")
     make_run("bbbb-7", base_samples(hit=lambda k: 1.0), topk_b, created="2025-01-02 00:00:00")
-    with store.transaction() as con:
+    with store_db.transaction() as con:
         con.execute("INSERT INTO tags VALUES ('prod', 'aaaa-7', now())")
     res = invoke("compare", "tag:prod", "latest")
     assert res.exit_code == 0, res.output

@@ -2,7 +2,7 @@
 
 DuckDB lets one process write a file at a time; evalkit keeps each write short
 (run row at the start, results in one transaction at the end) and retries the
-file lock with backoff (store._connect), so concurrent runs queue rather than fail.
+file lock with backoff (store.db.open_waiting), so concurrent runs queue rather than fail.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ HOLD_S = 3.0  # how long the test holds the write lock against `evalkit query`
 
 def test_four_runs_on_one_db_all_land(tmp_path):
     from evalkit.errors import BadInput
-    from evalkit.store.db import read_query
+    from evalkit.store.sandbox import read_query
 
     db = tmp_path / "evalkit.duckdb"
     reads: list[int] = []  # runs seen by each read made while the four write
@@ -78,10 +78,10 @@ def test_four_runs_on_one_db_all_land(tmp_path):
 
 def test_query_waits_for_a_writer(tmp_path):
     """`evalkit query` started while another process holds the write lock succeeds once it is released."""
-    from evalkit.store.db import open_store
+    from evalkit.store.db import open_writer
 
     db = tmp_path / "evalkit.duckdb"
-    with open_store(db):
+    with open_writer(db):
         pass  # create and migrate
     writer = duckdb.connect(str(db))  # this process now holds the file lock
     writer.execute("BEGIN TRANSACTION")

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 from evalkit.cli import cli
 from evalkit.errors import BadInput
 from evalkit.runner.execute import RunConfig, execute
-from evalkit.store.db import read_query
-from evalkit.store.export import TABLES, export_parquet, merged_query
+from evalkit.store.export import export_parquet
+from evalkit.store.sandbox import TABLES, merged_query, read_query
 
 
 def fake_run(db, mode="hit", limit=2, name=None):

@@ -36,7 +36,8 @@ def fake_run(db, mode, limit=40, name=None):
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     """A DB with three done fake-LM runs (baseline, degraded, equal) and two odd ones."""
-    from evalkit.store import db as store
+    from evalkit.store import db as store_db
+    from evalkit.store import runs
 
     db = tmp_path_factory.mktemp("gate") / "runs.duckdb"
     ids = {"base": fake_run(db, "hit", name="baseline"),
@@ -45,12 +46,12 @@ def stored(tmp_path_factory):
     # a done run on prompts no other run has, and a failed run
     for key, status in (("elsewhere", "done"), ("failed", "failed")):
         run_id = f"9999-{key}"
-        store.insert_run(db, {"id": run_id, "created_at": store._now(), "status": "running", "model": "synthetic",
+        runs.insert_run(db, {"id": run_id, "created_at": store_db.now(), "status": "running", "model": "synthetic",
                               "tasks": ["custom"]})
         samples = [{"run_id": run_id, "task": "custom", "doc_id": f"c-{i}", "ft_hit": 1.0} for i in range(5)]
         metrics = [{"run_id": run_id, "task": "custom", "metric": "ft_hit", "filter": "none", "value": 1.0,
                     "stderr": 0.0, "n": 5}]
-        store.finish_run(db, run_id, metrics=metrics, samples=samples, topk=[], status=status)
+        runs.finish_run(db, run_id, metrics=metrics, samples=samples, topk=[], status=status)
         ids[key] = run_id
     return db, ids
 
@@ -224,9 +225,10 @@ def test_promote_then_gate_against_the_tag(runs):
 
     # promoting a newer run moves tag:prod to it; the first keeps its row
     assert invoke("promote", runs["equal"], "--tag", "prod").exit_code == 0
-    from evalkit.store.db import open_store, resolve_run
+    from evalkit.store.db import open_reader
+    from evalkit.store.queries import resolve_run
 
-    with open_store(None, read_only=True) as con:
+    with open_reader(None) as con:
         assert resolve_run(con, "tag:prod") == runs["equal"]
         tagged = {r[0] for r in con.execute("SELECT run_id FROM tags WHERE tag = 'prod'").fetchall()}
     assert tagged == {runs["base"], runs["equal"]}

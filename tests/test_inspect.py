@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 
 import pytest
@@ -102,10 +103,12 @@ def test_json_output_and_templates(tiny_model_dir, tiny):
         (["inspect", "Hi", "--template", "nope"], "unknown template 'nope'"),
         (["inspect", "   "], "empty prompt"),
         (["inspect", "Hi", "--quant", "q2"], "unknown --quant 'q2'"),
-        (["inspect", "Hi", "--model-args", "pretrained=/x,batch_size=4"], "'batch_size' is not used"),
+        (["inspect", "Hi", "--model-args", "pretrained=/x,batch_size=4"], "batch_size= is set with --batch-size"),
         (["inspect", "Hi", "--model-args", "nonsense"], "malformed --model-args"),
-        (["inspect", "Hi", "--top-k", "0"], "--top-k must be at least 1"),
-        (["inspect", "Hi", "--model-args", "pretrained=/no/such/model"], "cannot load model"),
+        (["inspect", "Hi", "--top-k", "0"], "--top-k must be a whole number from 1"),
+        (["inspect", "Hi", "--model-args", "pretrained=/no/such/model"], "model path not found"),
+        (["inspect", "Hi", "--task", "nope"], "unknown task 'nope'"),
+        (["inspect", "Hi", "--temperature", "inf"], "--temperature must be a finite number"),
     ],
 )
 def test_bad_input_exits_2(args, message):
@@ -122,3 +125,24 @@ def test_token_labels_show_bytes_of_partial_characters(tiny):
     raw = b"".join(bytes.fromhex(lbl[1:-1]) if lbl.startswith("<") else ast.literal_eval(lbl).encode()
                    for lbl in labels)
     assert raw == "递归 Paris".encode()
+
+
+def test_first_step_equals_a_runs(tiny_model_dir, tmp_path):
+    """inspect loads the model as a run does and answers with the task's own generation settings:
+    the stored response, first unit and top-k of a run's prompt are what inspect shows for it."""
+    db = tmp_path / "run.duckdb"
+    res = invoke("run", "--model-args", f"pretrained={tiny_model_dir}", "--tasks", "firsttoken_en", "--limit", "1",
+                 "--device", "cpu", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    prompt, response, unit = con.execute("SELECT s.prompt, response, first_unit FROM samples s").fetchone()
+    topk = con.execute("SELECT token_id, logprob FROM first_token_topk ORDER BY rank LIMIT 10").fetchall()
+    con.close()
+    data = json.loads(invoke("inspect", "What is recursion?", "--model-args", f"pretrained={tiny_model_dir}",
+                             "--device", "cpu", "--format", "json").output)
+    assert data["context"] == prompt and data["task"] == "firsttoken_en"
+    assert data["response"] == response and data["first_unit"] == unit
+    assert [t["token_id"] for t in data["tokens"]] == [t for t, _ in topk]
+    assert [t["prob"] for t in data["tokens"]] == pytest.approx([math.exp(lp) for _, lp in topk], abs=1e-6)

@@ -317,7 +317,7 @@ def test_topk_is_ordered_by_rank_with_the_sampled_token_out_of_the_top(fake_vllm
 
 
 def test_logprobs_k_is_capped_by_vllms_max_logprobs(fake_vllm):
-    from evalkit.backends.vllm import VLLM_MAX_LOGPROBS, logprobs_k
+    from evalkit.backends.models import VLLM_MAX_LOGPROBS, logprobs_k
 
     assert VLLM_MAX_LOGPROBS == 20
     assert logprobs_k(50, None) == 20  # engine not known: vLLM's default
@@ -414,14 +414,14 @@ def test_evalkit_run_model_vllm_end_to_end(fake_vllm, tiny_model_dir, tmp_path):
     from click.testing import CliRunner
 
     from evalkit.cli import cli
-    from evalkit.store import db as store
+    from evalkit.store import db as store_db
 
     db = tmp_path / "vllm.duckdb"
     args = ["run", "--model", "vllm", "--model-args", f"pretrained={tiny_model_dir}", "--tasks", "firsttoken_en",
             "--limit", "2", "--temperature", "1", "--db", str(db)]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    with store.open_store(db, read_only=True) as con:
+    with store_db.open_reader(db) as con:
         model, status, top_k = con.execute("SELECT model, status, top_k FROM runs").fetchone()
         rows = con.execute("SELECT doc_id, count(*) FROM first_token_topk GROUP BY doc_id").fetchall()
         samples = con.execute("SELECT top3_mass, entropy, ft_token_hit, first_token_id FROM samples").fetchall()
@@ -440,12 +440,12 @@ def test_model_vllm_without_vllm_is_bad_input_and_leaves_the_db(tmp_path):
     from click.testing import CliRunner
 
     from evalkit.cli import cli
-    from evalkit.store import db as store
+    from evalkit.store import db as store_db
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
     db = tmp_path / "evalkit.duckdb"
-    with store.open_store(db):
+    with store_db.open_writer(db):
         pass
     before = db.read_bytes()
     for model in ("vllm", "evalkit-vllm"):

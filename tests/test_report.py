@@ -115,7 +115,7 @@ def test_report_writes_html_markdown_and_pngs(runs, tmp_path):
 
 def test_leaderboard_numbers_come_from_the_view(runs, tmp_path):
     _, _page, md = report(tmp_path / "rep")
-    from evalkit.store.db import read_query
+    from evalkit.store.sandbox import read_query
 
     _, rows = read_query(None, "SELECT name, value, ci_lo, ci_hi FROM leaderboard "
                                "WHERE task = 'firsttoken_en' AND metric = 'ft_hit' ORDER BY name")
@@ -184,15 +184,15 @@ def test_trend_needs_two_runs_of_one_model(runs, tmp_path):
 
 def test_default_is_the_newest_twelve_done_runs(tmp_path):
     from evalkit.report.build import build_report
-    from evalkit.store import db as store
+    from evalkit.store import runs
 
     ids = []
     for i in range(14):
         run_id = f"2501010000-{i:06d}"
-        store.insert_run(None, {"id": run_id, "created_at": f"2025-01-01 00:{i:02d}:00", "status": "running",
+        runs.insert_run(None, {"id": run_id, "created_at": f"2025-01-01 00:{i:02d}:00", "status": "running",
                                 "model": "synthetic", "name": f"r{i}"})
         status = "failed" if i == 13 else "done"
-        store.finish_run(None, run_id, metrics=[{"run_id": run_id, "task": "t", "metric": "ft_hit", "filter": "none",
+        runs.finish_run(None, run_id, metrics=[{"run_id": run_id, "task": "t", "metric": "ft_hit", "filter": "none",
                                                  "value": i / 13, "stderr": 0.01, "n": 100}],
                          samples=[], topk=[], status=status)
         ids.append(run_id)
@@ -222,9 +222,9 @@ def test_bad_input_exits_2(runs, tmp_path):
 def test_no_finished_runs_is_bad_input(tmp_path):
     res = invoke("report", "--out", tmp_path / "rep")
     assert res.exit_code == 2 and "no evalkit database" in res.stderr
-    from evalkit.store.db import open_store
+    from evalkit.store.db import open_writer
 
-    with open_store(None):
+    with open_writer(None):
         pass
     res = invoke("report", "--out", tmp_path / "rep")
     assert res.exit_code == 2 and "no finished runs to report on" in res.stderr

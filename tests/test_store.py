@@ -11,9 +11,11 @@ import duckdb
 import pytest
 
 from evalkit.errors import BadInput
-from evalkit.store import db as store
-from evalkit.store.db import applied, migrate, open_store, pending, read_query, resolve_run
+from evalkit.store import runs as store
+from evalkit.store.db import applied, migrate, open_reader, open_writer, pending, transaction
 from evalkit.store.migrations import MIGRATIONS
+from evalkit.store.queries import resolve_run
+from evalkit.store.sandbox import read_query
 
 EXPECTED_TABLES = {
     "schema_version": {"version": "INTEGER", "name": "VARCHAR", "applied_at": "TIMESTAMP"},
@@ -48,6 +50,9 @@ EXPECTED_TABLES = {
         "duration_s": "DOUBLE",
         "config": "VARCHAR",
         "error": "VARCHAR",
+        "pid": "INTEGER",
+        "pid_start": "VARCHAR",
+        "heartbeat_at": "TIMESTAMP",
     },
     "metrics": {
         "run_id": "VARCHAR",
@@ -99,6 +104,7 @@ EXPECTED_TABLES = {
         "logprob": "DOUBLE",
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
+    "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
 }
 SCHEMA_VERSION_DDL = (  # as store.migrate creates it
     "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)"
@@ -127,7 +133,7 @@ def file_digest(path) -> str:
 
 
 def test_fresh_db_has_the_exact_schema(tmp_path):
-    with open_store(tmp_path / "fresh.duckdb") as con:
+    with open_writer(tmp_path / "fresh.duckdb") as con:
         assert relations(con, "BASE TABLE") == set(EXPECTED_TABLES)
         for table, expected in EXPECTED_TABLES.items():
             assert columns(con, table) == expected, table
@@ -171,11 +177,11 @@ def test_applied_and_pending(tmp_path):
 
 def test_migrating_twice_is_a_no_op(tmp_path):
     path = tmp_path / "twice.duckdb"
-    with open_store(path) as con:
+    with open_writer(path) as con:
         first = con.execute("SELECT * FROM schema_version ORDER BY version").fetchall()
         schema = {t: columns(con, t) for t in EXPECTED_TABLES}
         assert migrate(con) == []
-    with open_store(path) as con:
+    with open_writer(path) as con:
         assert con.execute("SELECT * FROM schema_version ORDER BY version").fetchall() == first
         assert {t: columns(con, t) for t in EXPECTED_TABLES} == schema
         assert pending(con) == []
@@ -196,7 +202,7 @@ def test_partly_migrated_db_gets_only_the_rest(tmp_path):
     con = older_db(path, 2)
     con.execute("INSERT INTO runs (id, created_at, status, model) VALUES ('r1', now(), 'done', 'hf')")
     con.close()
-    with open_store(path) as con:
+    with open_writer(path) as con:
         assert applied(con) == [m.__name__ for m in MIGRATIONS]
         assert con.execute("SELECT id FROM runs").fetchall() == [("r1",)]
         assert relations(con, "BASE TABLE") == set(EXPECTED_TABLES)
@@ -204,20 +210,25 @@ def test_partly_migrated_db_gets_only_the_rest(tmp_path):
 
 def test_read_only_open_needs_an_existing_db(tmp_path):
     path = tmp_path / "ro.duckdb"
-    with pytest.raises(BadInput), open_store(path, read_only=True):
+    with pytest.raises(BadInput), open_reader(path):
         pass
     assert not path.exists()
 
 
-def test_read_only_open_of_an_older_db_upgrades_it_once(tmp_path):
-    """A file written by an older evalkit (fewer migrations) is migrated once, then read."""
+def test_read_only_open_of_an_older_db_refuses_and_changes_nothing(tmp_path):
+    """A file written by an older evalkit (fewer migrations) is not migrated by a reader: it is
+    refused with the command that upgrades it, and stays byte-identical; a writer upgrades it."""
     path = tmp_path / "older.duckdb"
     older_db(path, 5).close()
-    with open_store(path, read_only=True) as con:
+    before = file_digest(path)
+    with pytest.raises(BadInput, match="evalkit migrate"), open_reader(path):
+        pass
+    assert file_digest(path) == before
+    with open_writer(path) as con:
         assert pending(con) == []
         assert EXPECTED_VIEWS <= relations(con, "VIEW")
     before = file_digest(path)
-    with open_store(path, read_only=True) as con:
+    with open_reader(path) as con:
         assert applied(con) == [m.__name__ for m in MIGRATIONS]
     assert file_digest(path) == before  # an up-to-date file is only read
 
@@ -241,7 +252,7 @@ def runs_db_master(tmp_path_factory):
     add_run(path, "2601011201-abcdef", 1)
     add_run(path, "2601011202-abc123", 2)
     add_run(path, "2601011203-ffffff", 3, status="failed")
-    with store.transaction(path) as con:
+    with transaction(path) as con:
         con.execute("INSERT INTO tags VALUES ('prod', '2601011200-aaaaaa', ?)", [T0])
         con.execute("INSERT INTO tags VALUES ('prod', '2601011201-abcdef', ?)", [T0 + dt.timedelta(hours=1)])
         con.execute("INSERT INTO tags VALUES ('old', '2601011200-aaaaaa', ?)", [T0 + dt.timedelta(hours=2)])
@@ -257,7 +268,7 @@ def db_with_runs(runs_db_master, tmp_path):
 
 
 def test_resolve_run(db_with_runs):
-    with open_store(db_with_runs, read_only=True) as con:
+    with open_reader(db_with_runs) as con:
         assert resolve_run(con, "2601011201-abcdef") == "2601011201-abcdef"  # a full id
         assert resolve_run(con, " 2601011201-abcdef ") == "2601011201-abcdef"
         assert resolve_run(con, "2601011201") == "2601011201-abcdef"  # a unique prefix
@@ -280,7 +291,7 @@ def test_resolve_run_by_name(db_with_runs):
                                   ("2601011206-333333", 6, "chat-q4-ban")]:
         store.insert_run(db_with_runs, {"id": run_id, "created_at": T0 + dt.timedelta(minutes=minutes),
                                         "status": "done", "model": "hf", "tasks": ["firsttoken"], "name": name})
-    with open_store(db_with_runs, read_only=True) as con:
+    with open_reader(db_with_runs) as con:
         assert resolve_run(con, "chat-q4") == "2601011205-222222"  # the newest of that name, not a prefix
         assert resolve_run(con, "chat-q4-ban") == "2601011206-333333"
         assert resolve_run(con, "2601011204") == "2601011204-111111"  # ids still come first
@@ -295,7 +306,7 @@ def test_resolve_run_by_name_prefers_done_runs_and_refuses_a_name_that_is_an_id_
                                           ("2601011207-444444", 7, "260101120", "done")]:
         store.insert_run(db_with_runs, {"id": run_id, "created_at": T0 + dt.timedelta(minutes=minutes),
                                         "status": status, "model": "hf", "tasks": ["firsttoken"], "name": name})
-    with open_store(db_with_runs, read_only=True) as con:
+    with open_reader(db_with_runs) as con:
         assert resolve_run(con, "nightly") == "2601011204-111111"  # the newer one was interrupted
         assert resolve_run(con, "only-failed") == "2601011206-333333"
         with pytest.raises(BadInput, match="both a run name and an id prefix"):
@@ -308,14 +319,14 @@ def test_resolve_run_by_name_prefers_done_runs_and_refuses_a_name_that_is_an_id_
 
 def test_resolve_run_prefix_is_literal(db_with_runs):
     """A prefix is text, not a pattern: LIKE wildcards match nothing."""
-    with open_store(db_with_runs, read_only=True) as con:
+    with open_reader(db_with_runs) as con:
         for ref in ("%", "2601011201-abc%", "_601011201", "2601011201-abc_ef"):
             with pytest.raises(BadInput):
                 resolve_run(con, ref)
 
 
 def test_resolve_latest_on_an_empty_db(tmp_path):
-    with open_store(tmp_path / "empty.duckdb") as con, pytest.raises(BadInput, match="no runs"):
+    with open_writer(tmp_path / "empty.duckdb") as con, pytest.raises(BadInput, match="no runs"):
         resolve_run(con, "latest")
 
 
@@ -379,9 +390,9 @@ def test_read_query_bad_sql_and_missing_db(db_with_runs, tmp_path):
 def test_read_query_allows_pivot(tmp_path):
     """DuckDB parses PIVOT as a MULTI statement; it only reads, so query lets it through."""
     db = tmp_path / "p.duckdb"
-    with store.transaction(db) as con:
+    with transaction(db) as con:
         con.execute("INSERT INTO tags VALUES ('prod', 'r1', now()), ('dev', 'r2', now())")
-    cols, rows = store.read_query(db, "PIVOT (SELECT tag, run_id FROM tags) ON tag USING first(run_id)")
+    cols, rows = read_query(db, "PIVOT (SELECT tag, run_id FROM tags) ON tag USING first(run_id)")
     assert sorted(cols) == ["dev", "prod"] and len(rows) == 1
 
 
@@ -410,7 +421,7 @@ def test_finish_run_stores_every_row_as_given(tmp_path, monkeypatch):
     metrics = [{"run_id": "r1", "task": "firsttoken_en", "metric": "ft_hit", "filter": "none",
                 "value": 0.5, "stderr": 0.1, "n": 11}]
     store.finish_run(db, "r1", metrics=metrics, samples=rows, topk=topk, status="done", duration_s=2.5)
-    with open_store(db, read_only=True) as con:
+    with open_reader(db) as con:
         stored = con.execute(f"SELECT {', '.join(store.SAMPLE_COLUMNS)} FROM samples").fetchall()
         assert stored == [tuple(r.get(c) for c in store.SAMPLE_COLUMNS) for r in rows]
         assert con.execute(f"SELECT {', '.join(store.TOPK_COLUMNS)} FROM first_token_topk").fetchall() == [
@@ -428,6 +439,6 @@ def test_finish_run_with_a_bad_value_writes_nothing(tmp_path, monkeypatch):
     rows[9]["ft_hit"] = "not a number"
     with pytest.raises(duckdb.Error, match="not a number"):
         store.finish_run(db, "r1", metrics=[], samples=rows, topk=[], status="done")
-    with open_store(db, read_only=True) as con:
+    with open_reader(db) as con:
         assert con.execute("SELECT count(*) FROM samples").fetchone() == (0,)
         assert con.execute("SELECT status FROM runs WHERE id = 'r1'").fetchone() == ("running",)

@@ -14,6 +14,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+from evalkit.backends import BACKENDS, backend_for
 from evalkit.errors import BadInput
 
 _REGISTER = re.compile(r"register_model\(([^)]*)\)")
@@ -22,7 +23,7 @@ _REGISTER = re.compile(r"register_model\(([^)]*)\)")
 @functools.lru_cache(maxsize=1)
 def model_types() -> frozenset[str]:
     """Model type names registered by lm-eval's model modules, plus evalkit's own."""
-    names = {"evalkit-hf", "evalkit-vllm"}
+    names = {b.name for b in BACKENDS}
     spec = importlib.util.find_spec("lm_eval")
     if spec and spec.submodule_search_locations:
         models = Path(list(spec.submodule_search_locations)[0]) / "models"
@@ -32,15 +33,12 @@ def model_types() -> frozenset[str]:
     return frozenset(names)
 
 
-# model type -> the package it needs beyond lm-eval's own requirements
-BACKEND_PACKAGES = {"vllm": "vllm", "evalkit-vllm": "vllm"}
-
-
 def check_installed(name: str) -> None:
     """Raise BadInput when model type `name` needs a package that is not installed here.
 
     Found with `find_spec`, without importing the package (importing vllm takes seconds)."""
-    package = BACKEND_PACKAGES.get(name)
+    backend = backend_for(name)
+    package = backend.package if backend else None
     if package and importlib.util.find_spec(package) is None:
         raise BadInput(f"--model {name} needs the {package!r} package, which is not installed: pip install {package}")
 

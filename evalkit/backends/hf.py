@@ -23,7 +23,8 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from evalkit.backends import engine as firststep
-from evalkit.backends.models import DEFAULT_TOLERANCE, apply_quant
+from evalkit.backends import quant as quantization
+from evalkit.backends.models import DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
@@ -89,7 +90,8 @@ class EvalkitHFLM(HFLM):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         super().__init__(pretrained, device=device, **kwargs)
-        self._model = apply_quant(self._model, quant)
+        quantization.check(quant, in_process_hf=True, model_type="hf", device=str(self.device))
+        self._model = quantization.apply(self._model, quant)
         self.quant = quant
         self.top_k = int(top_k)
         self.temperature = float(temperature)

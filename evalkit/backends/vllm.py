@@ -50,27 +50,11 @@ from tqdm import tqdm
 from vllm import SamplingParams
 
 from evalkit.backends import engine as firststep
+from evalkit.backends.models import logprobs_k
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
 
 log = logging.getLogger(__name__)
-
-# vLLM's ModelConfig.max_logprobs default, "the default for the OpenAI Chat Completions API".
-VLLM_MAX_LOGPROBS = 20
-
-
-def logprobs_k(top_k: int, max_logprobs: int | None) -> int:
-    """How many logprobs per step to ask vLLM for: top_k, capped by the engine (-1: no cap).
-
-    >>> logprobs_k(50, 20), logprobs_k(50, None), logprobs_k(50, 100), logprobs_k(50, -1)
-    (20, 20, 50, 50)
-    """
-    if max_logprobs is None:
-        max_logprobs = VLLM_MAX_LOGPROBS
-    if max_logprobs < 0:
-        return top_k
-    return min(top_k, max_logprobs)
-
 
 def step_topk(step: dict[int, Any] | None, k: int) -> list[tuple[int, float]]:
     """One position's vLLM logprobs (token_id -> Logprob) as [(token_id, logprob)], best first, at most k.

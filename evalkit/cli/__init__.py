@@ -72,6 +72,7 @@ _COMMAND_MODULES = [
     "report",
     "gate",
     "metrics",
+    "db",
 ]
 
 for _name in _COMMAND_MODULES:

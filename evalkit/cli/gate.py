@@ -29,14 +29,19 @@ def gate_command(candidate, baseline, rules_file, junit_file, db):
       evalkit gate --candidate latest --baseline tag:prod
       evalkit gate --candidate 2612021005 --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml
     """
-    from evalkit.errors import BadInput, RunFailed
+    from evalkit.errors import RunFailed
     from evalkit.gate.db import gate_runs
+    from evalkit.paths import check_output_file
+    from evalkit.store.db import db_path
 
-    if junit_file and not os.path.isdir(os.path.dirname(os.path.abspath(junit_file))):
-        raise BadInput(f"cannot write --junit {junit_file}: its folder does not exist")
+    inputs = [db_path(db), rules_file]
+    if junit_file:
+        check_output_file(junit_file, "--junit", protect=inputs)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        check_output_file(summary, "$GITHUB_STEP_SUMMARY", protect=[*inputs, junit_file])
     result = gate_runs(db, candidate, baseline, rules_file)
     click.echo(result.markdown, nl=False)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a", encoding="utf-8") as fh:
             fh.write(result.markdown + "\n")

@@ -43,8 +43,11 @@ def _pad(text: str, width: int) -> str:
 @click.option("--top-k", type=int, default=10, show_default=True, help="First tokens to list.")
 @click.option("--model-args", default=None, help="pretrained=...,gguf_file=...,dtype=...; none: the embedded SmolLM2.")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
+@click.option("--task", default="firsttoken_en", show_default=True,
+              help="The task whose generation settings (stop strings, max tokens) the response uses.")
+@click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
 @format_option
-def inspect_command(prompt, template, templates_file, quant, top_k, model_args, temperature, fmt):
+def inspect_command(prompt, template, templates_file, quant, top_k, model_args, temperature, task, device, fmt):
     """Show the first-token distribution of one PROMPT, put through a template as a run would.
 
     Lists the top-k first tokens (rank, id, token, probability, bar, cumulative
@@ -62,7 +65,7 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
     from evalkit.inspection import inspect_prompt
 
     r = inspect_prompt(prompt, template=template, quant=quant, top_k=top_k, model_args=model_args,
-                       temperature=temperature, templates_file=templates_file)
+                       temperature=temperature, templates_file=templates_file, task=task, device=device)
     if fmt == "json":
         click.echo(json.dumps(asdict(r), ensure_ascii=False, indent=2))
         return

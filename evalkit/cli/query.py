@@ -28,7 +28,7 @@ def query_command(ctx, sql, dbs, parquet_dirs, fmt):
       evalkit query "SELECT * FROM needle_heatmap" --format csv
       evalkit query --db a.duckdb --db b.duckdb --parquet exports/gpu-box "SELECT host, count(*) FROM runs GROUP BY host"
     """
-    from evalkit.store.export import merged_query
+    from evalkit.store.sandbox import merged_query
 
     if parquet_dirs and ctx.get_parameter_source("dbs") is not click.core.ParameterSource.COMMANDLINE:
         dbs = ()  # $EVALKIT_DB does not join exports unasked

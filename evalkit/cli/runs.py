@@ -9,7 +9,7 @@ from evalkit.cli.output import render
 
 
 @click.command("runs")
-@click.option("--limit", type=int, default=50, show_default=True, help="Newest N runs.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Newest N runs.")
 @db_option
 @format_option
 def runs_command(limit, db, fmt):
@@ -20,10 +20,16 @@ def runs_command(limit, db, fmt):
       evalkit runs
       evalkit runs --format csv --limit 5
     """
+    from evalkit.store.db import db_path
     from evalkit.store.queries import list_runs
+    from evalkit.store.spool import pending_files
 
     cols, rows = list_runs(db, limit)
     click.echo(render(cols, rows, fmt))
+    waiting = pending_files(db_path(db))
+    if waiting:
+        click.echo(f"{len(waiting)} finished run(s) wait in {waiting[0].parent}: the next write brings them in, "
+                   "or `evalkit ingest` now", err=True)
 
 
 @click.command("show")

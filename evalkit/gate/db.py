@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evalkit.errors import BadInput
-from evalkit.store.db import SAMPLE_METRIC_COLUMNS, _now, open_store, resolve_run, transaction
+from evalkit.store.db import db_path, now, open_reader, transaction
+from evalkit.store.queries import resolve_run, shown_status
+from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
 
 if TYPE_CHECKING:  # evalkit.gate.rules imports numpy and yaml: loaded when a gate runs
     from evalkit.gate.rules import Verdict
 
-_TAG_RE = re.compile(r"^[\w.\-]+$")
+_TAG_RE = re.compile(r"[\w.\-]+")
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class GateResult:
 def _done_run(con, ref: str, action: str) -> str:
     """Resolve ``ref`` to a run id; BadInput unless that run finished (status 'done')."""
     run_id = resolve_run(con, ref)
-    status = con.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()[0]
+    status = shown_status(con, run_id)
     if status != "done":
         raise BadInput(f"run {run_id} has status {status!r}; only a done run can be {action}")
     return run_id
@@ -79,7 +81,7 @@ def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
     from evalkit.gate import rules as gate
 
     rules = gate.load_rules(rules_path)
-    with open_store(db, read_only=True) as con:
+    with open_reader(db) as con:
         cand_id = _done_run(con, candidate, "gated")
         base_id = _done_run(con, baseline, "gated")
         cand = load_run_data(con, cand_id)
@@ -101,12 +103,13 @@ def promote(db, ref: str, tag: str) -> tuple[str, bool]:
     already had the tag). Raises BadInput for a bad tag name or an unknown or
     unfinished run, before anything is written.
     """
-    if not _TAG_RE.match(tag or ""):
+    if not _TAG_RE.fullmatch(tag or ""):
         raise BadInput(f"bad tag name {tag!r}: use letters, digits, '.', '_' or '-'")
-    with open_store(db, read_only=True) as con:
-        run_id = _done_run(con, ref, "promoted")
+    if not db_path(db).is_file():
+        raise BadInput(f"no evalkit database at {db_path(db)} (store a run with `evalkit run`, or pass --db)")
     with transaction(db) as con:
+        run_id = _done_run(con, ref, "promoted")
         exists = con.execute("SELECT count(*) FROM tags WHERE tag = ? AND run_id = ?", [tag, run_id]).fetchone()[0]
         if not exists:
-            con.execute("INSERT INTO tags (tag, run_id, created_at) VALUES (?, ?, ?)", [tag, run_id, _now()])
+            con.execute("INSERT INTO tags (tag, run_id, created_at) VALUES (?, ?, ?)", [tag, run_id, now()])
     return run_id, not exists

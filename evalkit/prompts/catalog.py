@@ -21,6 +21,11 @@ import yaml
 from evalkit.errors import BadInput
 
 PROMPTS_TASK = "firsttoken_user"  # the task of `--prompts FILE`
+# the built-in first-token tasks' prompt files, under the tasks folder
+FIRSTTOKEN_DATA = {
+    "firsttoken_en": ("firsttoken", "data", "firsttoken_en.jsonl"),
+    "firsttoken_zh": ("firsttoken", "data", "firsttoken_zh.jsonl"),
+}
 GROUP_TAG = "evalkit"  # the tag every built-in task carries (not a task a user names)
 
 
@@ -75,7 +80,24 @@ def task_names(folders: Iterable[Path]) -> set[str]:
     return names
 
 
-@functools.lru_cache(maxsize=8)
+def expand(names: Iterable[str]) -> list[str]:
+    """Task names with evalkit's groups replaced by their tasks (other names as they are).
+
+    >>> expand(["firsttoken", "needle_en"])
+    ['firsttoken_en', 'firsttoken_zh', 'needle_en']
+    """
+    groups: dict[str, list[str]] = {}
+    for path in sorted(tasks_path().rglob("*.yaml")):
+        cfg = _yaml_config(str(path))
+        if isinstance(cfg.get("group"), str) and isinstance(cfg.get("task"), list):
+            groups[cfg["group"]] = [t for t in cfg["task"] if isinstance(t, str)]
+    out: list[str] = []
+    for name in names:
+        out += expand(groups[name]) if name in groups else [name]
+    return list(dict.fromkeys(out))
+
+
+@functools.lru_cache(maxsize=64)
 def _yaml_config(path: str) -> dict[str, Any]:
     cfg = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Loader)
     return cfg if isinstance(cfg, dict) else {}

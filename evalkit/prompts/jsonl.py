@@ -18,6 +18,16 @@ from evalkit.contract import FIRSTTOKEN
 from evalkit.errors import BadInput
 
 
+def _check_encodes(where: str, key: str, value) -> None:
+    """JSON can spell a lone surrogate ("\\ud800"); such text cannot be tokenised or stored."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadInput(f"{where}: {key!r} holds text that does not encode as UTF-8 "
+                           f"(a lone surrogate at position {exc.start})") from None
+
+
 def load_prompts(path: str | Path) -> list[dict]:
     """Read and validate a prompts JSONL file; any problem is a BadInput naming file and line."""
     path = Path(path)
@@ -56,6 +66,10 @@ def load_prompts(path: str | Path) -> list[dict]:
             raise BadInput(f"{where}: 'answers' must be a non-empty list of non-empty strings")
         if not isinstance(obj["lang"], str) or not obj["lang"].strip():
             raise BadInput(f"{where}: 'lang' must be a language code such as 'en' or 'zh'")
+        for key in ("prompt", "lang", "id", "category"):
+            _check_encodes(where, key, obj.get(key))
+        for answer in answers:
+            _check_encodes(where, "answers", answer)
         doc_id = str(obj.get("id") or f"{path.stem}-{lineno}")
         if doc_id in seen:
             raise BadInput(f"{where}: duplicate id {doc_id!r}")

@@ -23,12 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import BadInput
+from evalkit.paths import check_output_dir
 from evalkit.scoring import registry
-from evalkit.store.db import db_path, open_store, resolve_run
+from evalkit.store.db import db_path, open_reader
+from evalkit.store.queries import resolve_run
 
 MAX_DEFAULT_RUNS = 12
 MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
 MAX_HEATMAPS = 3  # needle heatmaps, newest runs first (each costs ~0.4 s of CPU)
+MAX_PROMPTS = 50  # --prompts: first-token prompts charted
+# every file a report may write into --out
+REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png",
+                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)))
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
 TABLE_RANKS = 5  # ranks per run in the first-token tables
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
@@ -92,13 +98,11 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
     Raises BadInput for an unknown run, a DB without finished runs (when no runs
     are named), a negative ``prompts``, or an ``out`` that is a file.
     """
-    if prompts < 0:
-        raise BadInput(f"--prompts must be >= 0, got {prompts}")
-    out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise BadInput(f"{out_dir} is a file, not a folder for the report")
+    if isinstance(prompts, bool) or not 0 <= prompts <= MAX_PROMPTS:
+        raise BadInput(f"--prompts must be a whole number from 0 to {MAX_PROMPTS}, got {prompts}")
+    out_dir = check_output_dir(out, "--out", REPORT_FILES, protect=[db_path(db)])
     refs = parse_run_refs(runs)
-    with open_store(db, read_only=True) as con:
+    with open_reader(db) as con:
         data = _read(con, refs, prompts)
     data.db = str(db_path(db))
     try:

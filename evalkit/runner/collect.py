@@ -14,7 +14,7 @@ from typing import Any
 
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.scoring.firsttoken import ft_outcome, stored_fields
-from evalkit.store.db import SAMPLE_METRIC_COLUMNS
+from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
 
 
 def _num(value: Any) -> float | None:

@@ -1,9 +1,13 @@
-"""The DuckDB file: opening, migrating, and the few reads and writes evalkit makes.
+"""Opening the evalkit DuckDB file: who may write it, what it must be, and waiting for its lock.
 
-Owns: `open_store` (the only place that connects for writing and migrates),
-short write transactions with a bounded retry on DuckDB's single-writer file
-lock, run-id resolution, and read-only SQL for `evalkit query`. Does not:
-compute metrics, format output, or decide exit codes.
+Owns: the DB path (`db_path`), telling an evalkit DB from anything else (`inspect_file`:
+a missing file, not DuckDB, an empty DuckDB file, another program's DuckDB file, an
+evalkit DB of an older or newer schema), the two ways in — `open_reader` (read-only,
+never migrates, never writes, refuses what it cannot read with one line) and
+`open_writer` (creates and migrates; used by `run`, `promote`, `migrate` and `ingest`
+only) — short write transactions, and the bounded, jittered wait on DuckDB's
+single-writer file lock. Does not: know which rows a run writes (`runs`), keep unwritten
+results (`spool`), or run user SQL (`sandbox`).
 """
 
 from __future__ import annotations
@@ -13,23 +17,22 @@ import datetime as dt
 import os
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import duckdb
 
-from evalkit.errors import BadInput
-from evalkit.scoring import registry
-from evalkit.store.migrations import MIGRATIONS
+from evalkit.errors import BadInput, DatabaseBusy
+from evalkit.store.migrations import APPLICATION_ID, MIGRATIONS
 
 DEFAULT_DB = Path("reports") / "evalkit.duckdb"
-LOCK_TIMEOUT_S = float(os.environ.get("EVALKIT_LOCK_TIMEOUT", "120"))
+MIGRATION_NAMES = [m.__name__ for m in MIGRATIONS]
 
-# statement types `evalkit query` lets through; everything else may write.
-# MULTI is what DuckDB makes of PIVOT (a SELECT over an enum it builds); the
-# connection is read-only besides, so nothing it expands to can write the file.
-_READ_STATEMENTS = {"SELECT", "EXPLAIN", "PRAGMA", "SHOW", "DESCRIBE", "SUMMARIZE", "MULTI"}
+
+def lock_timeout() -> float:
+    """Seconds evalkit waits for another process's lock ($EVALKIT_LOCK_TIMEOUT, default 120)."""
+    return float(os.environ.get("EVALKIT_LOCK_TIMEOUT", "120"))
 
 
 def db_path(path: str | os.PathLike | None = None) -> Path:
@@ -37,53 +40,202 @@ def db_path(path: str | os.PathLike | None = None) -> Path:
     return Path(path or os.environ.get("EVALKIT_DB") or DEFAULT_DB)
 
 
-def _is_lock_error(exc: Exception) -> bool:
+def now() -> dt.datetime:
+    """The current UTC time as the naive TIMESTAMP evalkit stores."""
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def is_duckdb_file(path: Path) -> bool:
+    """A DuckDB file carries the magic bytes 'DUCK' at offset 8; an empty file is not one."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(12)
+    except OSError:
+        return False
+    return len(head) == 12 and head[8:12] == b"DUCK"
+
+
+def is_lock_error(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "lock" in text and ("conflict" in text or "could not set" in text)
 
 
-def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
-    """Connect, waiting (bounded, with jitter) while another process holds the file lock."""
-    if read_only and not path.exists():
-        raise BadInput(f"no evalkit database at {path}")
-    if path.exists() and path.is_dir():
-        raise BadInput(f"{path} is a directory, not a DuckDB file")
-    return open_waiting(path, lambda: duckdb.connect(str(path), read_only=read_only))
-
-
-def open_waiting(path: Path, open_fn):
-    """`open_fn()` (a connect or ATTACH of `path`), retried with backoff and jitter while
-    another process holds DuckDB's file lock, up to LOCK_TIMEOUT_S; any other DuckDB
-    error means the file is not a readable DuckDB file (BadInput)."""
-    deadline = time.monotonic() + LOCK_TIMEOUT_S
+def open_waiting(path: Path, open_fn: Callable[[], duckdb.DuckDBPyConnection]):
+    """`open_fn()` (a connect or ATTACH of `path`), retried with backoff and jitter while another
+    process holds DuckDB's file lock, for up to `lock_timeout()` seconds (then DatabaseBusy);
+    any other DuckDB error means the file is not a readable DuckDB file (BadInput)."""
+    deadline = time.monotonic() + lock_timeout()
     delay = 0.05
     while True:
         try:
             return open_fn()
         except duckdb.Error as exc:
-            if _is_lock_error(exc) and time.monotonic() < deadline:
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
-                continue
-            if _is_lock_error(exc):
-                raise
-            raise BadInput(f"{path} is not a readable DuckDB file ({str(exc).splitlines()[0]})") from exc
+            if not is_lock_error(exc):
+                raise BadInput(f"{path} is not a readable DuckDB file ({str(exc).splitlines()[0]})") from exc
+            if time.monotonic() >= deadline:
+                raise DatabaseBusy(f"{path} is locked by another process (waited {lock_timeout():g} s); "
+                                   "close it there and try again") from exc
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+
+
+# ---- what a file is -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What `inspect_file` found; `problem` is the one line a reader would refuse it with."""
+
+    kind: str  # missing | not-duckdb | empty | foreign | evalkit
+    applied: tuple[str, ...] = ()  # migrations recorded in it (evalkit only)
+    unknown: tuple[str, ...] = ()  # migrations this evalkit does not know (a newer evalkit wrote it)
+
+    @property
+    def pending(self) -> list[str]:
+        return [m for m in MIGRATION_NAMES if m not in self.applied]
+
+
+def inspect_con(con: duckdb.DuckDBPyConnection, database: str | None = None) -> FileState:
+    """What the open database (`database`, default the connection's own) is, by its tables."""
+    db = database or con.execute("SELECT current_database()").fetchone()[0]
+    relations = {r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
+        "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal",
+        [db, db]).fetchall()}
+    if not relations:
+        return FileState("empty")
+    if "schema_version" not in relations:
+        return FileState("foreign")
+    names = tuple(r[0] for r in con.execute(f'SELECT name FROM "{db}".main.schema_version ORDER BY version').fetchall())
+    marked = False
+    if "evalkit_meta" in relations:
+        row = con.execute(f"SELECT value FROM \"{db}\".main.evalkit_meta WHERE key = 'application_id'").fetchone()
+        marked = row is not None and row[0] == APPLICATION_ID
+    known = [n for n in names if n in MIGRATION_NAMES]
+    # an evalkit from before the marker: its migrations are a prefix of ours, in order
+    old_evalkit = bool(names) and list(names) == MIGRATION_NAMES[: len(names)]
+    if not (marked or old_evalkit):
+        return FileState("foreign")
+    return FileState("evalkit", tuple(known), tuple(n for n in names if n not in MIGRATION_NAMES))
+
+
+def refusal(path: Path, state: FileState, *, writer: bool) -> str | None:
+    """Why a reader (or a writer) cannot use this file, or None."""
+    if state.kind == "foreign":
+        return f"{path} is a DuckDB file of another program, not an evalkit database; evalkit leaves it alone"
+    if state.unknown:
+        return (f"{path} was written by a newer evalkit (schema {state.unknown[-1]} is unknown here); "
+                "upgrade evalkit to read it")
+    if writer:
+        return None
+    if state.kind == "empty":
+        return f"{path} is an empty DuckDB file with no evalkit runs yet (store one with `evalkit run`)"
+    if state.pending:
+        return (f"{path} was written by an older evalkit ({len(state.pending)} schema upgrades pending); "
+                f"run `evalkit migrate --db {path}` to upgrade it")
+    return None
+
+
+# ---- readers ------------------------------------------------------------------------------
+
+SANDBOX_CONFIG = {
+    # DuckDB's own guarantees for SQL the user wrote: no file, extension or other database
+    # is reachable from the connection, and the settings cannot be changed back.
+    "enable_external_access": False,
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+    "allow_community_extensions": False,
+    "lock_configuration": True,
+}
+
+
+def _connect_reader(path: Path, config: dict | None) -> duckdb.DuckDBPyConnection:
+    if not path.exists():
+        raise BadInput(f"no evalkit database at {path} (store a run with `evalkit run`, or pass --db)")
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory, not a DuckDB file")
+    if not is_duckdb_file(path):
+        raise BadInput(f"{path} is not a DuckDB file")
+    return open_waiting(path, lambda: duckdb.connect(str(path), read_only=True, config=dict(config or {})))
+
+
+@contextlib.contextmanager
+def open_reader(path: str | os.PathLike | None = None, *, sandbox: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-only connection to an evalkit DB at the current schema, closed on exit.
+
+    Never creates, migrates or writes anything. Refuses (BadInput, one line) a missing
+    file, a file that is not DuckDB, an empty DuckDB file, another program's DuckDB
+    file, and an evalkit DB of another schema (naming `evalkit migrate` for an older
+    one). `sandbox` adds DuckDB's external-access lock (for user SQL). Keep the block
+    short: while it is open no other process can write the file.
+    """
+    path = db_path(path)
+    con = _connect_reader(path, SANDBOX_CONFIG if sandbox else None)
+    try:
+        problem = refusal(path, inspect_con(con), writer=False)
+        if problem:
+            raise BadInput(problem)
+        yield con
+    finally:
+        con.close()
+
+
+def file_state(path: str | os.PathLike | None = None) -> FileState:
+    """What the DB file is, read without writing (a missing file is `missing`)."""
+    path = db_path(path)
+    if not path.exists():
+        return FileState("missing")
+    if path.is_dir() or not is_duckdb_file(path):
+        return FileState("not-duckdb")
+    con = open_waiting(path, lambda: duckdb.connect(str(path), read_only=True))
+    try:
+        return inspect_con(con)
+    finally:
+        con.close()
+
+
+def check_writable(path: str | os.PathLike | None = None) -> Path:
+    """Refuse, before any work, a DB path a writer could not use; return the path.
+
+    A missing file is fine (it is created on the first write); so is an empty DuckDB
+    file. A folder, a non-DuckDB file, another program's DuckDB file or a newer
+    evalkit's DB is BadInput.
+    """
+    path = db_path(path)
+    if path.is_dir():
+        raise BadInput(f"{path} is a directory, not a DuckDB file")
+    if path.exists():
+        if not is_duckdb_file(path):
+            raise BadInput(f"{path} is not a DuckDB file")
+        problem = refusal(path, file_state(path), writer=True)
+        if problem:
+            raise BadInput(problem)
+    elif not _creatable(path.parent):
+        raise BadInput(f"cannot create the database {path}: its folder is not writable")
+    return path
+
+
+def _creatable(folder: Path) -> bool:
+    while not folder.exists():
+        if folder.parent == folder:
+            return False
+        folder = folder.parent
+    return folder.is_dir() and os.access(folder, os.W_OK)
+
+
+# ---- writers ------------------------------------------------------------------------------
 
 
 def applied(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Names of the migrations already applied, in order (reads only)."""
-    exists = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_version'"
-    ).fetchone()[0]
-    if not exists:
-        return []
-    return [r[0] for r in con.execute("SELECT name FROM schema_version ORDER BY version").fetchall()]
+    state = inspect_con(con)
+    return list(state.applied) if state.kind == "evalkit" else []
 
 
 def pending(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Names of the migrations not yet applied (reads only)."""
     done = set(applied(con))
-    return [m.__name__ for m in MIGRATIONS if m.__name__ not in done]
+    return [name for name in MIGRATION_NAMES if name not in done]
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -100,10 +252,7 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
         con.execute("BEGIN TRANSACTION")
         try:
             migration(con)
-            con.execute(
-                "INSERT INTO schema_version VALUES (?, ?, ?)",
-                [version, migration.__name__, _now()],
-            )
+            con.execute("INSERT INTO schema_version VALUES (?, ?, ?)", [version, migration.__name__, now()])
             con.execute("COMMIT")
         except Exception:
             con.execute("ROLLBACK")
@@ -112,50 +261,43 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     return ran
 
 
-def _looks_like_evalkit(con: duckdb.DuckDBPyConnection) -> bool:
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    return not tables or "schema_version" in tables
+# Files written by this evalkit are readable by DuckDB 1.x clients (the CLI, DBeaver, older
+# Python packages) too: DuckDB writes the oldest storage format that holds what evalkit stores.
+STORAGE_COMPATIBILITY = "v1.0.0"
 
 
 @contextlib.contextmanager
-def open_store(path: str | os.PathLike | None = None, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-    """Connect to the evalkit DB (migrating it when writable) and close it on exit.
+def open_writer(path: str | os.PathLike | None = None, *, upkeep: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A read-write connection to the evalkit DB, created and migrated as needed; closed on exit.
 
-    Keep the block short: while it is open, no other process can write the file.
+    Only writers use it (`run`, `promote`, `migrate`, `ingest`). Refuses another
+    program's DuckDB file and a newer evalkit's DB. With `upkeep`, it also brings in
+    finished runs kept in the spool folder and marks runs whose process is gone as
+    `abandoned` (see `runs.liveness`). Keep the block short.
     """
-    path = db_path(path)
-    if not read_only:
-        if path.exists() and not _has_duckdb_header(path):
-            raise BadInput(f"{path} is not a DuckDB file")
-        path.parent.mkdir(parents=True, exist_ok=True)
-    con = _connect(path, read_only)
+    path = check_writable(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config = {} if path.exists() else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+    con = open_waiting(path, lambda: duckdb.connect(str(path), config=config))
     try:
-        if not _looks_like_evalkit(con):
-            raise BadInput(f"{path} is a DuckDB file but not an evalkit database")
-        if not read_only:
-            migrate(con)
-        elif pending(con):
-            # a file written by an older evalkit: upgrade its schema once, then read
-            con.close()
-            with open_store(path):
-                pass
-            con = _connect(path, read_only)
+        problem = refusal(path, inspect_con(con), writer=True)
+        if problem:
+            raise BadInput(problem)
+        migrate(con)
+        if upkeep:
+            from evalkit.store import runs, spool
+
+            spool.ingest_pending(con, path)
+            runs.mark_abandoned(con)
         yield con
     finally:
         con.close()
 
 
-def _has_duckdb_header(path: Path) -> bool:
-    """A DuckDB file carries the magic bytes 'DUCK' at offset 8; an empty file is not one either."""
-    with open(path, "rb") as fh:
-        head = fh.read(12)
-    return len(head) == 12 and head[8:12] == b"DUCK"
-
-
 @contextlib.contextmanager
-def transaction(path: str | os.PathLike | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+def transaction(path: str | os.PathLike | None = None, *, upkeep: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
     """One short write transaction on the DB, committed on success, rolled back on error."""
-    with open_store(path) as con:
+    with open_writer(path, upkeep=upkeep) as con:
         con.execute("BEGIN TRANSACTION")
         try:
             yield con
@@ -163,184 +305,3 @@ def transaction(path: str | os.PathLike | None = None) -> Iterator[duckdb.DuckDB
             con.execute("ROLLBACK")
             raise
         con.execute("COMMIT")
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
-
-
-# ---- runs -------------------------------------------------------------------
-
-RUN_COLUMNS = (
-    "id", "created_at", "finished_at", "status", "name", "model", "model_args",
-    "model_fingerprint", "dtype", "quant", "template", "template_text", "system_prompt",
-    "tasks", "seed", "batch_size", "sample_limit", "top_k", "first_temperature",
-    "ban_openers", "opener_lexicon_version", "evalkit_version", "lm_eval_version",
-    "transformers_version", "torch_version", "git_commit", "host", "duration_s",
-    "config", "error",
-)
-
-
-def insert_run(path, row: dict[str, Any]) -> None:
-    """Record a run as it starts (status 'running')."""
-    unknown = set(row) - set(RUN_COLUMNS)
-    if unknown:
-        raise ValueError(f"unknown run columns: {sorted(unknown)}")
-    cols = list(row)
-    with transaction(path) as con:
-        con.execute(
-            f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
-            [row[c] for c in cols],
-        )
-
-
-def update_run(path, run_id: str, **fields: Any) -> None:
-    """Set some columns of one run (e.g. status, finished_at, error)."""
-    unknown = set(fields) - set(RUN_COLUMNS)
-    if unknown:
-        raise ValueError(f"unknown run columns: {sorted(unknown)}")
-    assignments = ", ".join(f"{c} = ?" for c in fields)
-    with transaction(path) as con:
-        con.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*fields.values(), run_id])
-
-
-def mark_interrupted(path, run_id: str, error: str, duration_s: float) -> None:
-    """Mark a run `interrupted`, unless it already finished."""
-    with transaction(path) as con:
-        con.execute(
-            "UPDATE runs SET status = 'interrupted', error = ?, finished_at = ?, duration_s = ? "
-            "WHERE id = ? AND status = 'running'",
-            [error, _now(), duration_s, run_id],
-        )
-
-
-SAMPLE_COLUMNS = (
-    "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
-    "first_token", "first_token_id", "first_unit", "ft_outcome", "lang", "category",
-    "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass",
-    "prior_drift", "top3_mass", "top3_share", "unstable", "entropy", "needle_depth",
-    "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
-)
-# the samples columns that hold one numeric per-sample metric value each (the registry says which)
-SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()
-METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n")
-TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
-
-
-def _arrow_types():
-    import pyarrow as pa
-
-    return {"VARCHAR": pa.string, "DOUBLE": pa.float64, "INTEGER": pa.int32, "BIGINT": pa.int64,
-            "BOOLEAN": pa.bool_, "TIMESTAMP": lambda: pa.timestamp("us")}
-
-
-class _LazyTypes(dict):
-    def get(self, key, default=None):
-        if not self:
-            self.update(_arrow_types())
-        return super().get(key, default)
-
-
-_ARROW_TYPES = _LazyTypes()  # DuckDB type -> Arrow type factory, filled on first use
-
-
-# rows per Arrow record batch handed to DuckDB: small enough that Arrow reuses its
-# buffers (one 200k-row batch spends much of its time growing and faulting in memory)
-_BATCH_ROWS = 8192
-
-
-def _insert_rows(con, table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    """Bulk insert through Arrow record batches (fast; executemany is row by row).
-
-    The dicts become batches lazily, as DuckDB reads them: converting them (Python, under
-    the GIL) overlaps DuckDB compressing and writing full row groups on another thread.
-    A key missing from a dict is NULL; keys outside `columns` are ignored.
-    """
-    if not rows:
-        return
-    import pyarrow as pa
-
-    types = dict(con.execute(f"SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = '{table}'").fetchall())
-    schema = pa.schema([(c, _ARROW_TYPES.get(types[c], pa.string())()) for c in columns])
-    row_type = pa.struct(schema)
-    # dicts -> struct array (one C++ pass per batch) -> the batch's columns
-    batches = (pa.RecordBatch.from_struct_array(pa.array(rows[i:i + _BATCH_ROWS], type=row_type))
-               for i in range(0, len(rows), _BATCH_ROWS))
-    arrow = pa.RecordBatchReader.from_batches(schema, batches)  # noqa: F841  (read by DuckDB's replacement scan)
-    con.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {', '.join(columns)} FROM arrow")
-
-
-def finish_run(path, run_id: str, *, metrics, samples, topk, **fields: Any) -> None:
-    """Write a run's results and mark it finished, all in one transaction."""
-    with transaction(path) as con:
-        _insert_rows(con, "metrics", METRIC_COLUMNS, metrics)
-        _insert_rows(con, "samples", SAMPLE_COLUMNS, samples)
-        _insert_rows(con, "first_token_topk", TOPK_COLUMNS, topk)
-        assignments = ", ".join(f"{c} = ?" for c in fields)
-        con.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*fields.values(), run_id])
-
-
-def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
-    """A run id from an id, a unique id prefix, `latest`, `tag:NAME`, or a run's `--name`
-    (the newest `done` run of that name, else the newest of any status)."""
-    ref = ref.strip()
-    if ref == "latest":
-        row = con.execute("SELECT id FROM runs ORDER BY created_at DESC, id DESC LIMIT 1").fetchone()
-        if row is None:
-            raise BadInput("no runs in the database yet")
-        return row[0]
-    if ref.startswith("tag:"):
-        tag = ref[4:]
-        row = con.execute(
-            "SELECT t.run_id FROM tags t JOIN runs r ON r.id = t.run_id "
-            "WHERE t.tag = ? ORDER BY r.created_at DESC, t.created_at DESC LIMIT 1",
-            [tag],
-        ).fetchone()
-        if row is None:
-            raise BadInput(f"no run has the tag {tag!r}")
-        return row[0]
-    if not ref:
-        raise BadInput("empty run id")
-    ids = [r[0] for r in con.execute("SELECT id FROM runs WHERE starts_with(id, ?) ORDER BY id", [ref]).fetchall()]
-    named = con.execute("SELECT id FROM runs WHERE name = ? ORDER BY status = 'done' DESC, created_at DESC, id DESC "
-                        "LIMIT 1", [ref]).fetchone()
-    if ids and named and ids != [ref]:
-        raise BadInput(f"{ref!r} is both a run name and an id prefix ({ids[0]}): give the full id")
-    if not ids:
-        if named is None:
-            raise BadInput(f"unknown run {ref!r} (not a run id, id prefix, run name, latest or tag:NAME)")
-        return named[0]
-    if len(ids) > 1:
-        raise BadInput(f"run id prefix {ref!r} is ambiguous: {', '.join(ids[:5])}")
-    return ids[0]
-
-
-def check_read_only(sql: str) -> None:
-    """Refuse SQL with any statement that could write (checked before any file is opened)."""
-    try:
-        statements = duckdb.connect(":memory:").extract_statements(sql)
-    except duckdb.Error as exc:
-        raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
-    if not statements:
-        raise BadInput("empty SQL")
-    for st in statements:
-        kind = st.type.name
-        if kind not in _READ_STATEMENTS:
-            raise BadInput(f"evalkit query is read-only: {kind} statements are refused")
-
-
-def read_query(path, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run read-only SQL and return (column names, rows); writes are refused as BadInput."""
-    check_read_only(sql)
-    with open_store(path, read_only=True) as con:
-        return run_sql(con, sql)
-
-
-def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple]]:
-    """(column names, rows) of already-checked SQL; DuckDB's errors become one-line BadInput."""
-    try:
-        cur = con.execute(sql)
-        cols = [d[0] for d in cur.description] if cur.description else []
-        return cols, cur.fetchall()
-    except duckdb.Error as exc:
-        raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc

@@ -201,6 +201,25 @@ def m007_create_run_drift_view(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+APPLICATION_ID = "evalkit"  # evalkit_meta's application_id: this file is an evalkit DB
+
+
+def m008_create_meta(con: duckdb.DuckDBPyConnection) -> None:
+    # Marks the file as evalkit's, so that another program's DuckDB file is never mistaken
+    # for one (and never migrated) because it happens to have a schema_version table.
+    con.execute("CREATE TABLE evalkit_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+    con.execute("INSERT INTO evalkit_meta VALUES ('application_id', ?)", [APPLICATION_ID])
+
+
+def m009_run_liveness(con: duckdb.DuckDBPyConnection) -> None:
+    # Who runs a `running` run, so a reader can tell when its process is gone (abandoned):
+    # the pid and its start time on `host` (the start time tells a reused pid apart), and
+    # a heartbeat the run refreshes while it works.
+    con.execute("ALTER TABLE runs ADD COLUMN pid INTEGER")
+    con.execute("ALTER TABLE runs ADD COLUMN pid_start VARCHAR")
+    con.execute("ALTER TABLE runs ADD COLUMN heartbeat_at TIMESTAMP")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -209,4 +228,6 @@ MIGRATIONS: list[Migration] = [
     m005_create_tags,
     m006_create_views,
     m007_create_run_drift_view,
+    m008_create_meta,
+    m009_run_liveness,
 ]

@@ -1,31 +1,92 @@
-"""Read-side questions the commands ask of the DB (runs list, one run's summary).
+"""Read-side questions the commands ask of the DB: which run a name means, the runs list, one run.
 
-Owns: the SQL of `runs` and `show`. Does not: format output or write.
+Owns: `resolve_run` (an id, a unique id prefix, `latest`, `tag:NAME` or a run name to
+a run id), the SQL of `runs`, `show` and `needle-heatmap`, and showing a `running` run
+whose process is gone as `abandoned` (see `runs.is_abandoned`; only writers record it).
+Does not: format output or write.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from evalkit.store.db import open_store, resolve_run
+import duckdb
+
+from evalkit.errors import BadInput
+from evalkit.store.db import open_reader
+from evalkit.store.runs import is_abandoned
+
+_LIVENESS = "status, host, pid, pid_start, heartbeat_at"
+
+
+def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
+    """A run id from an id, a unique id prefix, `latest`, `tag:NAME`, or a run's `--name`
+    (the newest `done` run of that name, else the newest of any status)."""
+    ref = ref.strip()
+    if ref == "latest":
+        row = con.execute("SELECT id FROM runs ORDER BY created_at DESC, id DESC LIMIT 1").fetchone()
+        if row is None:
+            raise BadInput("no runs in the database yet")
+        return row[0]
+    if ref.startswith("tag:"):
+        tag = ref[4:]
+        row = con.execute(
+            "SELECT t.run_id FROM tags t JOIN runs r ON r.id = t.run_id "
+            "WHERE t.tag = ? ORDER BY r.created_at DESC, t.created_at DESC LIMIT 1",
+            [tag],
+        ).fetchone()
+        if row is None:
+            raise BadInput(f"no run has the tag {tag!r}")
+        return row[0]
+    if not ref:
+        raise BadInput("empty run id")
+    ids = [r[0] for r in con.execute("SELECT id FROM runs WHERE starts_with(id, ?) ORDER BY id", [ref]).fetchall()]
+    named = con.execute("SELECT id FROM runs WHERE name = ? ORDER BY status = 'done' DESC, created_at DESC, id DESC "
+                        "LIMIT 1", [ref]).fetchone()
+    if ids and named and ids != [ref]:
+        raise BadInput(f"{ref!r} is both a run name and an id prefix ({ids[0]}): give the full id")
+    if not ids:
+        if named is None:
+            raise BadInput(f"unknown run {ref!r} (not a run id, id prefix, run name, latest or tag:NAME)")
+        return named[0]
+    if len(ids) > 1:
+        raise BadInput(f"run id prefix {ref!r} is ambiguous: {', '.join(ids[:5])}")
+    return ids[0]
 
 
 def _read(path, fn):
-    with open_store(path, read_only=True) as con:
+    with open_reader(path) as con:
         return fn(con)
 
 
+def shown_status(con: duckdb.DuckDBPyConnection, run_id: str) -> str:
+    """A run's status as a reader shows it: `abandoned` for a running run whose process is gone."""
+    row = con.execute(f"SELECT {_LIVENESS} FROM runs WHERE id = ?", [run_id]).fetchone()
+    return "abandoned" if is_abandoned(*row) else row[0]
+
+
 def list_runs(path, limit: int = 50):
+    """(columns, rows) of the newest `limit` runs, newest first."""
+    if limit < 1:
+        raise BadInput(f"--limit must be at least 1, got {limit}")
+
     def q(con):
         cur = con.execute(
-            """
+            f"""
             SELECT id, created_at, status, name, model, quant, template, tasks,
-                   round(duration_s, 1) AS duration_s
+                   round(duration_s, 1) AS duration_s, {_LIVENESS}
             FROM runs ORDER BY created_at DESC, id DESC LIMIT ?
             """,
             [limit],
         )
-        return [d[0] for d in cur.description], cur.fetchall()
+        cols = [d[0] for d in cur.description][:9]
+        rows = []
+        for r in cur.fetchall():
+            r = list(r)
+            if is_abandoned(*r[9:]):
+                r[2] = "abandoned"
+            rows.append(tuple(r[:9]))
+        return cols, rows
 
     return _read(path, q)
 
@@ -41,6 +102,7 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         )
         cols = [d[0] for d in cur.description]
         info = dict(zip(cols, cur.fetchone()))
+        info["status"] = shown_status(con, run_id)
         cur = con.execute(
             "SELECT task, metric, value, stderr, n FROM metrics WHERE run_id = ? ORDER BY task, metric", [run_id]
         )

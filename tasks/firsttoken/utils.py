@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evalkit.prompts.catalog import FIRSTTOKEN_DATA, data_path
 from evalkit.prompts.jsonl import load_prompts
 from evalkit.scoring import firsttoken
 from evalkit.scoring.lexicon import load_lexicon
-
-DATA = Path(__file__).parent / "data"
 
 
 def _dataset(path: Path):
@@ -22,11 +21,11 @@ def _dataset(path: Path):
 
 
 def load_en(**kwargs):
-    return _dataset(DATA / "firsttoken_en.jsonl")
+    return _dataset(data_path(*FIRSTTOKEN_DATA["firsttoken_en"]))
 
 
 def load_zh(**kwargs):
-    return _dataset(DATA / "firsttoken_zh.jsonl")
+    return _dataset(data_path(*FIRSTTOKEN_DATA["firsttoken_zh"]))
 
 
 def load_user(**kwargs):

@@ -1,0 +1,194 @@
+"""What a run is asked to do (`RunConfig`), and every check that needs no model.
+
+Owns: `RunConfig` (stored as JSON in `runs.config`), `RunPlan` (the config resolved:
+model plan, template, lexicon, task names) and `plan_run`, which refuses bad input
+with one line before anything is loaded or written — numbers that are not finite or
+do not fit the columns that store them, names with control characters, unknown or
+shadowed task names, a prompts file that does not read or encode, a device that
+does not exist here, a DB the run could not write. The checks that need the loaded
+model (vocabulary, context length) are `runner.checks`. Does not: load or run anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from evalkit.backends.models import ModelPlan, resolve
+from evalkit.errors import BadInput
+from evalkit.prompts import catalog
+from evalkit.prompts.templates import Template, get_template
+from evalkit.scoring.lexicon import Lexicon, load_lexicon
+
+INT32_MAX = 2**31 - 1  # INTEGER columns (seed, batch_size, sample_limit, top_k, needle_length)
+MAX_BATCH = 4096
+MAX_NAME = 200
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run; stored as JSON in `runs.config`."""
+
+    tasks: list[str]
+    model: str = "hf"
+    model_args: str | None = None
+    template: str = "chat"
+    templates_file: str | None = None
+    quant: str | None = None
+    limit: int | None = None
+    seed: int = 1234
+    batch_size: int = 8
+    name: str | None = None
+    db: str | None = None
+    prompts_file: str | None = None
+    top_k: int = 50
+    temperature: float = 0.8
+    first_temperature: float | None = None
+    ban_openers: bool = False
+    needle_lengths: list[int] | None = None
+    needle_depths: list[float] | None = None
+    device: str | None = None
+    include_path: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's configuration, checked and resolved."""
+
+    cfg: RunConfig
+    model: ModelPlan
+    template: Template
+    lexicon: Lexicon
+    tasks: list[str]  # lm-eval task and group names, in the order asked (`--prompts` adds its task)
+    prompts: list[dict] | None  # the `--prompts` file's docs
+
+    @property
+    def has_needle(self) -> bool:
+        return any(t.startswith("needle") for t in self.tasks)
+
+
+def _whole(option: str, value: Any, lo: int, hi: int = INT32_MAX) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BadInput(f"{option} must be a whole number from {lo} to {hi}, got {value!r}")
+
+
+def _finite(option: str, value: Any, *, above: float | None = None, at_least: float | None = None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (above is None or value > above) and (at_least is None or value >= at_least)
+    if not ok:
+        bound = f"> {above:g}" if above is not None else f">= {at_least:g}" if at_least is not None else "finite"
+        raise BadInput(f"{option} must be a finite number {bound}, got {value!r}")
+
+
+def check_text(option: str, value: str, *, max_len: int = MAX_NAME) -> str:
+    """A label the user gives (name, tag): stripped; refused when empty, too long, or holding
+    control characters (a newline would make a second, different name)."""
+    text = value.strip()
+    if not text:
+        raise BadInput(f"{option} is empty")
+    bad = next((c for c in text if unicodedata.category(c)[0] == "C"), None)
+    if bad is not None:
+        raise BadInput(f"{option} {value!r} holds the control character U+{ord(bad):04X}")
+    if len(text) > max_len:
+        raise BadInput(f"{option} is longer than {max_len} characters")
+    return text
+
+
+def check_device(device: str | None) -> None:
+    """Refuse a device torch does not know or this machine does not have."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise BadInput(f"unknown --device {device!r} (cpu, cuda, cuda:0, mps ...)") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BadInput(f"--device {device}: this torch sees no CUDA device (torch {torch.__version__})")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise BadInput(f"--device {device}: only {torch.cuda.device_count()} CUDA devices here")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise BadInput(f"--device {device}: MPS is not available here")
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        raise BadInput(f"unsupported --device {device!r} (cpu, cuda, cuda:0, mps)")
+
+
+def _check_numbers(cfg: RunConfig) -> None:
+    if cfg.limit is not None:
+        _whole("--limit", cfg.limit, 1)
+    _whole("--batch-size", cfg.batch_size, 1, MAX_BATCH)
+    _whole("--seed", cfg.seed, 0)
+    _whole("--top-k", cfg.top_k, 50)  # the prior-drift support rule needs k >= 50; the vocabulary caps it later
+    _finite("--temperature", cfg.temperature, above=0)
+    if cfg.first_temperature is not None:
+        _finite("--first-temperature", cfg.first_temperature, at_least=0)
+    for length in cfg.needle_lengths or []:
+        _whole("--needle-lengths", length, 1)
+    for depth in cfg.needle_depths or []:
+        _finite("--needle-depths", depth)
+        if not 0.0 <= depth <= 1.0:
+            raise BadInput(f"--needle-depths must lie in [0, 1], got {depth}")
+    for option, values in (("--needle-lengths", cfg.needle_lengths), ("--needle-depths", cfg.needle_depths)):
+        if values is not None and len(set(values)) != len(values):
+            raise BadInput(f"{option} names a value twice: {values}")
+        if values is not None and not values:
+            raise BadInput(f"{option} is empty")
+
+
+def _check_tasks(cfg: RunConfig) -> list[str]:
+    if not cfg.tasks and not cfg.prompts_file:
+        raise BadInput("no tasks given: use --tasks firsttoken (or --prompts FILE)")
+    builtin = catalog.task_names([catalog.tasks_path()])
+    available = set(builtin)
+    if cfg.include_path:
+        extra = catalog.task_names([Path(cfg.include_path)])
+        clash = sorted(extra & (builtin - {catalog.GROUP_TAG}))
+        if clash:
+            raise BadInput(f"--include-path {cfg.include_path} declares {clash[0]!r}, a name of evalkit's own tasks; "
+                           "rename it there")
+        available |= extra
+    names = list(dict.fromkeys(cfg.tasks))
+    for name in names:
+        if name not in available:
+            known = sorted(t for t in available if t not in (catalog.GROUP_TAG, catalog.PROMPTS_TASK))
+            from evalkit.scoring.registry import suggest
+
+            raise BadInput(f"unknown task {name!r}{suggest(name, known)} (known: {', '.join(known)})")
+    if catalog.PROMPTS_TASK in names:
+        raise BadInput(f"{catalog.PROMPTS_TASK} is the task of your own prompts: give them with --prompts FILE")
+    if cfg.prompts_file:
+        names.append(catalog.PROMPTS_TASK)
+    return names
+
+
+def plan_run(cfg: RunConfig) -> RunPlan:
+    """Check everything that needs no model, and resolve the run; raises BadInput, writes nothing."""
+    from evalkit.store.db import check_writable
+
+    _check_numbers(cfg)
+    if cfg.name is not None:
+        cfg.name = check_text("--name", cfg.name)
+    template = get_template(cfg.template, cfg.templates_file)
+    lexicon = load_lexicon()
+    tasks = _check_tasks(cfg)
+    prompts = None
+    if cfg.prompts_file:
+        from evalkit.prompts.jsonl import load_prompts
+
+        prompts = load_prompts(cfg.prompts_file)
+    model = resolve(cfg.model, cfg.model_args, quant_name=cfg.quant, device=cfg.device, top_k=cfg.top_k,
+                    temperature=cfg.temperature, first_temperature=cfg.first_temperature,
+                    ban_openers=cfg.ban_openers, seed=cfg.seed)
+    check_device(cfg.device)
+    check_writable(cfg.db)
+    return RunPlan(cfg=cfg, model=model, template=template, lexicon=lexicon, tasks=tasks, prompts=prompts)
