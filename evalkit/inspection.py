@@ -90,9 +90,6 @@ def inspect_prompt(
     gen = generation_kwargs(task)
     plan = models.resolve("hf", model_args, quant_name=quant, device=device)
     check_device(plan.device)
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()  # one prompt: no loading bar around the answer
     lm = models.load(plan, batch_size=1)
     context = render_prompt(lm.tokenizer, tmpl, prompt)
     until = gen.get("until") or []

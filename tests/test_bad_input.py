@@ -27,6 +27,7 @@ class Case:
     argv: tuple[str, ...]
     expect: str
     watch: str = "db"
+    env: tuple[tuple[str, str], ...] = ()  # environment variables, {placeholders} allowed
 
     @property
     def command(self) -> str:
@@ -35,9 +36,51 @@ class Case:
     def args(self, paths: dict[str, str]) -> list[str]:
         return [a.format(**paths) for a in self.argv]
 
+    def environ(self, paths: dict[str, str]) -> dict[str, str]:
+        return {k: v.format(**paths) for k, v in self.env}
 
-def _case(id, argv, expect, watch="db"):
-    return Case(id, tuple(argv), expect, watch)
+
+def _case(id, argv, expect, watch="db", env=()):
+    return Case(id, tuple(argv), expect, watch, tuple(env))
+
+
+TINY = ["--model", "hf", "--model-args", "pretrained={tiny}"]
+RULES = ["gate", "--candidate", "latest", "--baseline", "latest", "--db", "{db}", "--rules"]
+# statements of every type DuckDB's parser knows that could write, read a file or change a
+# setting, each as `evalkit query` would get it (see also tests/test_sandbox.py)
+SANDBOX_SQL = {
+    "explain-analyze-copy": ("EXPLAIN ANALYZE COPY runs TO '{tmp}/leak.csv'", "COPY"),
+    "explain-copy-database": ("EXPLAIN ANALYZE COPY FROM DATABASE memory TO other", "PRAGMA"),
+    "copy-database": ("COPY FROM DATABASE evalkit TO other", "PRAGMA"),
+    "update-extensions": ("UPDATE EXTENSIONS", "unlisted type"),
+    "read-csv-passwd": ("SELECT * FROM read_csv('/etc/passwd')", "may only read"),
+    "read-text-passwd": ("SELECT * FROM read_text('/etc/passwd')", "may only read"),
+    "replacement-scan": ("SELECT * FROM '/etc/passwd'", "does not exist"),  # file scans are off
+    "glob": ("SELECT * FROM glob('/etc/*')", "may only read"),
+    "read-other-db-bytes": ("SELECT * FROM read_blob('{db2}')", "may only read"),
+    "summarize-read-csv": ("SUMMARIZE SELECT * FROM read_csv('/etc/passwd')", "may only read"),
+    "pivot-read-csv": ("PIVOT read_csv('/etc/passwd') ON column0", "may only read"),
+    "pragma-import": ("PRAGMA import_database('{tmp}')", "PRAGMA"),
+    "copy-from": ("COPY tags FROM '/etc/passwd'", "COPY"),
+    "export-database": ("EXPORT DATABASE '{tmp}/dump'", "EXPORT"),
+    "install": ("INSTALL httpfs", "LOAD"),
+    "load": ("LOAD httpfs", "LOAD"),
+    "set-external-access": ("SET enable_external_access = true", "SET"),
+    "reset-lock": ("RESET lock_configuration", "SET"),
+    "call-checkpoint": ("CALL checkpoint()", "CALL"),
+    "checkpoint": ("CHECKPOINT", "CALL"),
+    "vacuum": ("VACUUM", "VACUUM"),
+    "detach": ("DETACH evalkit", "DETACH"),
+    "begin": ("BEGIN TRANSACTION", "TRANSACTION"),
+    "prepare": ("PREPARE p AS DELETE FROM runs", "PREPARE"),
+    "execute": ("EXECUTE p", "EXECUTE"),
+    "create-macro": ("CREATE MACRO m(x) AS x + 1", "CREATE"),
+    "set-variable": ("SET VARIABLE v = 1", "SET"),
+    "alter": ("ALTER TABLE runs RENAME TO r", "ALTER"),
+    "analyze": ("ANALYZE", "VACUUM"),
+    "merge-into": ("MERGE INTO tags USING tags AS t ON false WHEN NOT MATCHED THEN INSERT VALUES ('a', 'b', now())",
+                   "MERGE_INTO"),
+}
 
 
 WRITE_SQL = {
@@ -140,10 +183,162 @@ CASES: list[Case] = [
           "zz-no-such-run"),
     _case("inspect/unknown-template", ["inspect", "What is recursion?", "--template", "nope"], "'nope'"),
     _case("inspect/unknown-quant", ["inspect", "What is recursion?", "--quant", "q9"], "q9"),
+    # ---- the store and the gate must be trusted: sandboxed SQL -----------------------------
+    *[_case(f"query/{name}", ["query", sql, "--db", "{db}"], expect) for name, (sql, expect) in SANDBOX_SQL.items()],
+    _case("query/merged-read-csv-passwd", ["query", "SELECT * FROM read_csv('/etc/passwd')", "--db", "{db}",
+                                          "--db", "{db2}"], "may only read"),
+    _case("query/merged-explain-copy", ["query", "EXPLAIN ANALYZE COPY runs TO '{tmp}/leak.csv'", "--db", "{db}",
+                                        "--db", "{db2}"], "COPY"),
+    _case("query/merged-attach-other", ["query", "ATTACH '{older_db}' AS o", "--db", "{db}", "--db", "{db2}"],
+          "ATTACH"),
+    # ---- read-only commands never write: an empty DuckDB file, an older evalkit, a foreign file
+    _case("runs/duckdb-without-tables", ["runs", "--db", "{duckdb_empty}"], "empty DuckDB file", watch="duckdb_empty"),
+    _case("runs/older-evalkit-db", ["runs", "--db", "{older_db}"], "evalkit migrate", watch="older_db"),
+    _case("runs/foreign-duckdb", ["runs", "--db", "{foreign_db}"], "another program", watch="foreign_db"),
+    _case("show/older-evalkit-db", ["show", "latest", "--db", "{older_db}"], "evalkit migrate", watch="older_db"),
+    _case("query/older-evalkit-db", ["query", "SELECT 1", "--db", "{older_db}"], "evalkit migrate", watch="older_db"),
+    _case("query/foreign-duckdb", ["query", "SELECT * FROM schema_version", "--db", "{foreign_db}"],
+          "another program", watch="foreign_db"),
+    _case("query/duckdb-without-tables", ["query", "SELECT 1", "--db", "{duckdb_empty}"], "empty DuckDB file",
+          watch="duckdb_empty"),
+    _case("compare/foreign-duckdb", ["compare", "latest", "latest", "--db", "{foreign_db}"], "another program",
+          watch="foreign_db"),
+    _case("gate/older-evalkit-db", ["gate", "--candidate", "latest", "--baseline", "latest", "--db", "{older_db}"],
+          "evalkit migrate", watch="older_db"),
+    _case("report/foreign-duckdb", ["report", "--out", "{tmp}/report", "--db", "{foreign_db}"], "another program",
+          watch="foreign_db"),
+    _case("export/older-evalkit-db", ["export", "--parquet", "{tmp}/out", "--db", "{older_db}"], "evalkit migrate",
+          watch="older_db"),
+    _case("needle-heatmap/duckdb-without-tables", ["needle-heatmap", "latest", "--out", "{tmp}/r", "--db",
+                                                   "{duckdb_empty}"], "empty DuckDB file", watch="duckdb_empty"),
+    _case("run/foreign-duckdb", ["run", *FAKE, "--tasks", "firsttoken", "--limit", "1", "--db", "{foreign_db}"],
+          "another program", watch="foreign_db"),
+    _case("promote/foreign-duckdb", ["promote", "latest", "--tag", "prod", "--db", "{foreign_db}"],
+          "another program", watch="foreign_db"),
+    _case("migrate/foreign-duckdb", ["migrate", "--db", "{foreign_db}"], "another program", watch="foreign_db"),
+    _case("migrate/db-missing", ["migrate", "--db", "{tmp}/missing.duckdb"], "missing.duckdb"),
+    _case("ingest/spool-file-missing", ["ingest", "{tmp}/nope.duckdb", "--db", "{db}"], "no spool file"),
+    _case("ingest/not-a-spool-file", ["ingest", "{older_db}", "--db", "{db}"], "not an evalkit spool file",
+          watch="older_db"),
+    # ---- output paths: never the DB, never an input, a folder or an unwritable path -------
+    _case("gate/junit-is-the-db", [*RULES, "{good_rules}", "--junit", "{db}"], "which this command reads"),
+    _case("gate/junit-is-the-rules", [*RULES, "{good_rules}", "--junit", "{good_rules}"], "which this command reads",
+          watch="good_rules"),
+    _case("gate/junit-is-a-folder", [*RULES, "{good_rules}", "--junit", "{tmp}"], "directory"),
+    _case("gate/junit-folder-missing", [*RULES, "{good_rules}", "--junit", "{tmp}/no/such/gate.xml"],
+          "folder does not exist"),
+    _case("gate/junit-is-another-duckdb", [*RULES, "{good_rules}", "--junit", "{older_db}"], "DuckDB database",
+          watch="older_db"),
+    _case("gate/step-summary-is-a-folder", [*RULES, "{good_rules}"], "$GITHUB_STEP_SUMMARY",
+          env=(("GITHUB_STEP_SUMMARY", "{tmp}"),)),
+    _case("gate/step-summary-is-the-db", [*RULES, "{good_rules}"], "which this command reads",
+          env=(("GITHUB_STEP_SUMMARY", "{db}"),)),
+    _case("report/out-is-the-db", ["report", "--out", "{db}", "--db", "{db}"], "is a file"),
+    _case("report/prompts-negative", ["report", "--prompts", "-1", "--out", "{tmp}/r", "--db", "{db}"], "--prompts"),
+    _case("export/out-is-the-db", ["export", "--parquet", "{db}", "--db", "{db}"], "is a file"),
+    _case("needle-heatmap/out-is-a-file", ["needle-heatmap", "latest", "--out", "{text_db}", "--db", "{db}"],
+          "is a file"),
+    # ---- names that match nothing are errors ---------------------------------------------
+    _case("gate/rule-metric-typo", [*RULES, "{rules_metric_typo}"], "did you mean ft_hit"),
+    _case("gate/rule-task-typo", [*RULES, "{rules_task_typo}"], "no task 'firsttoken_enn'"),
+    _case("gate/rules-check-nothing", [*RULES, "{rules_nothing}"], "would check nothing"),
+    _case("gate/rule-unknown-metric", [*RULES, "{rules_no_direction}"], "unknown metric 'my_score'"),
+    _case("run/unknown-task-typo", ["run", *FAKE, "--tasks", "firsttoken_enn", "--db", "{db}"],
+          "did you mean firsttoken_en"),
+    _case("run/include-path-shadows-a-task", ["run", *FAKE, "--tasks", "firsttoken", "--include-path",
+                                              "{shadow_tasks}", "--db", "{db}"], "firsttoken_en"),
+    _case("run/firsttoken-user-without-prompts", ["run", *FAKE, "--tasks", "firsttoken_user", "--db", "{db}"],
+          "--prompts"),
+    _case("needle-heatmap/run-without-needles", ["needle-heatmap", "latest", "--out", "{tmp}/r", "--db", "{db}"],
+          "no needle samples"),
+    # ---- every run option checked before the row ------------------------------------------
+    _case("run/temperature-inf", ["run", *FAKE, "--tasks", "firsttoken", "--temperature", "inf", "--db", "{db}"],
+          "--temperature must be a finite number"),
+    _case("run/temperature-nan", ["run", *FAKE, "--tasks", "firsttoken", "--temperature", "nan", "--db", "{db}"],
+          "--temperature"),
+    _case("run/temperature-0", ["run", *FAKE, "--tasks", "firsttoken", "--temperature", "0", "--db", "{db}"],
+          "--temperature"),
+    _case("run/first-temperature-nan", ["run", *TINY, "--tasks", "firsttoken", "--first-temperature", "nan",
+                                        "--db", "{db}"], "--first-temperature"),
+    _case("run/first-temperature-negative", ["run", *TINY, "--tasks", "firsttoken", "--first-temperature", "-1",
+                                             "--db", "{db}"], "--first-temperature"),
+    _case("run/first-temperature-on-a-text-backend", ["run", *FAKE, "--tasks", "firsttoken", "--first-temperature",
+                                                      "0.5", "--db", "{db}"], "hf backend only"),
+    _case("run/top-k-below-50", ["run", *FAKE, "--tasks", "firsttoken", "--top-k", "10", "--db", "{db}"], "--top-k"),
+    _case("run/top-k-above-the-vocabulary", ["run", *TINY, "--tasks", "firsttoken", "--top-k", "100000",
+                                             "--db", "{db}"], "vocabulary"),
+    _case("run/top-k-11-digits", ["run", *FAKE, "--tasks", "firsttoken", "--top-k", "99999999999", "--db", "{db}"],
+          "--top-k"),
+    _case("run/seed-negative", ["run", *FAKE, "--tasks", "firsttoken", "--seed", "-1", "--db", "{db}"], "--seed"),
+    _case("run/seed-11-digits", ["run", *FAKE, "--tasks", "firsttoken", "--seed", "99999999999", "--db", "{db}"],
+          "--seed"),
+    _case("run/batch-size-0", ["run", *FAKE, "--tasks", "firsttoken", "--batch-size", "0", "--db", "{db}"],
+          "--batch-size"),
+    _case("run/batch-size-huge", ["run", *FAKE, "--tasks", "firsttoken", "--batch-size", "10000000", "--db", "{db}"],
+          "--batch-size"),
+    _case("run/limit-11-digits", ["run", *FAKE, "--tasks", "firsttoken", "--limit", "99999999999", "--db", "{db}"],
+          "--limit"),
+    _case("run/needle-length-above-the-context", ["run", *TINY, "--tasks", "needle_en", "--needle-lengths", "100000",
+                                                  "--db", "{db}"], "does not fit the model's context"),
+    _case("run/needle-lengths-twice", ["run", *FAKE, "--tasks", "needle", "--needle-lengths", "256,256",
+                                       "--db", "{db}"], "twice"),
+    _case("run/needle-depths-nan", ["run", *FAKE, "--tasks", "needle", "--needle-depths", "0,nan", "--db", "{db}"],
+          "--needle-depths"),
+    _case("run/prompts-longer-than-the-context", ["run", "--model", "hf", "--model-args",
+                                                  "pretrained={tiny},max_length=64", "--prompts", "{long_prompts}",
+                                                  "--db", "{db}"], "long-1"),
+    _case("run/prompts-lone-surrogate", ["run", *FAKE, "--prompts", "{surrogate_prompts}", "--db", "{db}"],
+          "does not encode"),
+    _case("run/device-unknown", ["run", *FAKE, "--tasks", "firsttoken", "--device", "nope", "--db", "{db}"],
+          "--device"),
+    _case("run/device-cuda-without-cuda", ["run", *FAKE, "--tasks", "firsttoken", "--device", "cuda:7",
+                                           "--db", "{db}"], "cuda"),
+    _case("run/name-with-a-newline", ["run", *FAKE, "--tasks", "firsttoken", "--name", "nightly\nrun", "--db", "{db}"],
+          "control character"),
+    _case("run/name-empty", ["run", *FAKE, "--tasks", "firsttoken", "--name", "  ", "--db", "{db}"], "--name is empty"),
+    _case("run/quant-on-a-text-backend", ["run", *FAKE, "--tasks", "firsttoken", "--quant", "bf16", "--db", "{db}"],
+          "hf backend only"),
+    _case("run/model-args-batch-size", ["run", "--model", "hf", "--model-args", "batch_size=4", "--tasks",
+                                        "firsttoken", "--db", "{db}"], "--batch-size"),
+    _case("run/db-is-a-folder", ["run", *FAKE, "--tasks", "firsttoken", "--db", "{tmp}"], "directory"),
+    _case("promote/tag-with-a-newline", ["promote", "latest", "--tag", "prod\n", "--db", "{db}"], "bad tag name"),
+    _case("promote/tag-empty", ["promote", "latest", "--tag", "", "--db", "{db}"], "bad tag name"),
+    _case("promote/tag-with-a-slash", ["promote", "latest", "--tag", "a/b", "--db", "{db}"], "bad tag name"),
+    _case("runs/limit-negative", ["runs", "--limit", "-1", "--db", "{db}"], "--limit"),
+    _case("runs/limit-zero", ["runs", "--limit", "0", "--db", "{db}"], "--limit"),
+    _case("inspect/temperature-nan", ["inspect", "Hi", "--temperature", "nan"], "--temperature"),
+    _case("inspect/top-k-0", ["inspect", "Hi", "--top-k", "0"], "--top-k"),
+    _case("inspect/unknown-task", ["inspect", "Hi", "--task", "nope"], "unknown task"),
 ]
 
 
-def make_inputs(folder: Path, db: Path, db2: Path, prefix: str) -> dict[str, str]:
+def _special_dbs(folder: Path) -> dict[str, str]:
+    """DuckDB files a reader must refuse without changing them: no tables, an older evalkit's,
+    and another program's that happens to have a schema_version table."""
+    import duckdb
+
+    from evalkit.store.migrations import MIGRATIONS
+
+    paths = {name: folder / f"{name}.duckdb" for name in ("duckdb_empty", "older_db", "foreign_db")}
+    duckdb.connect(str(paths["duckdb_empty"])).close()
+    con = duckdb.connect(str(paths["older_db"]))
+    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, "
+                "applied_at TIMESTAMP NOT NULL)")
+    for version, m in enumerate(MIGRATIONS[:5], start=1):
+        m(con)
+        con.execute("INSERT INTO schema_version VALUES (?, ?, now())", [version, m.__name__])
+    con.execute("INSERT INTO runs (id, created_at, status, model) VALUES ('r-old', now(), 'done', 'hf')")
+    con.close()
+    con = duckdb.connect(str(paths["foreign_db"]))
+    con.execute("CREATE TABLE schema_version (version INTEGER, name VARCHAR)")
+    con.execute("INSERT INTO schema_version VALUES (1, 'create_users')")
+    con.execute("CREATE TABLE users (id INTEGER, name VARCHAR)")
+    con.execute("INSERT INTO users VALUES (1, 'ada')")
+    con.close()
+    return {k: str(v) for k, v in paths.items()}
+
+
+def make_inputs(folder: Path, db: Path, db2: Path, prefix: str, tiny: Path | None = None) -> dict[str, str]:
     """Write the bad files the cases point at; return the placeholders of `Case.argv`."""
     folder = Path(folder)
     files = {
@@ -156,9 +351,24 @@ def make_inputs(folder: Path, db: Path, db2: Path, prefix: str) -> dict[str, str
         "bad_rules": b'thresholds:\n  ft_hit: "about half"\n',
         "text_db": b"this is a text file, not a DuckDB database\n",
         "empty_db": b"",
+        "good_rules": b"regressions:\n  ft_hit: 0.02\n",
+        "rules_metric_typo": b"regressions:\n  ft_hitt: 0.02\n",
+        "rules_task_typo": b'thresholds:\n  firsttoken_enn/ft_hit: ">= 0.1"\n',
+        "rules_nothing": b"regressions:\n  needle_recall: 0.05\n",
+        "rules_no_direction": b"regressions:\n  my_score: 0.05\nthresholds:\n  my_score: \">= 0\"\n",
+        "long_prompts": ('{"id": "long-1", "prompt": "' + "word " * 200 + '", "answers": ["x"], "lang": "en"}\n'
+                         '{"id": "short-1", "prompt": "Hi", "answers": ["x"], "lang": "en"}\n').encode(),
+        "surrogate_prompts": b'{"id": "s-1", "prompt": "bad \\ud800 text", "answers": ["x"], "lang": "en"}\n',
     }
-    suffix = {"text_db": ".duckdb", "empty_db": ".duckdb", "not_yaml": ".yaml", "bad_rules": ".yaml"}
-    paths = {"tmp": str(folder), "db": str(db), "db2": str(db2), "prefix": prefix}
+    suffix = {"text_db": ".duckdb", "empty_db": ".duckdb", "not_yaml": ".yaml", "bad_rules": ".yaml",
+              "good_rules": ".yaml", "rules_metric_typo": ".yaml", "rules_task_typo": ".yaml",
+              "rules_nothing": ".yaml", "rules_no_direction": ".yaml"}
+    paths = {"tmp": str(folder), "db": str(db), "db2": str(db2), "prefix": prefix, "tiny": str(tiny or "")}
+    paths.update(_special_dbs(folder))
+    shadow = folder / "shadow_tasks"
+    shadow.mkdir()
+    (shadow / "mine.yaml").write_text("task: firsttoken_en\ndataset_path: nowhere\n", encoding="utf-8")
+    paths["shadow_tasks"] = str(shadow)
     for name, data in files.items():
         path = folder / f"{name}{suffix.get(name, '.jsonl')}"
         path.write_bytes(data)
@@ -183,8 +393,11 @@ def common_prefix(ids: list[str]) -> str:
 
 
 def fingerprint(folder: Path) -> dict[str, str]:
-    """name -> sha256 of every file in the folder (a new .wal or a changed byte both show)."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(folder).iterdir()) if p.is_file()}
+    """path -> sha256 of every file under the folder (a new .wal, a new file anywhere below it,
+    or a changed byte all show)."""
+    folder = Path(folder)
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def registered(command: str) -> bool:
@@ -202,8 +415,13 @@ def seeded(tmp_path_factory):
     return folder / "seed.duckdb", folder / "seed2.duckdb", common_prefix(ids)
 
 
+@pytest.fixture(scope="module")
+def tiny_for_cases(tiny_model_dir):
+    return tiny_model_dir
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case: Case, seeded, tmp_path):
+def test_bad_input(case: Case, seeded, tiny_for_cases, tmp_path):
     if not registered(case.command):
         pytest.skip(f"`evalkit {case.command}` is not registered yet")
     from click.testing import CliRunner
@@ -218,10 +436,10 @@ def test_bad_input(case: Case, seeded, tmp_path):
     db2.write_bytes(seed2.read_bytes())
     inputs = tmp_path / "inputs"
     inputs.mkdir()
-    paths = make_inputs(inputs, db, db2, prefix)
+    paths = make_inputs(inputs, db, db2, prefix, tiny_for_cases)
     before_db, before_inputs = fingerprint(dbdir), fingerprint(inputs)
 
-    result = CliRunner().invoke(cli, case.args(paths), catch_exceptions=False)
+    result = CliRunner().invoke(cli, case.args(paths), catch_exceptions=False, env=case.environ(paths))
 
     message = result.stderr
     print(f"{case.id}: exit {result.exit_code}: {message.strip()}")

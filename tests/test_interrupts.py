@@ -1,9 +1,9 @@
-"""SPEC 5, signals: SIGINT / SIGTERM mid-run leave a valid DB, the run `interrupted`, no partial metrics.
+"""SPEC 5, signals: SIGINT / SIGTERM / SIGHUP mid-run leave a valid DB, the run `interrupted`, no partial metrics.
 
 A real `evalkit run` process (tests.fake_cli, the fake LM slowed by
 EVALKIT_FAKE_DELAY) is signalled once its run row reads 'running'. Exit codes
 (evalkit.runner.execute's handler: mark the run, one line, os._exit): SIGINT → 130
-("evalkit: error: interrupted"); SIGTERM → 143 ("evalkit: terminated").
+("evalkit: error: interrupted"); SIGTERM → 143 and SIGHUP → 129 ("evalkit: terminated").
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def evalkit_process(args: list[str], db: Path, delay: float = 0.0, **popen) -> subprocess.Popen:
+def evalkit_process(args: list[str], db: Path, delay: float = 0.0, env_extra: dict | None = None,
+                    **popen) -> subprocess.Popen:
     """Start `evalkit ARGS --db DB` (fake LM registered) as a child with its own SIGINT handling."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EVALKIT_DB": str(db), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EVALKIT_DB": str(db), "HF_HUB_OFFLINE": "1", **(env_extra or {})}
     if delay:
         env["EVALKIT_FAKE_DELAY"] = str(delay)
     return subprocess.Popen(
@@ -77,7 +78,8 @@ class StderrLines:
 @pytest.mark.parametrize("sig, code, last_line", [
     (signal.SIGINT, 130, "evalkit: error: interrupted"),
     (signal.SIGTERM, 143, "evalkit: terminated"),
-], ids=["SIGINT", "SIGTERM"])
+    (signal.SIGHUP, 129, "evalkit: terminated"),
+], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_signal_mid_run_marks_the_run_interrupted(sig, code, last_line, tmp_path):
     from evalkit.runner.execute import RunConfig, execute
 

@@ -10,7 +10,8 @@ import yaml
 from click.testing import CliRunner
 
 from evalkit.cli import cli
-from evalkit.gate.rules import Regression, Rules, RunData, decide
+from evalkit.gate.decide import RunData, decide
+from evalkit.gate.rules import Regression, Rules
 from evalkit.prompts.catalog import tasks_path
 from evalkit.scoring import registry
 from evalkit.store.db import migrate

@@ -19,8 +19,8 @@ from evalkit.store.db import db_path, now, open_reader, transaction
 from evalkit.store.queries import resolve_run, shown_status
 from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
 
-if TYPE_CHECKING:  # evalkit.gate.rules imports numpy and yaml: loaded when a gate runs
-    from evalkit.gate.rules import Verdict
+if TYPE_CHECKING:  # evalkit.gate.decide imports numpy and yaml: loaded when a gate runs
+    from evalkit.gate.decide import Verdict
 
 _TAG_RE = re.compile(r"[\w.\-]+")
 
@@ -53,7 +53,7 @@ def load_run_data(con, run_id: str):
     Aggregates take the ``none`` filter where a metric has several; per-sample
     values are the numeric ``samples`` columns (SAMPLE_METRIC_COLUMNS), nulls left out.
     """
-    from evalkit.gate.rules import RunData
+    from evalkit.gate.decide import RunData
 
     metrics: dict[tuple[str, str], float] = {}
     for task, metric, value in con.execute(
@@ -78,21 +78,25 @@ def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
     Raises BadInput for an invalid rules file, an unknown or unfinished run, or
     two runs that share no prompt.
     """
-    from evalkit.gate import rules as gate
+    from evalkit.gate.decide import check_names, check_verdict, decide
+    from evalkit.gate.render import to_junit, to_markdown
+    from evalkit.gate.rules import load_rules
 
-    rules = gate.load_rules(rules_path)
+    rules = load_rules(rules_path)
     with open_reader(db) as con:
         cand_id = _done_run(con, candidate, "gated")
         base_id = _done_run(con, baseline, "gated")
         cand = load_run_data(con, cand_id)
         base = cand if base_id == cand_id else load_run_data(con, base_id)
-    verdict = gate.decide(cand, base, rules)
+    check_names(rules, cand, base)
+    verdict = decide(cand, base, rules)
+    check_verdict(verdict, rules)
     return GateResult(
         verdict=verdict,
         candidate_id=cand_id,
         baseline_id=base_id,
-        markdown=gate.to_markdown(verdict, cand_id, base_id),
-        junit=gate.to_junit(verdict, cand_id, base_id),
+        markdown=to_markdown(verdict, cand_id, base_id),
+        junit=to_junit(verdict, cand_id, base_id),
     )
 
 

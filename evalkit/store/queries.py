@@ -13,8 +13,9 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
-from evalkit.store.db import open_reader
+from evalkit.store.db import db_path, open_reader
 from evalkit.store.runs import is_abandoned
+from evalkit.store.spool import pending_ids
 
 _LIVENESS = "status, host, pid, pid_start, heartbeat_at"
 
@@ -59,16 +60,25 @@ def _read(path, fn):
         return fn(con)
 
 
-def shown_status(con: duckdb.DuckDBPyConnection, run_id: str) -> str:
-    """A run's status as a reader shows it: `abandoned` for a running run whose process is gone."""
+def _shown(row: tuple, run_id: str, kept: set[str]) -> str:
+    status = row[0]
+    if status == "running" and run_id in kept:
+        return "kept"
+    return "abandoned" if is_abandoned(*row) else status
+
+
+def shown_status(con: duckdb.DuckDBPyConnection, run_id: str, kept: set[str] = frozenset()) -> str:
+    """A run's status as a reader shows it: `kept` for a finished run whose results wait in a
+    spool file (`kept` holds their ids), `abandoned` for a running run whose process is gone."""
     row = con.execute(f"SELECT {_LIVENESS} FROM runs WHERE id = ?", [run_id]).fetchone()
-    return "abandoned" if is_abandoned(*row) else row[0]
+    return _shown(row, run_id, kept)
 
 
 def list_runs(path, limit: int = 50):
     """(columns, rows) of the newest `limit` runs, newest first."""
     if limit < 1:
         raise BadInput(f"--limit must be at least 1, got {limit}")
+    kept = pending_ids(db_path(path))
 
     def q(con):
         cur = con.execute(
@@ -83,8 +93,7 @@ def list_runs(path, limit: int = 50):
         rows = []
         for r in cur.fetchall():
             r = list(r)
-            if is_abandoned(*r[9:]):
-                r[2] = "abandoned"
+            r[2] = _shown(tuple(r[9:]), r[0], kept)
             rows.append(tuple(r[:9]))
         return cols, rows
 
@@ -102,7 +111,7 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         )
         cols = [d[0] for d in cur.description]
         info = dict(zip(cols, cur.fetchone()))
-        info["status"] = shown_status(con, run_id)
+        info["status"] = shown_status(con, run_id, pending_ids(db_path(path)))
         cur = con.execute(
             "SELECT task, metric, value, stderr, n FROM metrics WHERE run_id = ? ORDER BY task, metric", [run_id]
         )

@@ -11,6 +11,7 @@ same lock is put on. Does not: format output.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,11 @@ from evalkit.store.db import (
 # enum it builds). A read-typed statement wrapping a write (EXPLAIN ANALYZE COPY ...) is
 # stopped by the sandbox itself, not by this list.
 READ_STATEMENTS = frozenset({"SELECT", "EXPLAIN", "PRAGMA", "MULTI"})
+READ_PRAGMAS = frozenset({"table_info", "show_tables", "show_tables_expanded", "show", "database_size",
+                          "database_list", "storage_info", "version", "functions", "collations", "metadata_info"})
+_PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)", re.I)
+# the statement an EXPLAIN [ANALYZE] [(options)] wraps
+_EXPLAINED = re.compile(r"^\s*EXPLAIN\b(?:\s+ANALY[SZ]E\b)?(?:\s*\([^)]*\))?\s*(\S.*)$", re.I | re.S)
 # the tables of an evalkit DB that an export holds and a merged query unions
 TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags")
 
@@ -39,15 +45,24 @@ TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags")
 def check_read_only(sql: str) -> None:
     """Refuse SQL with any statement that is not a read (checked before any file is opened)."""
     try:
-        statements = duckdb.connect(":memory:").extract_statements(sql)
+        statements = [(st.type.name, st.query) for st in duckdb.connect(":memory:").extract_statements(sql)]
     except duckdb.Error as exc:
         raise BadInput(f"SQL error: {str(exc).splitlines()[0]}") from exc
+    except ValueError as exc:  # a statement type the Python package does not list (UPDATE EXTENSIONS)
+        raise BadInput(f"evalkit query is read-only: a statement of an unlisted type is refused ({exc})") from exc
     if not statements:
         raise BadInput("empty SQL")
-    for st in statements:
-        kind = st.type.name
+    for kind, query in statements:
         if kind not in READ_STATEMENTS:
             raise BadInput(f"evalkit query is read-only: {kind} statements are refused")
+        if kind == "PRAGMA":  # DuckDB reports COPY FROM DATABASE and import_database as pragmas too
+            name = _PRAGMA.match(query)
+            if not name or name.group(1).lower() not in READ_PRAGMAS:
+                raise BadInput("evalkit query is read-only: only the PRAGMAs that read "
+                               f"({', '.join(sorted(READ_PRAGMAS))}) are allowed")
+        inner = _EXPLAINED.match(query) if kind == "EXPLAIN" else None
+        if inner:  # EXPLAIN ANALYZE runs the statement it explains: that one must read too
+            check_read_only(inner.group(1))
 
 
 def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple]]:

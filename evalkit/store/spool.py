@@ -81,6 +81,11 @@ def pending_files(db: Path) -> list[Path]:
     return files
 
 
+def pending_ids(db: Path) -> set[str]:
+    """Ids of the runs whose results wait in spool files (a reader shows them as `kept`)."""
+    return {p.name[: -len(SUFFIX)] for p in pending_files(db)}
+
+
 def _ingest_file(con: duckdb.DuckDBPyConnection, path: Path) -> str:
     """Bring one spool file into the open DB (one transaction); return the run id."""
     alias = "evalkit_spool"
