@@ -7,11 +7,11 @@ default SmolLM2-135M-Instruct (loaded ONCE, shared by every path), in one proces
       model object and tokenizer, batch size 1): every prompt requested 20 times
       (`repeats: 20`), do_sample, temperature 0.8, max_gen_toks 4, until "\\n\\n";
   (b) evalkit's first-token metrics, the path `evalkit.backends.hf.EvalkitHFLM` takes:
-      `firststep.probe` with the answers' candidate strings plus the lexicon candidates
+      `engine.probe` with the answers' candidate strings plus the lexicon candidates
       (tolerance 1e-4, as runs use), max_new_tokens 0, batch size 8, then top-k,
       top3_mass@0.8, ft_hit_prob, ft_token_hit, opener_mass and prior_drift (the
       content-free prior, once per template frame, is included in the time);
-  (c) the distribution alone (`firststep.probe`, no candidates, max_new_tokens 0).
+  (c) the distribution alone (`engine.probe`, no candidates, max_new_tokens 0).
   (b') a cross-check, untimed against the target: the same requests through
       `EvalkitHFLM.generate_until` itself (max_gen_toks 0); its metrics must equal (b)'s.
 
@@ -69,22 +69,22 @@ def sampled_path(lm, contexts: list[str], repeats: int, seed: int) -> list[list[
 
 def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bool, tolerance: float = 0.0) -> list[dict]:
     """(b) with candidates, (c) without: one prefill per prompt, metrics as EvalkitHFLM computes them."""
-    from evalkit.backends import engine as firststep
+    from evalkit.backends import engine
     from evalkit.backends.hf import candidate_metrics, content_free_prior
     from evalkit.scoring.firsttoken import candidate_strings
 
     cands, n_answers = [], []
     for doc in docs:
         answers = candidate_strings(doc["answers"]) if with_candidates else []
-        cands.append(answers + (lexicon.candidates() if with_candidates else []))
+        cands.append(answers + (lexicon.entries if with_candidates else []))
         n_answers.append(len(answers))
-    steps = firststep.probe(model, tokenizer, contexts, cands if with_candidates else None, top_k=50,
+    steps = engine.probe(model, tokenizer, contexts, cands if with_candidates else None, top_k=50,
                             max_new_tokens=0, stop=UNTIL, batch_size=8, tolerance=tolerance,
                             exact_candidates=[c[:n] for c, n in zip(cands, n_answers)])
     priors: dict[str, dict[int, float]] = {}
     out = []
     for ctx, doc, cand, n_ans, step in zip(contexts, docs, cands, n_answers, steps):
-        m = {"top3_mass": firststep.top_mass(step.logprobs, 3, TEMPERATURE), "entropy": step.entropy,
+        m = {"top3_mass": engine.top_mass(step.logprobs, 3, TEMPERATURE), "entropy": step.entropy,
              "topk": list(zip(step.topk_ids, step.topk_logprobs)),
              "prompt_tokens": len(step.context_ids), "positions": step.candidate_positions,
              "unscored": step.unscored_mass}
@@ -108,9 +108,9 @@ def evalkit_lm_path(lm, contexts, docs) -> list[dict]:
 
 
 def first_token_in_context(tokenizer, context: str, text: str) -> int | None:
-    from evalkit.backends import engine as firststep
+    from evalkit.backends import engine
 
-    ids = firststep.candidate_ids(tokenizer, context, text) if text else []
+    ids = engine.candidate_ids(tokenizer, context, text) if text else []
     return ids[0] if ids else None
 
 
@@ -151,7 +151,7 @@ def main() -> int:
     print(f"model {label}, loaded once in {load_s:.1f} s; "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads; {n} prompts "
           f"({args.per_lang} en + {args.per_lang} zh), template chat; "
-          f"{len(lexicon.candidates())} lexicon candidates (version {lexicon.version})", flush=True)
+          f"{len(lexicon.entries)} lexicon candidates (version {lexicon.version})", flush=True)
 
     from lm_eval.models.huggingface import HFLM
 

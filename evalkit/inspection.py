@@ -4,7 +4,7 @@ Owns: a single look at one prompt with the model a run would load (`models.resol
 `models.load`: the embedded SmolLM2 GGUF by default, or `pretrained=...`), putting the
 prompt through a template exactly as lm-eval does in a run (the tokenizer's chat template with the template's system message, add_generation_prompt
 on; or the raw text, system message glued in front, when the template is not chat), and
-reading the first step off `firststep.probe`: the top-k tokens with their probabilities
+reading the first step off `engine.probe`: the top-k tokens with their probabilities
 and cumulative mass, the entropy, top3_mass@T and the greedy first unit and response.
 
 Does not: print (see `cli/inspect.py`), store anything, or compute the candidate-based
@@ -104,9 +104,9 @@ def inspect_prompt(
 def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,
                     max_new_tokens: int = 16, stop: list[str] | tuple[str, ...] = ("\n\n",)) -> Inspection:
     """Probe `context` once and lay its first step out for reading (prompt/model fields empty)."""
-    from evalkit.backends import engine as firststep
+    from evalkit.backends import engine
 
-    step = firststep.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
+    step = engine.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
                            stop=stop, batch_size=1)[0]
     tokens, cum = [], 0.0
     for rank, (tid, lp) in enumerate(zip(step.topk_ids, step.topk_logprobs)):
@@ -118,13 +118,13 @@ def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperat
     for text in stop:
         if text:
             response = response.split(text, 1)[0]
-    unit, _ = firststep.first_unit_ids(decode, step.response_ids)
+    unit, _ = engine.first_unit_ids(decode, step.response_ids)
     return Inspection(
         prompt="", template="", model="", quant=None, context=context,
         n_context_tokens=len(step.context_ids), temperature=temperature, tokens=tokens,
         entropy=step.entropy,
-        top3_mass=firststep.top_mass(step.logprobs, 3, temperature),
-        top3_mass_t1=firststep.top_mass(step.logprobs, 3, 1.0),
+        top3_mass=engine.top_mass(step.logprobs, 3, temperature),
+        top3_mass_t1=engine.top_mass(step.logprobs, 3, 1.0),
         first_token=token_label(tokenizer, step.first_token_id),
         first_unit=unit, response=response,
     )

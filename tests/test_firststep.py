@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from evalkit.backends import engine as firststep
+from evalkit.backends import engine
 from evalkit.backends.engine import candidate_ids, first_unit_ids, probe, top_mass, topk_dict
 from tests.tiny import build_tiny_model, load_tiny
 
@@ -144,7 +144,7 @@ def test_tolerance_bounds_the_shortfall_of_every_sum(tiny, contexts):
     from evalkit.scoring.lexicon import load_lexicon
 
     model, tokenizer = tiny
-    cands = [["Recursion", "Paris", "递归"] + load_lexicon().candidates()] * len(contexts)
+    cands = [["Recursion", "Paris", "递归"] + load_lexicon().entries] * len(contexts)
     exact = probe(model, tokenizer, contexts, cands, max_new_tokens=0, batch_size=3)
     assert all(s.unscored_mass == 0.0 for s in exact)
     lenient = probe(model, tokenizer, contexts, cands, max_new_tokens=0, batch_size=3, tolerance=0.05)
@@ -331,7 +331,7 @@ def test_first_unit_ids_on_chinese(tiny):
 
 
 def test_docstring_examples():
-    assert doctest.testmod(firststep).failed == 0
+    assert doctest.testmod(engine).failed == 0
 
 
 def test_empty_and_bad_input(tiny):

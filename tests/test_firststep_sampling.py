@@ -1,5 +1,5 @@
 """SPEC 1.4: the sampled top-3 share of the first token converges to the exact top3_mass@T
-read off one forward pass (`firststep.top_mass`)."""
+read off one forward pass (`engine.top_mass`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from evalkit.backends import engine as firststep
+from evalkit.backends import engine
 from tests.tiny import load_tiny
 
 PROMPTS = ["What is recursion?", "法国的首都是哪里？", "Say hello."]
@@ -42,10 +42,10 @@ def test_sampled_top3_share_converges_to_exact_top3_mass(tiny):
     errors = {50: [], 2000: []}
     for prompt in PROMPTS:
         context = chat(tokenizer, prompt)
-        step = firststep.probe(model, tokenizer, [context], max_new_tokens=0)[0]
+        step = engine.probe(model, tokenizer, [context], max_new_tokens=0)[0]
         logits = plain_logits(model, tokenizer, context)  # an independent forward: same distribution
         for t in TEMPERATURES:
-            exact = firststep.top_mass(step.logprobs, 3, t)
+            exact = engine.top_mass(step.logprobs, 3, t)
             probs = torch.softmax(logits / t, dim=-1)
             assert exact == pytest.approx(float(torch.topk(probs, 3).values.sum()), abs=1e-5)
             for n in errors:
@@ -65,10 +65,10 @@ def test_probe_first_temperature_samples_at_that_temperature(tiny):
     model, tokenizer = tiny
     t, n = 0.8, 1000
     context = chat(tokenizer, PROMPTS[0])
-    exact_step = firststep.probe(model, tokenizer, [context], max_new_tokens=0)[0]
-    exact = firststep.top_mass(exact_step.logprobs, 3, t)
+    exact_step = engine.probe(model, tokenizer, [context], max_new_tokens=0)[0]
+    exact = engine.top_mass(exact_step.logprobs, 3, t)
     p_top1 = float(torch.softmax(exact_step.logprobs / t, dim=-1)[exact_step.topk_ids[0]])
-    steps = firststep.probe(model, tokenizer, [context] * n, max_new_tokens=0, top_k=3,
+    steps = engine.probe(model, tokenizer, [context] * n, max_new_tokens=0, top_k=3,
                             first_temperature=t, seed=7, batch_size=250)
     firsts = [s.first_token_id for s in steps]
     assert len(set(firsts)) > 3  # really sampled, not argmax

@@ -21,7 +21,7 @@ from evalkit.scoring.firsttoken import (
     top3_share,
 )
 from evalkit.scoring.lexicon import load_lexicon
-from evalkit.scoring.text import starts_with
+from evalkit.scoring.text import covers, starts_with
 
 DATA = Path(__file__).resolve().parents[1] / "tasks" / "firsttoken" / "data"
 OPENERS = ["Sure", "Of course", "Great question", "I'd be happy", "好的", "当然", "首先", "是的"]
@@ -234,15 +234,13 @@ def test_lexicon_loads_with_version_and_languages():
     assert all(e == e.strip() and e for e in lex.entries)
 
 
-def test_lexicon_candidates_drop_covered_entries():
-    lex = load_lexicon()
-    cands = lex.candidates()
-    assert "Sure" in cands and "Sure thing" not in cands
-    assert "当然" in cands and "当然可以" not in cands
-    assert set(cands) <= set(lex.entries)
-    assert not any(a != b and a.startswith(b) for a in cands for b in cands)
-    # every entry is covered by a candidate
-    assert all(any(e.startswith(c) for c in cands) for e in lex.entries)
+def test_lexicon_entries_that_cover_others_as_text():
+    """Which entries another entry covers as text (whole words; characters for Chinese): the sums
+    drop them where the tokens agree too (see test_units and test_probe)."""
+    entries = load_lexicon().entries
+    covered = {(a, b) for a in entries for b in entries if a != b and covers(a, b)}
+    assert ("Sure", "Sure thing") in covered and ("好", "好的") in covered and ("当然", "当然可以") in covered
+    assert ("So", "Sorry") not in covered  # "Sorry" is not the word "So"
 
 
 def test_lexicon_from_env_file(tmp_path, monkeypatch):
@@ -273,7 +271,7 @@ def test_no_accepted_answer_is_an_opener():
 def test_no_answer_string_begins_with_an_opener_string():
     """Distribution level: the probabilities are of strings, with no word boundary, so an opener
     string must not be a prefix of an answer's candidate string either."""
-    candidates = load_lexicon().candidates()
+    candidates = load_lexicon().entries
     clashes = [
         (d["id"], a, o) for d in task_docs() for a in candidate_strings(d["answers"]) for o in candidates
         if a.startswith(o)

@@ -14,14 +14,12 @@ from evalkit.prompts.needle import (
     build_grid,
     load_haystack,
     make_key,
-    middle_gap,
-    needle_recall,
     needle_sentence,
-    normalize_key,
     question,
     split_sentences,
 )
 from evalkit.report.needle_plot import heatmap, recall_by_depth_plot
+from evalkit.scoring.needle import middle_gap, needle_recall, normalize_key
 
 # the constant stands for the chat template's overhead
 WORD_COUNTER = lambda s: 30 + len(s.split())  # noqa: E731

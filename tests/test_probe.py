@@ -68,21 +68,37 @@ def string_probs(model, tokenizer, context, strings) -> dict[str, float]:
     return out
 
 
-def answer_strings(answers):
-    """SPEC 1.1: the whole start when it holds CJK, its first word otherwise; SPEC 1.2: a
-    string that begins with another of the set is dropped (its mass is already counted)."""
+def summed(strings, tokenizer=None, context=None):
+    """SPEC 1.2, restated independently: a string is left out of a sum when another string of the
+    set begins it as whole words (as characters, for Chinese) and, given a tokenizer, the other's
+    tokens after the context are a prefix of its own (then its mass is already counted)."""
+    def cjk(ch):
+        return "\u4e00" <= ch <= "\u9fff"
+
+    def word_start(o, s):
+        return s.startswith(o) and (len(s) == len(o) or cjk(o[-1]) or not (s[len(o)].isalnum() or cjk(s[len(o)])))
+
+    def toks(x):
+        ctx = ids_of(tokenizer, context)
+        return ids_of(tokenizer, context + x)[len(ctx):]
+
+    uniq = list(dict.fromkeys(strings))
+    return [s for s in uniq if not any(
+        o != s and word_start(o, s) and (tokenizer is None or toks(s)[: len(toks(o))] == toks(o)) for o in uniq)]
+
+
+def answer_strings(answers, tokenizer=None, context=None):
+    """SPEC 1.1: the whole start when it holds CJK, its first word otherwise; then `summed`."""
     out = []
     for a in answers:
         cjk = any("\u4e00" <= ch <= "\u9fff" for ch in a)
         out.append(a if cjk else a.split()[0])
-    uniq = list(dict.fromkeys(out))
-    return [s for s in uniq if not any(o != s and s.startswith(o) for o in uniq)]
+    return summed(out, tokenizer, context)
 
 
-def opener_strings():
-    """SPEC 1.2: every lexicon entry, less those that begin with another entry."""
-    entries = list(dict.fromkeys(load_lexicon().entries))
-    return [e for e in entries if not any(o != e and e.startswith(o) for o in entries)]
+def opener_strings(tokenizer=None, context=None):
+    """SPEC 1.2: every lexicon entry, less those another entry covers (see `summed`)."""
+    return summed(load_lexicon().entries, tokenizer, context)
 
 
 def opener_initial_ids(tokenizer, context) -> set[int]:
@@ -204,9 +220,9 @@ def test_ft_hit_prob_and_opener_mass_match_plain_softmax_product(tiny, docs, con
     assert len(openers) > 50
     sizeable = 0
     for doc, context, res in zip(docs, contexts, batched):
-        answers = answer_strings(doc["answers"])
+        answers = answer_strings(doc["answers"], tokenizer, context)
         expected_hit = sum(string_probs(model, tokenizer, context, answers).values())
-        expected_opener = sum(string_probs(model, tokenizer, context, openers).values())
+        expected_opener = sum(string_probs(model, tokenizer, context, opener_strings(tokenizer, context)).values())
         got_hit, got_opener = res.metrics["ft_hit_prob"], res.metrics["opener_mass"]
         assert got_hit == pytest.approx(expected_hit, abs=1e-5), doc["id"]
         assert math.log(got_hit) == pytest.approx(math.log(expected_hit), abs=1e-4), doc["id"]

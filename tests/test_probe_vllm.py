@@ -348,9 +348,9 @@ def test_greedy_requests_return_the_probe_dict_with_top20(make_lm, tiny_model_di
         assert res.metrics["unstable"] == (1.0 if res.metrics["top3_mass"] < 0.70 else 0.0)
         assert res.entropy is None
         assert not {"entropy", "ft_hit_prob", "opener_mass", "prior_drift"} & set(res.metrics)
-        from evalkit.backends import engine as firststep
+        from evalkit.backends import engine
 
-        firsts = {firststep.candidate_ids(lm.tokenizer, req.args[0], a)[0] for a in req.doc["answers"]}
+        firsts = {engine.candidate_ids(lm.tokenizer, req.args[0], a)[0] for a in req.doc["answers"]}
         assert res.metrics["ft_token_hit"] == (1.0 if top[0][0] in firsts else 0.0)
 
 

@@ -128,8 +128,13 @@ def test_matched_start_returns_the_first_match_in_order():
 
 
 def test_drop_covered():
-    assert drop_covered(["Sure", "Sure thing", "Of course", "Su"]) == ["Of course", "Su"]
+    assert drop_covered(["Sure", "Sure thing", "Of course", "Su"]) == ["Sure", "Of course", "Su"]
+    assert drop_covered(["So", "Sorry", "Some"]) == ["So", "Sorry", "Some"]  # words, not strings
     assert drop_covered(["好的", "好", "当然可以", "当然"]) == ["好", "当然"]
+    # with tokens: dropped only where the covering string's tokens are a prefix of the covered one's
+    assert drop_covered(["好", "好的"], {"好": [5], "好的": [5, 9]}) == ["好"]
+    assert drop_covered(["好", "好的"], {"好": [5], "好的": [77]}) == ["好", "好的"]
+    assert drop_covered(["Sure", "Sure thing"], {"Sure": [3], "Sure thing": [3, 4]}) == ["Sure"]
     assert drop_covered(["a", "a", "", "b"]) == ["a", "b"]
     assert drop_covered([]) == []
 
@@ -143,3 +148,36 @@ def test_character_classes():
 
 def test_docstring_examples():
     assert doctest.testmod(units).failed == 0
+
+
+def _byte_bpe(corpus, vocab_size):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer=trainer)
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_coverage_follows_each_tokenizer():
+    """One tokenizer has a token for 好的 (and for Sorry): its 好的 is not inside P(好), so both
+    are summed. A bytes-only tokenizer spells 好的 as 好's bytes and more: 好 covers it. "Sure"
+    covers "Sure thing" in both; "So" never covers "Sorry" (not the same word)."""
+    from evalkit.backends.engine import candidate_ids
+
+    merged = _byte_bpe(["好的 好的 好的 好的 好 Sorry Sorry Sorry So Sure thing Sure"] * 50, 400)
+    bytes_only = _byte_bpe(["x"], 257)
+    strings = ["好", "好的", "Sure", "Sure thing", "So", "Sorry"]
+    summed = {}
+    for name, tok in (("merged", merged), ("bytes", bytes_only)):
+        context = "Answer:\n"
+        tokens = {s: candidate_ids(tok, context, s) for s in strings}
+        summed[name] = drop_covered(strings, tokens)
+    assert len(candidate_ids(merged, "Answer:\n", "好的")) == 1  # the premise of the first case
+    assert summed["merged"] == ["好", "好的", "Sure", "So", "Sorry"]
+    assert summed["bytes"] == ["好", "Sure", "So", "Sorry"]

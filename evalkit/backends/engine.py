@@ -19,17 +19,12 @@ counted in its probability.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-
-# Most cache positions (rows x tokens) one candidate forward may hold; more candidates
-# than fit are scored in several forwards (long prompts with many candidates).
-CANDIDATE_CACHE_TOKENS = 16384
 
 _SEED_STRIDE = 1_000_003
 
@@ -44,6 +39,7 @@ class FirstStep:
     entropy: float  # full-vocabulary entropy in nats
     logprobs: torch.Tensor  # (V,) float32 log-softmax of the first step
     candidate_probs: dict[str, float] = field(default_factory=dict)  # candidate -> P(response starts with it)
+    candidate_tokens: dict[str, list[int]] = field(default_factory=dict)  # candidate -> its tokens in context
     unscored_mass: float = 0.0  # bound on how much any sum of candidate_probs falls short (<= tolerance)
     candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
     response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
@@ -237,19 +233,6 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
-def _fork_cache(cache, rows: torch.Tensor):
-    """A new cache holding `cache`'s batch rows `rows` (repeats allowed); `cache` is left as is.
-
-    The layers are shallow copies; `batch_select_indices` with an index tensor then
-    rebinds each copy's keys/values to fresh tensors (advanced indexing copies), and
-    a dynamic layer's `update` rebinds by concatenation, so nothing is shared in place.
-    """
-    fork = copy.copy(cache)
-    fork.layers = [copy.copy(layer) for layer in cache.layers]
-    fork.batch_select_indices(rows)
-    return fork
-
-
 def _truncate_cache(cache, length: int) -> None:
     """Keep the first `length` positions of every layer (`crop`'s meaning differs across
     transformers versions, so the layers are sliced directly)."""
@@ -332,8 +315,9 @@ class _Engine:
             ))
         if any(cand_lists):
             scored = self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets)
-            for step, (probs, unscored, positions) in zip(steps, scored):
+            for step, (probs, unscored, positions, tokens) in zip(steps, scored):
                 step.candidate_probs, step.unscored_mass, step.candidate_positions = probs, unscored, positions
+                step.candidate_tokens = tokens
 
         first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
         for r in range(B):
@@ -346,7 +330,7 @@ class _Engine:
 
     def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets=None):
         """Per prompt of the prefilled batch: ({candidate: P(response starts with it)},
-        unscored mass, trie positions forwarded).
+        unscored mass, trie positions forwarded, {candidate: its tokens in context}).
 
         Teacher forcing over the token trie of each prompt's candidates, one trie level
         per forward for the whole batch. The level's nodes (proper prefixes of some
@@ -440,7 +424,8 @@ class _Engine:
                     probs[cand] = 0.0
                     continue
                 probs[cand] = math.exp(node_sum[last] + float(node_lp[last][tk[-1]]))
-            out.append(({c: probs[c] for c in dict.fromkeys(cand_lists[r])}, self.tolerance - budget[r], positions[r]))
+            out.append(({c: probs[c] for c in dict.fromkeys(cand_lists[r])}, self.tolerance - budget[r], positions[r],
+                        toks_of[r]))
         return out
 
     def first_token(self, row_logprobs: torch.Tensor, index: int) -> int:

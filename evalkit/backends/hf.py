@@ -22,7 +22,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
-from evalkit.backends import engine as firststep
+from evalkit.backends import engine
 from evalkit.backends import quant as quantization
 from evalkit.backends.models import DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
@@ -41,21 +41,23 @@ def content_free_prior(model, tokenizer, frame: str, top_k: int) -> dict[int, fl
     the frame, as its top-k `token_id -> probability`."""
     # under a template with no text around the prompt, "" leaves nothing to condition on
     contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
-    steps = firststep.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts))
+    steps = engine.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts))
     mean = torch.stack([s.logprobs.exp() for s in steps]).mean(0)
     top = torch.topk(mean, top_k)
     return dict(zip(top.indices.tolist(), top.values.tolist()))
 
 
-def candidate_metrics(tokenizer, context: str, step: firststep.FirstStep, answers: list[str], openers: list[str],
+def candidate_metrics(tokenizer, context: str, step: engine.FirstStep, answers: list[str], openers: list[str],
                       prior: dict[int, float] | None) -> dict[str, float]:
     """ft_hit_prob, ft_token_hit, opener_mass and (with a prior) prior_drift of one probed prompt.
 
-    Sums skip strings that begin with another string of the same set (SPEC 1.2)."""
+    Sums skip a string that another string of the same set covers, as text and in tokens
+    (`text.drop_covered`), so no probability is counted twice."""
+    tokens = step.candidate_tokens
     metrics = {
-        "ft_hit_prob": sum(step.candidate_probs[a] for a in drop_covered(answers)),
-        "ft_token_hit": 1.0 if step.topk_ids[0] in firststep.first_ids(tokenizer, context, answers) else 0.0,
-        "opener_mass": sum(step.candidate_probs[o] for o in drop_covered(openers)),
+        "ft_hit_prob": sum(step.candidate_probs[a] for a in drop_covered(answers, tokens)),
+        "ft_token_hit": 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0,
+        "opener_mass": sum(step.candidate_probs[o] for o in drop_covered(openers, tokens)),
     }
     if prior is not None:
         p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
@@ -70,7 +72,7 @@ class EvalkitHFLM(HFLM):
     tolerance: per prompt, the least likely token prefixes of the lexicon openers'
     trie whose probabilities add up to at most this are not teacher-forced, so
     opener_mass falls short of exact by at most `tolerance` (a bound, not an
-    estimate; 0 is exact; see `firststep.probe`). The accepted answers are always
+    estimate; 0 is exact; see `engine.probe`). The accepted answers are always
     scored exactly: ft_hit_prob is exact."""
 
     def __init__(
@@ -113,7 +115,7 @@ class EvalkitHFLM(HFLM):
         ids = set()
         for entry in self.lexicon.entries:
             for text in (entry, " " + entry):
-                toks = firststep.candidate_ids(self.tokenizer, context, text)
+                toks = engine.candidate_ids(self.tokenizer, context, text)
                 if toks:
                     ids.add(toks[0])
         return frozenset(ids)
@@ -156,7 +158,7 @@ class EvalkitHFLM(HFLM):
                 docs = [requests[i].doc or {} for i in chunk]
                 cands = [self._candidates(d) for d in docs]
                 banned = self._banned_first_ids(contexts[0])
-                steps = firststep.probe(
+                steps = engine.probe(
                     self.model, self.tokenizer, contexts, [c for c, _ in cands],
                     top_k=self.top_k, max_new_tokens=max_new, stop=until, batch_size=bs,
                     first_temperature=self.first_temperature, banned_first_ids=banned,
@@ -174,21 +176,21 @@ class EvalkitHFLM(HFLM):
         if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
             return [], 0
         answers = candidate_strings(doc["answers"])
-        return answers + self.lexicon.candidates(), len(answers)
+        return answers + self.lexicon.entries, len(answers)
 
-    def _result(self, context, doc, cands, n_answer, step: firststep.FirstStep, until) -> FirstStepResult:
+    def _result(self, context, doc, cands, n_answer, step: engine.FirstStep, until) -> FirstStepResult:
         text = self.tok_decode(step.response_ids, skip_special_tokens=True)
         for stop in until:
             if stop and stop in text:
                 text = text.split(stop, 1)[0]
-        unit, _ = firststep.first_unit_ids(
+        unit, _ = engine.first_unit_ids(
             lambda ids: self.tok_decode(ids, skip_special_tokens=True), step.response_ids
         )
         topk = [
             (int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp))
             for t, lp in zip(step.topk_ids, step.topk_logprobs)
         ]
-        top3 = firststep.top_mass(step.logprobs, 3, self.temperature)
+        top3 = engine.top_mass(step.logprobs, 3, self.temperature)
         metrics: dict[str, float] = {
             "top3_mass": top3,
             "unstable": 1.0 if top3 < UNSTABLE_BELOW else 0.0,

@@ -5,20 +5,20 @@ Owns: `load_docs` (lm-eval's `custom_dataset` hook of tasks/needle/*.yaml), the
 token counter that renders the prompt exactly as the run will (template and
 system message included), the context-length check, `needle_metadata` (what an
 evalkit run passes to the tasks), and `derived_metrics` (recall by depth and
-length, `middle_gap`). Does not: build documents (`needle.py`) or plot
-(`needle_plot.py`).
+length, `middle_gap`: `scoring.needle`). Does not: build documents
+(`prompts.needle`) or plot (`report.needle_plot`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 from evalkit.contract import NEEDLE, response_text
 from evalkit.errors import BadInput
 from evalkit.prompts import needle
+from evalkit.scoring.needle import needle_recall
 
 # in-process tokenizers handed over by an evalkit run (key -> tokenizer), so the
 # docs are counted with the very tokenizer the run loaded
@@ -85,7 +85,7 @@ def check_lengths(lengths, max_length: int | None) -> None:
 
 
 def process_results(doc, results) -> dict[str, float]:
-    return {"needle_recall": needle.needle_recall(response_text(results[0]), doc["key"])}
+    return {"needle_recall": needle_recall(response_text(results[0]), doc["key"])}
 
 
 def needle_metadata(cfg, template, lm) -> dict[str, Any]:
@@ -106,37 +106,3 @@ def needle_metadata(cfg, template, lm) -> dict[str, Any]:
         "seed": cfg.seed,
         "max_length": max_length if isinstance(max_length, int) else None,
     }
-
-
-def derived_metrics(run_id: str, samples: list[dict]) -> list[dict]:
-    """Recall by depth and by length, and middle_gap, per needle task (metric rows)."""
-    by_task: dict[str, list[dict]] = defaultdict(list)
-    for s in samples:
-        if s.get("needle_depth") is not None and s.get("needle_recall") is not None:
-            by_task[s["task"]].append(s)
-    rows = []
-    for task, items in sorted(by_task.items()):
-        def add(metric, values, task=task):
-            from evalkit.scoring.stats import mean_stderr
-
-            mean, se = mean_stderr(values)
-            rows.append({"run_id": run_id, "task": task, "metric": metric, "filter": "none",
-                         "value": mean, "stderr": se, "n": len(values)})
-
-        depth_groups: dict[float, list[float]] = defaultdict(list)
-        length_groups: dict[int, list[float]] = defaultdict(list)
-        for s in items:
-            depth_groups[round(float(s["needle_depth"]), 3)].append(s["needle_recall"])
-            length_groups[int(s["needle_length"])].append(s["needle_recall"])
-        for depth, values in sorted(depth_groups.items()):
-            add(f"needle_recall@depth{depth:g}", values)
-        for length, values in sorted(length_groups.items()):
-            add(f"needle_recall@len{length}", values)
-        by_depth = {d: sum(v) / len(v) for d, v in depth_groups.items()}
-        try:
-            gap = needle.middle_gap(by_depth)
-        except ValueError:
-            continue  # the grid has no edge or no middle depths: no gap to report
-        rows.append({"run_id": run_id, "task": task, "metric": "middle_gap", "filter": "none",
-                     "value": gap, "stderr": None, "n": len(items)})
-    return rows

@@ -214,7 +214,7 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
 
     metric_rows, sample_rows, topk_rows = collect(run_id, results)
     if any(s.get("needle_depth") is not None for s in sample_rows):
-        from evalkit.prompts.needle_task import derived_metrics
+        from evalkit.scoring.needle import derived_metrics
 
         metric_rows += derived_metrics(run_id, sample_rows)
     result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0)

@@ -1,7 +1,7 @@
 """The versioned lexicon of generic openers ("Sure", "Of course", "好的", "首先" …).
 
 Owns: reading `data/openers.yaml` (or a user's file of the same shape) and its
-version string, which every run stores. Does not: match text (see `units.py`).
+version string, which every run stores. Does not: match text (see `scoring.text`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 import yaml
 
 from evalkit.errors import BadInput
-from evalkit.scoring.text import drop_covered
 
 PACKAGED = Path(__file__).resolve().parents[1] / "data" / "openers.yaml"
 
@@ -28,10 +27,6 @@ class Lexicon:
     def entries(self) -> list[str]:
         """Every entry, all languages, in file order (duplicates removed)."""
         return list(dict.fromkeys(e for entries in self.by_lang.values() for e in entries))
-
-    def candidates(self) -> list[str]:
-        """Entries with prefix-covered ones dropped: the strings whose probabilities are summed."""
-        return drop_covered(self.entries)
 
 
 @functools.lru_cache(maxsize=8)

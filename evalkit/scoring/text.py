@@ -3,7 +3,7 @@
 Owns: the SPEC 1.1 normalisation (NFKC, casefold, whitespace and leading
 punctuation stripped) and the rule deciding whether a response *begins with*
 an accepted start. Does not: look at tokens or probabilities (see
-`firststep.py`), or know which starts are accepted (the task data does).
+`backends.engine`), or know which starts are accepted (the task data does).
 """
 
 from __future__ import annotations
@@ -123,13 +123,46 @@ def matched_start(response: str, starts) -> str | None:
     return None
 
 
-def drop_covered(strings) -> list[str]:
-    """Keep one string per prefix chain: a string that begins with another string
-    of the set is dropped, since the shorter one's probability already covers it
-    (SPEC 1.2). Order of first appearance is kept; duplicates go too.
+def covers(shorter: str, longer: str) -> bool:
+    """Does the text `longer` begin with `shorter` as a whole unit: whole words for
+    space-delimited scripts, characters for CJK (and any string ending in CJK)?
 
-    >>> drop_covered(["Sure", "Sure thing", "Of course", "Su"])
-    ['Of course', 'Su']
+    >>> covers("Sure", "Sure thing"), covers("So", "Sorry"), covers("So", "Some"), covers("好", "好的")
+    (True, False, False, True)
+    >>> covers("Sure", "Sure,"), covers("Sure", "Sure"), covers("Well", "Well-known")
+    (True, True, False)
+    """
+    if not shorter or not longer.startswith(shorter):
+        return False
+    if len(longer) == len(shorter) or is_cjk(shorter[-1]) or not _is_word_char(shorter[-1]):
+        return True
+    nxt, after = longer[len(shorter)], longer[len(shorter) + 1 : len(shorter) + 2]
+    if _is_word_char(nxt) or is_cjk(nxt):
+        return False
+    return not (nxt == "-" and after and _is_word_char(after))  # "Well-known" is one word
+
+
+def drop_covered(strings, tokens: dict[str, list[int]] | None = None) -> list[str]:
+    """The strings whose probabilities are summed (SPEC 1.2): a string is dropped when another
+    string of the set covers it as text (`covers`: "Sure" covers "Sure thing"; "So" covers
+    neither "Sorry" nor "Some") and, where `tokens` gives each string's tokens in context, the
+    covering string's tokens are a prefix of the covered one's — only then does the shorter
+    string's probability already hold the longer one's. A tokenizer with one token for 好的
+    keeps 好的 beside 好. Order of first appearance is kept; duplicates go too.
+
+    >>> drop_covered(["Sure", "Sure thing", "Of course", "Su", "So", "Sorry"])
+    ['Sure', 'Of course', 'Su', 'So', 'Sorry']
+    >>> drop_covered(["好", "好的"], {"好": [1], "好的": [1, 2]}), drop_covered(["好", "好的"], {"好": [1], "好的": [7]})
+    (['好'], ['好', '好的'])
     """
     uniq = list(dict.fromkeys(s for s in strings if s))
-    return [s for s in uniq if not any(o != s and s.startswith(o) for o in uniq)]
+
+    def covered(s: str) -> bool:
+        for o in uniq:
+            if o == s or not covers(o, s):
+                continue
+            if tokens is None or tokens.get(s, [])[: len(tokens.get(o, []))] == tokens.get(o, []):
+                return True
+        return False
+
+    return [s for s in uniq if not covered(s)]
