@@ -73,6 +73,7 @@ _COMMAND_MODULES = [
     "gate",
     "metrics",
     "db",
+    "tasks",
 ]
 
 for _name in _COMMAND_MODULES:
