@@ -1,4 +1,4 @@
-"""SPEC 4 start-up budgets: `evalkit --help` < 0.5 s; `evalkit run` overhead before the model loads < 2 s.
+"""Start-up budgets: `evalkit --help` < 0.5 s; `evalkit run` overhead before the model loads < 2 s.
 
 Usage: python bench/cli_startup.py [--repeat 7] [--importtime]
 
@@ -139,7 +139,7 @@ def report(label: str, times: list[float], budget: float) -> str:
     med = statistics.median(times)
     verdict = "ok" if med < budget else "OVER BUDGET"
     return (f"{label:<10} median {med:6.3f} s  (min {min(times):.3f}, max {max(times):.3f}, n={len(times)})"
-            f"   SPEC 4 target < {budget} s: {verdict}")
+            f"   target < {budget} s: {verdict}")
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Budget of SPEC 4: first-token metrics from one prefill vs the sampling protocol.
+"""The first-token budget: first-token metrics from one prefill vs the sampling protocol.
 
 On the same prompts (5 en + 5 zh from tasks/firsttoken/data by default) and the
 default SmolLM2-135M-Instruct (loaded ONCE, shared by every path), in one process:

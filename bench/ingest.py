@@ -1,4 +1,4 @@
-"""SPEC 4 ingest budget: DuckDB takes ≥ 100k sample rows/s.
+"""Ingest budget: DuckDB takes ≥ 100k sample rows/s.
 
 Usage: python bench/ingest.py [--rows 200000] [--topk-rows 1000000]
 
@@ -129,7 +129,7 @@ def main() -> int:
         verdict = "ok" if rate >= TARGET_ROWS_PER_S else "UNDER TARGET"
         print(f"{label:<24} {n:>9,} rows in {seconds:6.3f} s = {rate:>11,.0f} rows/s  "
               f"(process CPU {cpu:6.3f} s = {n / cpu:>11,.0f} rows/CPU-s)"
-              f"   SPEC 4 target >= {TARGET_ROWS_PER_S:,} rows/s: {verdict}")
+              f"   target >= {TARGET_ROWS_PER_S:,} rows/s: {verdict}")
     return 0
 
 

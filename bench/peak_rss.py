@@ -1,4 +1,4 @@
-"""SPEC 4 memory budget: peak RSS of a default run < 2 GB.
+"""Memory budget: peak RSS of a default run < 2 GB.
 
 Usage: python bench/peak_rss.py [--limit 4] [--tasks firsttoken]
 
@@ -44,7 +44,7 @@ def main() -> int:
     print(proc.stdout.splitlines()[0])
     verdict = "ok" if peak < BUDGET_BYTES else "OVER BUDGET"
     print(f"`{' '.join(['evalkit', *cmd[len(exe):-2]])}`: {wall:.1f} s wall, peak RSS {peak / 1e9:.3f} GB "
-          f"({peak / 2**20:,.0f} MiB)   SPEC 4 target < 2 GB: {verdict}")
+          f"({peak / 2**20:,.0f} MiB)   target < 2 GB: {verdict}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Bench (SPEC 4): `evalkit report` over 1M sample rows must take < 5 s.
+"""Bench: `evalkit report` over 1M sample rows must take < 5 s.
 
 Builds a DuckDB file with 10 done runs and 1,000,000 synthetic sample rows
 (first-token and needle rows), their metric rows (aggregated by DuckDB from the

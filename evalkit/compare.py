@@ -1,4 +1,4 @@
-"""Drift between two stored runs (SPEC 1.5): how the first-token distribution moved, and
+"""Drift between two stored runs (docs/metrics.md §1.5): how the first-token distribution moved, and
 how every per-sample metric changed, over the prompts both runs share.
 
 Owns: `compare_runs(db, run_a, run_b) -> Comparison` — the SQL that pairs the two runs'

@@ -1,4 +1,4 @@
-"""SPEC 5, bad input: every command × every bad input → exit 2, one line on stderr, the DB untouched.
+"""Reliability, bad input: every command × every bad input → exit 2, one line on stderr, the DB untouched.
 
 One table (`CASES`) drives the test here and `bench/bad_input_table.py`,
 which runs the same cases through the real `evalkit` process and writes the

@@ -1,4 +1,4 @@
-"""SPEC 5, concurrency: four `evalkit run` processes on one DB file at once all land; reads wait for writes.
+"""Reliability, concurrency: four `evalkit run` processes on one DB file at once all land; reads wait for writes.
 
 DuckDB lets one process write a file at a time; evalkit keeps each write short
 (run row at the start, results in one transaction at the end) and retries the

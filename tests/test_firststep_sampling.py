@@ -1,4 +1,4 @@
-"""SPEC 1.4: the sampled top-3 share of the first token converges to the exact top3_mass@T
+"""docs/metrics.md §1.4: the sampled top-3 share of the first token converges to the exact top3_mass@T
 read off one forward pass (`engine.top_mass`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC 5, signals: SIGINT / SIGTERM / SIGHUP mid-run leave a valid DB, the run `interrupted`, no partial metrics.
+"""Reliability, signals: SIGINT / SIGTERM / SIGHUP mid-run leave a valid DB, the run `interrupted`, no partial metrics.
 
 A real `evalkit run` process (tests.fake_cli, the fake LM slowed by
 EVALKIT_FAKE_DELAY) is signalled once its run row reads 'running'. Exit codes

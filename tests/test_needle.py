@@ -1,4 +1,4 @@
-"""Needle documents, needle metrics and needle plots (SPEC 1.6), with fake token counters."""
+"""Needle documents, needle metrics and needle plots (docs/metrics.md §1.6), with fake token counters."""
 
 import random
 import re

@@ -69,7 +69,7 @@ def string_probs(model, tokenizer, context, strings) -> dict[str, float]:
 
 
 def summed(strings, tokenizer=None, context=None):
-    """SPEC 1.2, restated independently: a string is left out of a sum when another string of the
+    """docs/metrics.md §1.2, restated independently: a string is left out of a sum when another string of the
     set begins it as whole words (as characters, for Chinese) and, given a tokenizer, the other's
     tokens after the context are a prefix of its own (then its mass is already counted)."""
     def cjk(ch):
@@ -88,7 +88,7 @@ def summed(strings, tokenizer=None, context=None):
 
 
 def answer_strings(answers, tokenizer=None, context=None):
-    """SPEC 1.1: the whole start when it holds CJK, its first word otherwise; then `summed`."""
+    """docs/metrics.md §1.1: the whole start when it holds CJK, its first word otherwise; then `summed`."""
     out = []
     for a in answers:
         cjk = any("\u4e00" <= ch <= "\u9fff" for ch in a)
@@ -97,7 +97,7 @@ def answer_strings(answers, tokenizer=None, context=None):
 
 
 def opener_strings(tokenizer=None, context=None):
-    """SPEC 1.2: every lexicon entry, less those another entry covers (see `summed`)."""
+    """docs/metrics.md §1.2: every lexicon entry, less those another entry covers (see `summed`)."""
     return summed(load_lexicon().entries, tokenizer, context)
 
 

@@ -1,4 +1,4 @@
-"""The DuckDB store (SPEC 3): the exact schema after migrating, migrations bookkeeping,
+"""The DuckDB store (see the README, Storage): the exact schema after migrating, migrations bookkeeping,
 the bulk insert that ends a run, run-id resolution and read-only SQL."""
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def test_fresh_db_has_the_exact_schema(tmp_path):
         for table, expected in EXPECTED_TABLES.items():
             assert columns(con, table) == expected, table
         assert EXPECTED_VIEWS <= relations(con, "VIEW")
-        # the SPEC's columns keep their order in `runs` (the ordinal order is part of the schema)
+        # the documented columns keep their order in `runs` (the ordinal order is part of the schema)
         assert list(columns(con, "runs")) == list(EXPECTED_TABLES["runs"])
         assert list(columns(con, "samples")) == list(EXPECTED_TABLES["samples"])
 

@@ -1,4 +1,4 @@
-"""SPEC 5, trust: no finished run is lost, a dead run does not stay `running`, readers never write.
+"""Reliability, trust: no finished run is lost, a dead run does not stay `running`, readers never write.
 
 - A run that finishes while another process holds the DB past the lock timeout keeps its
   results in a spool file and lands, complete, on the next write or `evalkit ingest`.

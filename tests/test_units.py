@@ -1,4 +1,4 @@
-"""Text-level answer starts (SPEC 1.1): normalisation, the first word, matching a start."""
+"""Text-level answer starts (docs/metrics.md §1.1): normalisation, the first word, matching a start."""
 
 from __future__ import annotations
 

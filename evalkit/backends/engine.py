@@ -3,7 +3,7 @@
 Owns, for a batch of already-templated prompts on a Hugging Face causal LM:
 - one batched prefill (left padding, explicit position ids, KV cache kept) giving the
   full-vocabulary first-step distribution: top-k, entropy, float32 log-softmax;
-- candidate-string probabilities (SPEC 1.1 `ft_hit_prob`): P(response starts with a
+- candidate-string probabilities (docs/metrics.md §1.1 `ft_hit_prob`): P(response starts with a
   string) as the product of its tokens' teacher-forced conditional probabilities,
   the string tokenised in its real context; one extra batched forward per prompt over
   all its candidates, reusing a copy of the prompt's KV cache;
@@ -140,7 +140,7 @@ def candidate_ids(
 
 def first_ids(tokenizer, context: str, strings: Iterable[str]) -> set[int]:
     """The first token of each string tokenised in context (`candidate_ids`): the token a
-    strict, token-level hit must start with (SPEC 1.1 `ft_token_hit`)."""
+    strict, token-level hit must start with (docs/metrics.md §1.1 `ft_token_hit`)."""
     return {ids[0] for s in strings if (ids := candidate_ids(tokenizer, context, s))}
 
 
@@ -181,7 +181,7 @@ def topk_dict(step: FirstStep, k: int) -> dict[int, float]:
 
 
 def first_unit_ids(decode: Callable[[list[int]], str], ids: Sequence[int]) -> tuple[str, int]:
-    """The first unit (SPEC "The first unit"): shortest prefix of `ids` whose text is whole.
+    """The first unit (docs/metrics.md §1.0): shortest prefix of `ids` whose text is whole.
 
     Whole: at least one non-whitespace character and no U+FFFD (a split UTF-8 character
     or byte-fallback token decodes to one until its last byte arrives). Returns the

@@ -36,7 +36,7 @@ CONTENT_FREE = ("N/A", "", "…", "无")
 
 
 def content_free_prior(model, tokenizer, frame: str, top_k: int) -> dict[int, float]:
-    """The content-free prior (SPEC 1.3) of a prompt frame (the context with its prompt
+    """The content-free prior (docs/metrics.md §1.3) of a prompt frame (the context with its prompt
     replaced by "\x00"): the mean first-step distribution over CONTENT_FREE inputs put in
     the frame, as its top-k `token_id -> probability`."""
     # under a template with no text around the prompt, "" leaves nothing to condition on

@@ -23,7 +23,7 @@ What vLLM's first-step logprobs give, and what they do not:
 - `ft_token_hit`: the rank-1 first token against the first token of each accepted
   start tokenised in context, the rule `evalkit-hf` uses.
 - Left out: `entropy` (needs the whole vocabulary), `prior_drift` (its support
-  rule needs k >= 50, SPEC 1.3, and the content-free prior's mean distribution),
+  rule needs k >= 50, docs/metrics.md §1.3, and the content-free prior's mean distribution),
   `ft_hit_prob` and `opener_mass` (teacher-forced candidate strings: vLLM's
   `prompt_logprobs` could give them exactly, but at one more full-prompt request
   per candidate, about 120 per prompt with the opener lexicon).

@@ -1,4 +1,4 @@
-"""Needle-in-a-haystack documents and the needle metrics (SPEC 1.6).
+"""Needle-in-a-haystack documents and the needle metrics (docs/metrics.md §1.6).
 
 Owns: the filler haystacks in ``tasks/needle/data/``, building one needle
 document (key, needle sentence, placement at depth d, filler sized to a target

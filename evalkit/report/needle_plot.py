@@ -1,4 +1,4 @@
-"""PNG plots of needle recall (SPEC 1.6): the depth x length heatmap and the recall-by-depth curve.
+"""PNG plots of needle recall (docs/metrics.md §1.6): the depth x length heatmap and the recall-by-depth curve.
 
 Owns: averaging recall rows per cell and drawing them with matplotlib's Agg
 backend. Does not: compute recall (``evalkit.prompts.needle``), read the store, or

@@ -22,7 +22,7 @@ UNSTABLE_BELOW = 0.70
 
 
 def ft_hit(response: str, starts: Sequence[str]) -> float:
-    """1.0 when the response begins with one of the accepted starts (SPEC 1.1).
+    """1.0 when the response begins with one of the accepted starts (docs/metrics.md §1.1).
 
     >>> ft_hit("Paris is the capital of France.", ["Paris"]), ft_hit("The capital is Paris", ["Paris"])
     (1.0, 0.0)
@@ -33,7 +33,7 @@ def ft_hit(response: str, starts: Sequence[str]) -> float:
 
 
 def opener_rate(response: str, openers: Sequence[str]) -> float:
-    """1.0 when the response begins with a generic opener from the lexicon (SPEC 1.2).
+    """1.0 when the response begins with a generic opener from the lexicon (docs/metrics.md §1.2).
 
     >>> opener_rate("Sure! Recursion is ...", ["Sure", "好的"]), opener_rate("好的，递归是", ["Sure", "好的"])
     (1.0, 1.0)
@@ -69,7 +69,7 @@ def first_unit_text(response: str) -> str:
 
 
 def top3_share(first_units: Iterable[str]) -> float:
-    """Share of the three most frequent first units among N samples (SPEC 1.4).
+    """Share of the three most frequent first units among N samples (docs/metrics.md §1.4).
 
     >>> top3_share(["a", "a", "b", "c", "d"])
     0.8
@@ -82,7 +82,7 @@ def top3_share(first_units: Iterable[str]) -> float:
 
 def candidate_strings(starts: Sequence[str]) -> list[str]:
     """The strings whose probability makes `ft_hit_prob`: the whole start when it
-    holds CJK, its first word otherwise (SPEC 1.1), deduplicated.
+    holds CJK, its first word otherwise (docs/metrics.md §1.1), deduplicated.
 
     >>> candidate_strings(["Recursion", "Le chat", "递归"])
     ['Recursion', 'Le', '递归']

@@ -1,4 +1,4 @@
-"""The needle metrics (SPEC 1.6): did the response give the key, and recall by depth and length.
+"""The needle metrics (docs/metrics.md §1.6): did the response give the key, and recall by depth and length.
 
 Owns: `needle_recall` (the key in the response, digits, separators, width and case
 normalised), `middle_gap`, and `derived_metrics` (a run's recall per depth and per

@@ -1,7 +1,7 @@
 """Small statistics on plain values: divergences between first-token distributions,
 top-k overlap, the paired bootstrap and mean/stderr.
 
-Owns: the maths behind prior drift (SPEC 1.3), drift between runs (1.5) and the
+Owns: the maths behind prior drift (docs/metrics.md §1.3), drift between runs (1.5) and the
 gate's regression test (2, ``gate``). Does not: read the DB, know about tasks or
 runs, or decide pass/fail (that is ``evalkit.gate.decide``).
 
@@ -54,7 +54,7 @@ def jsd(p: Mapping[int, float], q: Mapping[int, float]) -> float:
     sets plus one "rest" bucket, which on each side holds
     ``1 − sum(listed probabilities)`` (clamped at 0), so both sides sum to 1.
 
-    Approximation (SPEC 1.3): a token listed on one side but not the other gets
+    Approximation (docs/metrics.md §1.3): a token listed on one side but not the other gets
     probability 0 on the side that does not list it — its true mass there is
     somewhere inside that side's rest bucket, which is treated as one opaque
     outcome. With k ≥ 50 the rest buckets are small and the error is too.
@@ -96,7 +96,7 @@ def jsd(p: Mapping[int, float], q: Mapping[int, float]) -> float:
 
 
 def prior_drift(p_prompt: Mapping[int, float], p_cf: Mapping[int, float]) -> float:
-    """``1 − jsd(p_prompt, p_cf)`` (SPEC 1.3): 1 means the prompt changed nothing.
+    """``1 − jsd(p_prompt, p_cf)`` (docs/metrics.md §1.3): 1 means the prompt changed nothing.
 
     ``p_prompt`` is the prompt's top-k first-token distribution, ``p_cf`` the
     content-free prior under the same template (token_id -> probability).
@@ -114,7 +114,7 @@ def prior_drift(p_prompt: Mapping[int, float], p_cf: Mapping[int, float]) -> flo
 
 
 def top_overlap(a_ids: Sequence[int], b_ids: Sequence[int], k: int = 5) -> float:
-    """``|topk_A ∩ topk_B| / k`` (SPEC 1.5 ``top5_overlap``).
+    """``|topk_A ∩ topk_B| / k`` (docs/metrics.md §1.5 ``top5_overlap``).
 
     ``a_ids`` and ``b_ids`` are token ids ranked best first; only the first
     ``k`` of each count. A list shorter than ``k`` still divides by ``k``.

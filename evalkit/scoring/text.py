@@ -1,6 +1,6 @@
 """Text-level answer starts: normalisation, the first word, and matching a start.
 
-Owns: the SPEC 1.1 normalisation (NFKC, casefold, whitespace and leading
+Owns: the docs/metrics.md §1.1 normalisation (NFKC, casefold, whitespace and leading
 punctuation stripped) and the rule deciding whether a response *begins with*
 an accepted start. Does not: look at tokens or probabilities (see
 `backends.engine`), or know which starts are accepted (the task data does).
@@ -54,7 +54,7 @@ def _is_word_char(ch: str) -> bool:
 
 
 def starts_with(response: str, start: str) -> bool:
-    """Does the response begin with `start` (SPEC 1.1 matching)?
+    """Does the response begin with `start` (docs/metrics.md §1.1 matching)?
 
     Both sides are normalised. A start that contains CJK characters is compared
     on the response's first k characters (k = its length). Otherwise the
@@ -143,7 +143,7 @@ def covers(shorter: str, longer: str) -> bool:
 
 
 def drop_covered(strings, tokens: dict[str, list[int]] | None = None) -> list[str]:
-    """The strings whose probabilities are summed (SPEC 1.2): a string is dropped when another
+    """The strings whose probabilities are summed (docs/metrics.md §1.2): a string is dropped when another
     string of the set covers it as text (`covers`: "Sure" covers "Sure thing"; "So" covers
     neither "Sorry" nor "Some") and, where `tokens` gives each string's tokens in context, the
     covering string's tokens are a prefix of the covered one's — only then does the shorter

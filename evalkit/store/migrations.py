@@ -161,7 +161,7 @@ def m006_create_views(con: duckdb.DuckDBPyConnection) -> None:
         GROUP BY ALL
         """
     )
-    # Per shared prompt of every pair of runs: top-1 flip and top-5 overlap (SPEC 1.5).
+    # Per shared prompt of every pair of runs: top-1 flip and top-5 overlap (docs/metrics.md §1.5).
     con.execute(
         """
         CREATE VIEW first_token_drift AS
@@ -184,7 +184,7 @@ def m006_create_views(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def m007_create_run_drift_view(con: duckdb.DuckDBPyConnection) -> None:
-    # first_token_drift aggregated per ordered pair of runs and task (SPEC 1.5): shared
+    # first_token_drift aggregated per ordered pair of runs and task (docs/metrics.md §1.5): shared
     # prompts with top-k in both, mean top-5 overlap, share of flipped top-1 tokens,
     # and each run's mean top-5 mass. JSD needs the full top-k: see `evalkit compare`.
     con.execute(
