@@ -19,10 +19,12 @@ counted in its probability.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -44,6 +46,7 @@ class FirstStep:
     candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
     response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
     first_token_id: int = -1  # the token chosen at step 1 (== response_ids[0] unless it was eos)
+    attention: Any = None  # attention.PromptAttention of the prefill, when asked for (`probe(attention=...)`)
 
 
 def probe(
@@ -62,6 +65,7 @@ def probe(
     add_special_tokens: bool = False,
     tolerance: float = 0.0,
     exact_candidates: list[list[str]] | None = None,
+    attention: list[Any] | None = None,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -82,11 +86,17 @@ def probe(
     at most the prompt's `unscored_mass` <= `tolerance`. 0, the default, is exact.
     `exact_candidates[i]` (also listed in `candidates[i]`) are never left out: their
     prefixes are always teacher-forced, whatever their probability.
+
+    `attention[i]` (an `attention.Request`) asks for prompt i's prefill attention, reduced
+    per layer (`FirstStep.attention`); the model must run `attention.IMPLEMENTATION`
+    (`attention.install`). Only the prefill is read; nothing else changes.
     """
     if candidates is not None and len(candidates) != len(contexts):
         raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
     if exact_candidates is not None and len(exact_candidates) != len(contexts):
         raise ValueError(f"{len(exact_candidates)} exact candidate lists for {len(contexts)} contexts")
+    if attention is not None and len(attention) != len(contexts):
+        raise ValueError(f"{len(attention)} attention requests for {len(contexts)} contexts")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= tolerance < 1:
@@ -98,7 +108,7 @@ def probe(
         if not ids:
             raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
     engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                     banned_first_ids, seed, add_special_tokens, tolerance)
+                     banned_first_ids, seed, add_special_tokens, tolerance, attention)
     # longest first, so a batch holds prompts of similar length (little padding)
     order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
     results: list[FirstStep | None] = [None] * len(contexts)
@@ -233,6 +243,15 @@ def _eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
+def _read_attention(requests, indices, offsets, length):
+    """The prefill's attention capture for this batch (`attention.capture`), or a no-op when none is asked for."""
+    if requests is None:
+        return contextlib.nullcontext()
+    from evalkit.backends import attention
+
+    return attention.capture([requests[i] or attention.Request() for i in indices], offsets, length)
+
+
 def _truncate_cache(cache, length: int) -> None:
     """Keep the first `length` positions of every layer (`crop`'s meaning differs across
     transformers versions, so the layers are sliced directly)."""
@@ -246,8 +265,9 @@ class _Engine:
     """One probe call's settings, and the forward passes for one batch of prompts."""
 
     def __init__(self, model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                 banned_first_ids, seed, add_special_tokens, tolerance=0.0):
+                 banned_first_ids, seed, add_special_tokens, tolerance=0.0, attention=None):
         self.model = model
+        self.attention = attention  # per context: attention.Request, or None
         self.tolerance = float(tolerance)
         self.tokenizer = tokenizer
         self.top_k = top_k
@@ -298,7 +318,8 @@ class _Engine:
             mask[r, P - len(ids) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self.forward(input_ids, mask, position_ids, last_only=True)
+        with _read_attention(self.attention, indices, [P - len(ids) for ids in ids_list], P) as seen:
+            logits, cache = self.forward(input_ids, mask, position_ids, last_only=True)
         logprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (B, V)
 
         steps = []
@@ -313,6 +334,9 @@ class _Engine:
                 entropy=float(entropy[r]),
                 logprobs=logprobs[r].detach().cpu().clone(),
             ))
+        if seen is not None:
+            for step, read in zip(steps, seen.results()):
+                step.attention = read
         if any(cand_lists):
             scored = self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets)
             for step, (probs, unscored, positions, tokens) in zip(steps, scored):

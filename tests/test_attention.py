@@ -1,0 +1,135 @@
+"""Attention read off the prefill (docs/metrics.md §1.8): the capture agrees with a direct computation
+from transformers' own eager `output_attentions`, changes no output, and holds one block of weights at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evalkit.backends import attention, engine
+from tests.tiny import load_tiny
+
+NEEDLE = "The access code is 7391-2046."
+CONTEXTS = [
+    # longer than T = 64 tokens, the needle in the middle
+    "Hello, how are you today? " * 6 + NEEDLE + " A quick brown fox jumps over the lazy dog near the river bank. " * 3,
+    NEEDLE + " Look at the first sentence.",  # short: T = its length, the needle first
+    "今天天气很好，我们一起去公园散步吧。" + NEEDLE + "中国的首都是北京。",
+]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model_dir):
+    """(the tiny model switched to evalkit_eager, the same weights under transformers' eager, tokenizer)."""
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = load_tiny(tiny_model_dir)
+    attention.install(model)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
+    return model, reference, tokenizer
+
+
+def requests(tokenizer):
+    out = []
+    for text in CONTEXTS:
+        start = text.index(NEEDLE)
+        span = attention.token_span(tokenizer, text, start, start + len(NEEDLE))
+        out.append(attention.Request({"needle_attn": span}, keep_last_row=True))
+    return out
+
+
+def direct(reference, tokenizer, text: str, span: tuple[int, int]):
+    """α of the first token per layer and head, and the last position's needle mass, from output_attentions."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        out = reference(input_ids=torch.tensor([ids]), output_attentions=True)
+    T = min(attention.SINK_TOKENS, len(ids))
+    alpha = [(a[0, :, :T, 0].sum(-1) / T).tolist() for a in out.attentions]  # every query t < T, t = 0 included
+    mass = [a[0, :, -1, span[0]:span[1]].sum(-1).tolist() for a in out.attentions]
+    rows = [a[0, :, -1, :].mean(0).tolist() for a in out.attentions]
+    return alpha, mass, rows, len(ids)
+
+
+def flat(nested):
+    return [x for row in nested for x in row]
+
+
+def test_capture_equals_a_direct_computation_from_output_attentions(models, monkeypatch):
+    model, reference, tokenizer = models
+    monkeypatch.setattr(attention, "BLOCK_BYTES", 3 * 4 * 7 * 4)  # blocks of a few query rows
+    reqs = requests(tokenizer)
+    # one left-padded batch of three prompts of different lengths
+    steps = engine.probe(model, tokenizer, CONTEXTS, max_new_tokens=0, batch_size=3, attention=reqs)
+    lengths = []
+    for text, req, step in zip(CONTEXTS, reqs, steps):
+        alpha, mass, rows, n = direct(reference, tokenizer, text, req.spans["needle_attn"])
+        got = step.attention
+        lengths.append(n)
+        assert got.n_tokens == n and got.sink_tokens == min(64, n) and got.n_layers == len(alpha)
+        assert flat(got.sink_alpha) == pytest.approx(flat(alpha), abs=1e-5)
+        assert flat(got.spans["needle_attn"]) == pytest.approx(flat(mass), abs=1e-5)
+        assert flat(got.last_row) == pytest.approx(flat(rows), abs=1e-5)
+        # the definitions on top: share of heads above ε, per layer and overall; span mass mean over heads
+        heads = flat(alpha)
+        ranked, k = sorted(heads), len(heads) // 2
+        eps = (ranked[k - 1] + ranked[k]) / 2  # the tiny random model has no sink: split its heads in half
+        assert got.sink_rate_by_layer(eps) == pytest.approx([sum(a > eps for a in h) / len(h) for h in alpha])
+        assert got.sink_rate(eps) == pytest.approx(sum(a > eps for a in heads) / len(heads))
+        assert got.span("needle_attn") == pytest.approx(sum(sum(h) / len(h) for h in mass) / len(mass), abs=1e-6)
+    assert max(lengths) > 64 > min(lengths)  # T is capped at 64 and also shorter than 64
+
+
+def test_reading_attention_changes_no_output(models, tiny_model_dir):
+    """The first step and the greedy response under evalkit_eager (with and without a capture) are the sdpa run's."""
+    model, _, tokenizer = models
+    plain, _ = load_tiny(tiny_model_dir)
+    assert attention.implementation(plain) == "sdpa" and attention.implementation(model) == attention.IMPLEMENTATION
+    base = engine.probe(plain, tokenizer, CONTEXTS, max_new_tokens=8, batch_size=2)
+    for reqs in (None, requests(tokenizer)):
+        steps = engine.probe(model, tokenizer, CONTEXTS, max_new_tokens=8, batch_size=2, attention=reqs)
+        for a, b in zip(base, steps):
+            assert b.topk_ids[:5] == a.topk_ids[:5] and b.response_ids == a.response_ids
+            assert torch.allclose(a.logprobs, b.logprobs, atol=1e-4)
+            assert (b.attention is None) == (reqs is None)
+
+
+def test_a_layer_holds_one_block_of_weights(models, monkeypatch):
+    model, _, tokenizer = models
+    seen = []
+    real = attention._eager_of
+
+    def spy(module):
+        fn = real(module)
+
+        def wrapped(*args, **kwargs):
+            out, weights = fn(*args, **kwargs)
+            seen.append(weights.numel() * weights.element_size())
+            return out, weights
+        return wrapped
+
+    monkeypatch.setattr(attention, "_eager_of", spy)
+    long = " ".join(["The gardener came every morning with a wooden barrow."] * 15)
+    n = len(tokenizer(long, add_special_tokens=False)["input_ids"])
+    row = 2 * model.config.num_attention_heads * n * 4  # one query row of a layer, both prompts
+    budget = 8 * row
+    monkeypatch.setattr(attention, "BLOCK_BYTES", budget)
+    engine.probe(model, tokenizer, [long, long[:100]], max_new_tokens=0, batch_size=2,
+                 attention=[attention.Request(), attention.Request()])
+    assert n * row > 40 * budget and max(seen) <= budget  # a whole layer's weights would be n rows
+
+
+def test_token_span_covers_the_text(models):
+    _, _, tokenizer = models
+    text = CONTEXTS[0]
+    start = text.index(NEEDLE)
+    a, b = attention.token_span(tokenizer, text, start, start + len(NEEDLE))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert NEEDLE in tokenizer.decode(ids[a:b]) and NEEDLE not in tokenizer.decode(ids[a + 1:b])
+    assert NEEDLE not in tokenizer.decode(ids[a:b - 1])
+    assert attention.token_span(tokenizer, text, 5, 5) is None and attention.token_span(tokenizer, text, 0, 10**6) is None
+
+
+def test_capture_without_the_implementation_is_an_error(tiny_model_dir):
+    plain, tokenizer = load_tiny(tiny_model_dir)
+    with pytest.raises(RuntimeError, match="evalkit_eager"):
+        engine.probe(plain, tokenizer, CONTEXTS[:1], max_new_tokens=0, attention=[attention.Request()])
