@@ -16,7 +16,8 @@ from typing import Any
 # doc["kind"] of evalkit's tasks
 FIRSTTOKEN = "firsttoken"  # a prompt with accepted answer starts (tasks/firsttoken, --prompts)
 NEEDLE = "needle"  # a needle document (tasks/needle)
-DOC_KINDS = (FIRSTTOKEN, NEEDLE)
+CONFLICT = "conflict"  # one key with two values, first and last sentence (tasks/needle_conflict)
+DOC_KINDS = (FIRSTTOKEN, NEEDLE, CONFLICT)
 
 
 @dataclass
@@ -30,10 +31,12 @@ class FirstStepResult:
     topk: list[tuple[int, str, float]] = field(default_factory=list)  # (token id, text, logprob), likeliest first
     entropy: float | None = None  # full-vocabulary entropy in nats; None when the backend cannot know it
     metrics: dict[str, float] = field(default_factory=dict)  # distribution-level values, registry names
+    # per-layer values of the prefill's attention (`--attention`): registry name -> one value per layer
+    layers: dict[str, list[float]] = field(default_factory=dict)
 
 
 def doc_kind(doc: dict[str, Any]) -> str | None:
-    """The doc's kind (FIRSTTOKEN, NEEDLE), None for a doc of some other task."""
+    """The doc's kind (FIRSTTOKEN, NEEDLE, CONFLICT), None for a doc of some other task."""
     kind = doc.get("kind")
     return kind if kind in DOC_KINDS else None
 

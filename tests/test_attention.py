@@ -133,3 +133,73 @@ def test_capture_without_the_implementation_is_an_error(tiny_model_dir):
     plain, tokenizer = load_tiny(tiny_model_dir)
     with pytest.raises(RuntimeError, match="evalkit_eager"):
         engine.probe(plain, tokenizer, CONTEXTS[:1], max_new_tokens=0, attention=[attention.Request()])
+
+
+# ---- through `evalkit run --attention` ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def attention_run(tiny_model_dir, tmp_path_factory):
+    import duckdb
+    from click.testing import CliRunner
+
+    from evalkit.cli import cli
+
+    db = tmp_path_factory.mktemp("attention_run") / "runs.duckdb"
+    result = CliRunner().invoke(
+        cli, ["run", "--model", "hf", "--model-args", f"pretrained={tiny_model_dir}", "--device", "cpu",
+              "--tasks", "firsttoken_en,needle_en,needle_conflict_en", "--needle-lengths", "160",
+              "--needle-depths", "0,1", "--limit", "2", "--attention", "--db", str(db)],
+        catch_exceptions=False, env={"HF_HUB_OFFLINE": "1"})
+    assert result.exit_code == 0, result.output
+    con = duckdb.connect(str(db), read_only=True)
+    yield con
+    con.close()
+
+
+def test_the_run_row_says_it_read_attention(attention_run):
+    assert attention_run.execute("SELECT attention, attn_implementation FROM runs").fetchall() == [
+        (True, attention.IMPLEMENTATION)]
+
+
+def test_per_layer_rows_and_per_sample_values_agree(attention_run):
+    samples = attention_run.execute(
+        "SELECT task, doc_id, sink_rate, needle_attn, question_attn FROM samples ORDER BY task, doc_id").fetchall()
+    assert [s[0] for s in samples] == ["firsttoken_en"] * 2 + ["needle_conflict_en"] * 2 + ["needle_en"] * 2
+    for task, doc_id, sink, needle, question in samples:
+        layers = attention_run.execute(
+            "SELECT layer, sink_rate, needle_attn, question_attn FROM attention_layers "
+            "WHERE task = ? AND doc_id = ? ORDER BY layer", [task, doc_id]).fetchall()
+        assert [r[0] for r in layers] == [0, 1]  # the tiny model's two layers
+        assert sink == pytest.approx(sum(r[1] for r in layers) / 2)
+        assert 0.0 <= sink <= 1.0
+        if task == "needle_en":
+            assert needle == pytest.approx(sum(r[2] for r in layers) / 2) and 0.0 < needle < 1.0
+            assert question is None
+        elif task == "firsttoken_en":
+            assert question == pytest.approx(sum(r[3] for r in layers) / 2) and 0.0 < question < 1.0
+            assert needle is None
+        else:  # conflict documents: the sink only
+            assert needle is None and question is None
+    # the metric means are the samples' means
+    for task, metric in (("needle_en", "needle_attn"), ("firsttoken_en", "question_attn"),
+                         ("needle_conflict_en", "sink_rate")):
+        value = attention_run.execute("SELECT value FROM metrics WHERE task = ? AND metric = ?",
+                                      [task, metric]).fetchone()[0]
+        mean = attention_run.execute(f"SELECT avg({metric}) FROM samples WHERE task = ?", [task]).fetchone()[0]
+        assert value == pytest.approx(mean)
+
+
+def test_the_views_read_the_run(attention_run):
+    sink = attention_run.execute("SELECT layer, n FROM attention_sink ORDER BY layer").fetchall()
+    assert sink == [(0, 6), (1, 6)]
+    cells = attention_run.execute("SELECT depth, length, n FROM needle_attention ORDER BY depth").fetchall()
+    assert cells == [(0.0, 160, 1), (1.0, 160, 1)]
+    (row,) = attention_run.execute("SELECT length, n, pairs FROM conflict_table").fetchall()
+    assert row == (160, 2, 1)
+    picks = attention_run.execute("SELECT conflict_pick, first_wins, last_wins, conflict_both, conflict_order "
+                                  "FROM samples WHERE task = 'needle_conflict_en' ORDER BY doc_id").fetchall()
+    assert [p[4] for p in picks] == ["ab", "ba"]
+    for pick, first, last, both, _ in picks:
+        assert pick == {(1, 0, 0): "first", (0, 1, 0): "last", (0, 0, 1): "both", (0, 0, 0): "neither"}[
+            (first, last, both)]

@@ -309,6 +309,29 @@ CASES: list[Case] = [
     _case("inspect/temperature-nan", ["inspect", "Hi", "--temperature", "nan"], "--temperature"),
     _case("inspect/top-k-0", ["inspect", "Hi", "--top-k", "0"], "--top-k"),
     _case("inspect/unknown-task", ["inspect", "Hi", "--task", "nope"], "unknown task"),
+    # ---- attention, conflicting facts, the long grid ---------------------------------------
+    _case("run/attention-on-a-text-backend", ["run", *FAKE, "--tasks", "needle_en", "--attention", "--db", "{db}"],
+          "--attention applies to the hf backend only"),
+    _case("run/attention-with-attn-implementation", ["run", "--model", "hf", "--model-args",
+                                                     "pretrained={tiny},attn_implementation=sdpa", "--tasks",
+                                                     "needle_en", "--attention", "--db", "{db}"],
+          "leave attn_implementation out"),
+    _case("run/attention-in-model-args", ["run", "--model", "hf", "--model-args", "attention=true", "--tasks",
+                                          "needle_en", "--db", "{db}"], "set with --attention"),
+    _case("run/needle-lengths-unknown-preset", ["run", *FAKE, "--tasks", "needle", "--needle-lengths", "longer",
+                                                "--db", "{db}"], "or one of default, long"),
+    _case("run/needle-lengths-long-above-the-context", ["run", *TINY, "--tasks", "needle_conflict",
+                                                        "--needle-lengths", "long", "--db", "{db}"],
+          "does not fit the model's context of 4096"),
+    _case("run/conflict-unknown-task-typo", ["run", *FAKE, "--tasks", "needle_confict_en", "--db", "{db}"],
+          "did you mean needle_conflict_en"),
+    _case("inspect/attention-layers-0", ["inspect", "Hi", "--attention", "--attention-layers", "0"],
+          "--attention-layers must be a whole number"),
+    _case("inspect/attention-layers-above-the-model", ["inspect", "Hi", "--model-args", "pretrained={tiny}",
+                                                       "--attention", "--attention-layers", "3"],
+          "the model has 2 layers"),
+    _case("gate/regression-on-a-descriptive-metric", [*RULES, "{rules_descriptive}"],
+          "sink_rate describes without ranking"),
 ]
 
 
@@ -356,13 +379,14 @@ def make_inputs(folder: Path, db: Path, db2: Path, prefix: str, tiny: Path | Non
         "rules_task_typo": b'thresholds:\n  firsttoken_enn/ft_hit: ">= 0.1"\n',
         "rules_nothing": b"regressions:\n  needle_recall: 0.05\n",
         "rules_no_direction": b"regressions:\n  my_score: 0.05\nthresholds:\n  my_score: \">= 0\"\n",
+        "rules_descriptive": b"regressions:\n  ft_hit: 0.02\n  sink_rate: 0.05\n",
         "long_prompts": ('{"id": "long-1", "prompt": "' + "word " * 200 + '", "answers": ["x"], "lang": "en"}\n'
                          '{"id": "short-1", "prompt": "Hi", "answers": ["x"], "lang": "en"}\n').encode(),
         "surrogate_prompts": b'{"id": "s-1", "prompt": "bad \\ud800 text", "answers": ["x"], "lang": "en"}\n',
     }
     suffix = {"text_db": ".duckdb", "empty_db": ".duckdb", "not_yaml": ".yaml", "bad_rules": ".yaml",
               "good_rules": ".yaml", "rules_metric_typo": ".yaml", "rules_task_typo": ".yaml",
-              "rules_nothing": ".yaml", "rules_no_direction": ".yaml"}
+              "rules_nothing": ".yaml", "rules_no_direction": ".yaml", "rules_descriptive": ".yaml"}
     paths = {"tmp": str(folder), "db": str(db), "db2": str(db2), "prefix": prefix, "tiny": str(tiny or "")}
     paths.update(_special_dbs(folder))
     shadow = folder / "shadow_tasks"

@@ -39,6 +39,9 @@ def two_dbs(tmp_path_factory):
         # the fake LM has no logprobs: a few top-k rows so every table travels
         con.executemany("INSERT INTO first_token_topk VALUES (?, 'firsttoken_zh', 'zh-001', ?, ?, ?, ?)",
                         [[ids_a[1], 0, 17, "递", -0.25], [ids_a[1], 1, 4, " Sure", -1.5]])
+        # and a few attention rows, as an --attention run would store them
+        con.executemany("INSERT INTO attention_layers VALUES (?, 'firsttoken_en', 'en-001', ?, ?, ?, NULL, ?)",
+                        [[ids_a[0], 0, 0.25, 0.2, 0.4], [ids_a[0], 1, 0.75, 0.6, 0.3]])
     return a, b, ids_a, ids_b
 
 
@@ -58,6 +61,20 @@ def test_parquet_round_trip(two_dbs, tmp_path):
     # the DB's views are rebuilt over the export
     lb = merged_query([], [out], "SELECT count(*) FROM leaderboard")[1][0][0]
     assert lb == read_query(a, "SELECT count(*) FROM leaderboard")[1][0][0] > 0
+
+
+def test_an_export_from_before_attention_layers_still_reads(two_dbs, tmp_path):
+    """attention_layers came later: an export without its Parquet file reads as having no such rows."""
+    a, _, _, _ = two_dbs
+    out = tmp_path / "old"
+    export_parquet(a, out)
+    (out / "attention_layers.parquet").unlink()
+    assert merged_query([], [out], "SELECT count(*) FROM attention_layers")[1][0][0] == 0
+    assert merged_query([], [out], "SELECT count(*) FROM attention_sink")[1][0][0] == 0
+    assert merged_query([a], [out], "SELECT count(*) FROM attention_layers")[1][0][0] == 2
+    (out / "tags.parquet").unlink()
+    with pytest.raises(BadInput, match="tags.parquet is missing"):
+        merged_query([], [out], "SELECT 1")
 
 
 def test_export_counts_rows(two_dbs, tmp_path):

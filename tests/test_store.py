@@ -53,6 +53,8 @@ EXPECTED_TABLES = {
         "pid": "INTEGER",
         "pid_start": "VARCHAR",
         "heartbeat_at": "TIMESTAMP",
+        "attention": "BOOLEAN",
+        "attn_implementation": "VARCHAR",
     },
     "metrics": {
         "run_id": "VARCHAR",
@@ -93,6 +95,15 @@ EXPECTED_TABLES = {
         "needle_hint": "BOOLEAN",
         "needle_recall": "DOUBLE",
         "metrics": "VARCHAR",
+        "sink_rate": "DOUBLE",
+        "needle_attn": "DOUBLE",
+        "question_attn": "DOUBLE",
+        "first_wins": "DOUBLE",
+        "last_wins": "DOUBLE",
+        "conflict_both": "DOUBLE",
+        "conflict_pick": "VARCHAR",
+        "conflict_pair": "VARCHAR",
+        "conflict_order": "VARCHAR",
     },
     "first_token_topk": {
         "run_id": "VARCHAR",
@@ -105,11 +116,22 @@ EXPECTED_TABLES = {
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
     "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
+    "attention_layers": {
+        "run_id": "VARCHAR",
+        "task": "VARCHAR",
+        "doc_id": "VARCHAR",
+        "layer": "INTEGER",
+        "sink_rate": "DOUBLE",
+        "sink_score": "DOUBLE",
+        "needle_attn": "DOUBLE",
+        "question_attn": "DOUBLE",
+    },
 }
 SCHEMA_VERSION_DDL = (  # as store.migrate creates it
     "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)"
 )
-EXPECTED_VIEWS = {"leaderboard", "needle_heatmap", "first_token_drift"}  # others may be appended
+EXPECTED_VIEWS = {"leaderboard", "needle_heatmap", "first_token_drift", "needle_gaps", "needle_attention",
+                  "attention_sink", "conflict_table"}  # others may be appended
 
 
 def columns(con, table: str) -> dict[str, str]:
@@ -148,6 +170,7 @@ def test_column_lists_in_store_match_the_schema():
     assert list(store.SAMPLE_COLUMNS) == list(EXPECTED_TABLES["samples"])
     assert list(store.METRIC_COLUMNS) == list(EXPECTED_TABLES["metrics"])
     assert list(store.TOPK_COLUMNS) == list(EXPECTED_TABLES["first_token_topk"])
+    assert list(store.ATTENTION_COLUMNS) == list(EXPECTED_TABLES["attention_layers"])
 
 
 def test_applied_and_pending(tmp_path):

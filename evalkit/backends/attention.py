@@ -33,7 +33,7 @@ import torch
 IMPLEMENTATION = "evalkit_eager"  # the name registered with transformers' AttentionInterface
 SINK_TOKENS = 64  # T of Gu et al. 2025
 SINK_EPSILON = 0.3  # ε of Gu et al. 2025
-BLOCK_BYTES = 64 << 20  # attention weights one block of query rows may hold (all rows of the batch, all heads)
+BLOCK_BYTES = 16 << 20  # attention weights one block of query rows may hold (all rows of the batch, all heads)
 
 
 @dataclass(frozen=True)

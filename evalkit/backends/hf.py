@@ -5,7 +5,10 @@ returns a `FirstStepResult` (text, first token, top-k, entropy and the
 distribution-level metrics) instead of a bare string; lm-eval passes it through
 `resps` to the task's `process_results` and the logged samples. The content-free
 prior is computed once per prompt frame inside the same run. Also applies
-`--quant` after loading. Does not: score text (the task's `process_results` does,
+`--quant` after loading, and under `--attention` switches the model to eager attention
+(`attention.install`) and asks each prefill for the spans its doc names (the needle
+sentence, the first-token question), returning sink_rate and the span masses per
+sample and per layer. Does not: score text (the task's `process_results` does,
 through `scoring.firsttoken.score`) or store.
 
 Sampling requests (`do_sample: true`, the sampled protocol) go to HFLM's own
@@ -22,10 +25,12 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
+from evalkit.backends import attention as attn
 from evalkit.backends import engine
 from evalkit.backends import quant as quantization
 from evalkit.backends.models import DEFAULT_TOLERANCE
-from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
+from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
+from evalkit.errors import BadInput
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
 from evalkit.scoring.lexicon import load_lexicon
@@ -73,7 +78,8 @@ class EvalkitHFLM(HFLM):
     trie whose probabilities add up to at most this are not teacher-forced, so
     opener_mass falls short of exact by at most `tolerance` (a bound, not an
     estimate; 0 is exact; see `engine.probe`). The accepted answers are always
-    scored exactly: ft_hit_prob is exact."""
+    scored exactly: ft_hit_prob is exact. attention: read the prefill's attention
+    (docs/metrics.md §1.8) under eager attention."""
 
     def __init__(
         self,
@@ -87,6 +93,7 @@ class EvalkitHFLM(HFLM):
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
         device: str | None = None,
+        attention: bool = False,
         **kwargs: Any,
     ) -> None:
         if device is None:
@@ -94,6 +101,12 @@ class EvalkitHFLM(HFLM):
         super().__init__(pretrained, device=device, **kwargs)
         quantization.check(quant, in_process_hf=True, model_type="hf", device=str(self.device))
         self._model = quantization.apply(self._model, quant)
+        self.attention = bool(attention)
+        if self.attention:
+            try:
+                attn.install(self._model)
+            except ValueError as exc:
+                raise BadInput(f"--attention: {exc}") from exc
         self.quant = quant
         self.top_k = int(top_k)
         self.temperature = float(temperature)
@@ -157,6 +170,7 @@ class EvalkitHFLM(HFLM):
                 contexts = [requests[i].args[0] for i in chunk]
                 docs = [requests[i].doc or {} for i in chunk]
                 cands = [self._candidates(d) for d in docs]
+                reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
                 banned = self._banned_first_ids(contexts[0])
                 steps = engine.probe(
                     self.model, self.tokenizer, contexts, [c for c, _ in cands],
@@ -164,6 +178,7 @@ class EvalkitHFLM(HFLM):
                     first_temperature=self.first_temperature, banned_first_ids=banned,
                     seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
                     tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
+                    attention=reads,
                 )
                 for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
                     out[i] = self._result(ctx, doc, cand, n_answer, step, until)
@@ -177,6 +192,29 @@ class EvalkitHFLM(HFLM):
             return [], 0
         answers = candidate_strings(doc["answers"])
         return answers + self.lexicon.entries, len(answers)
+
+    def _attention_request(self, context: str, doc: dict) -> attn.Request:
+        """The spans whose attention mass a prompt's prefill should give: the needle sentence of a
+        needle doc, the question of a first-token doc where a template surrounds it."""
+        kind, spans = doc_kind(doc), {}
+        named = {NEEDLE: ("needle_attn", doc.get("needle")), FIRSTTOKEN: ("question_attn", doc.get("prompt"))}
+        name, text = named.get(kind, (None, None))
+        if isinstance(text, str) and text.strip() and context.count(text) == 1 and context.strip() != text.strip():
+            start = context.index(text)
+            span = attn.token_span(self.tokenizer, context, start, start + len(text))
+            if span is not None:
+                spans[name] = span
+        return attn.Request(spans)
+
+    @staticmethod
+    def _attention_values(read: attn.PromptAttention) -> tuple[dict[str, float], dict[str, list[float]]]:
+        """(per-sample values, per-layer values) of one prompt's prefill attention."""
+        metrics = {"sink_rate": read.sink_rate()}
+        layers = {"sink_rate": read.sink_rate_by_layer(), "sink_score": read.sink_score_by_layer()}
+        for name in read.spans:
+            metrics[name] = read.span(name)
+            layers[name] = read.span_by_layer(name)
+        return metrics, layers
 
     def _result(self, context, doc, cands, n_answer, step: engine.FirstStep, until) -> FirstStepResult:
         text = self.tok_decode(step.response_ids, skip_special_tokens=True)
@@ -199,6 +237,10 @@ class EvalkitHFLM(HFLM):
         if n_answer:
             metrics.update(candidate_metrics(self.tokenizer, context, step, cands[:n_answer], cands[n_answer:],
                                              self._prior(context, doc)))
+        layers: dict[str, list[float]] = {}
+        if step.attention is not None:
+            values, layers = self._attention_values(step.attention)
+            metrics.update(values)
         first_id = step.response_ids[0] if step.response_ids else None
         return FirstStepResult(
             text=text,
@@ -208,4 +250,5 @@ class EvalkitHFLM(HFLM):
             topk=topk,
             entropy=step.entropy,
             metrics=metrics,
+            layers=layers,
         )

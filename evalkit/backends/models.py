@@ -138,14 +138,15 @@ def _label(model_type: str, args: dict[str, Any]) -> str:
 
 def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name: str | None = None,
             device: str | None = None, top_k: int = 50, temperature: float = 0.8,
-            first_temperature: float | None = None, ban_openers: bool = False, seed: int = 1234) -> ModelPlan:
+            first_temperature: float | None = None, ban_openers: bool = False, seed: int = 1234,
+            attention: bool = False) -> ModelPlan:
     """Check a model request and resolve it into a `ModelPlan`; nothing is loaded.
 
     With an hf model type and no model named in `model_args` (none of IDENTITY_ARGS),
     the plan is the embedded SmolLM2, with the other model args applied to it.
     Raises BadInput for an unknown model type, a missing backend package, malformed
-    or contradictory model args, a missing local model path, or a `--quant` or
-    first-step option the backend cannot honour.
+    or contradictory model args, a missing local model path, or a `--quant`,
+    first-step or `--attention` option the backend cannot honour.
     """
     from evalkit.backends import catalog
 
@@ -161,6 +162,14 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
             raise BadInput(f"--device {device} and --model-args device={args['device']} disagree")
         device = str(args.pop("device"))
         quant.check(quant_name, in_process_hf=hf, model_type=model_type, device=device)
+    if attention and not hf:
+        raise BadInput(f"--attention applies to the hf backend only (got --model {model_type}): "
+                       "attention weights are read inside this process")
+    if attention and "attn_implementation" in args:
+        raise BadInput("--attention sets the attention implementation itself (evalkit_eager): "
+                       "leave attn_implementation out of --model-args")
+    if hf and "attention" in args:
+        raise BadInput("--model-args attention= is set with --attention, not in --model-args")
     for key, option in (("batch_size", "--batch-size"), ("top_k", "--top-k"), ("quant", "--quant")):
         if key in args:
             raise BadInput(f"--model-args {key}= is set with {option}, not in --model-args")
@@ -203,7 +212,8 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         if not 0 <= tolerance < 1:
             raise BadInput(f"--model-args tolerance must be a probability in [0, 1), got {args['tolerance']!r}")
         backend_args = {"quant": quant_name, "top_k": top_k, "temperature": temperature,
-                        "first_temperature": first_temperature, "ban_openers": ban_openers, "probe_seed": seed}
+                        "first_temperature": first_temperature, "ban_openers": ban_openers, "probe_seed": seed,
+                        "attention": True if attention else None}
         stored_k = top_k
     elif first_temperature is not None or ban_openers:
         raise BadInput(f"--first-temperature and --ban-openers apply to the hf backend only (got --model {model_type})")

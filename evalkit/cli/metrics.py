@@ -15,8 +15,8 @@ from evalkit.cli.output import render
 def metrics_command(fmt):
     """List every metric evalkit reports: name, level, direction, unit and meaning.
 
-    ↑ higher is better, ↓ lower is better (the gate and the report use the same
-    directions). A name ending in {D} or {L} stands for a family, e.g.
+    ↑ higher is better, ↓ lower is better, – descriptive (no better direction;
+    the gate and the report use the same directions). A name ending in {D} or {L} stands for a family, e.g.
     needle_recall@depth0.5.
 
     \b
@@ -31,7 +31,7 @@ def metrics_command(fmt):
         click.echo(json.dumps([m.to_dict() for m in metrics], ensure_ascii=False, indent=2))
         return
     cols = ["metric", "level", "better", "unit", "per sample", "meaning"]
-    rows = [[m.name, m.level, f"{m.arrow} {'higher' if m.higher_is_better else 'lower'}", m.unit,
+    rows = [[m.name, m.level, f"{m.arrow} {m.direction}", m.unit,
              "yes" if m.per_sample else "", m.meaning] for m in metrics]
     click.echo(render(cols, rows, fmt, max_width=200))
 

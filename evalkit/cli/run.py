@@ -6,16 +6,20 @@ import click
 
 from evalkit.cli.options import db_option
 from evalkit.cli.output import table
+from evalkit.prompts.presets import LENGTH_PRESETS
 
 
-def _csv_list(kind):
+def _csv_list(kind, presets=None):
     def convert(ctx, param, value):
         if value is None:
             return None
+        if presets and value.strip() in presets:
+            return list(presets[value.strip()])
         try:
             return [kind(v) for v in value.split(",") if v.strip()]
         except ValueError:
-            raise click.BadParameter(f"expected a comma-separated list of numbers, got {value!r}") from None
+            named = f" or one of {', '.join(presets)}" if presets else ""
+            raise click.BadParameter(f"expected a comma-separated list of numbers{named}, got {value!r}") from None
 
     return convert
 
@@ -37,9 +41,13 @@ def _csv_list(kind):
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
 @click.option("--first-temperature", type=float, default=None, help="Sample the first token at T1 (0: argmax).")
 @click.option("--ban-openers", is_flag=True, help="Mask opener-initial tokens at step 1 only.")
-@click.option("--needle-lengths", callback=_csv_list(int), default=None, help="Needle prompt lengths in tokens, e.g. 256,512.")
+@click.option("--needle-lengths", callback=_csv_list(int, LENGTH_PRESETS), default=None,
+              help="Needle and conflict prompt lengths in tokens, e.g. 256,512, or a preset: "
+                   + ", ".join(f"{k} ({','.join(map(str, v))})" for k, v in LENGTH_PRESETS.items()) + ".")
 @click.option("--needle-depths", callback=_csv_list(float), default=None, help="Needle depths in [0,1], e.g. 0,0.5,1.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
+@click.option("--attention", is_flag=True,
+              help="Read the prefill's attention (hf backend, eager attention): sink_rate, needle_attn, question_attn.")
 @click.option("--include-path", type=click.Path(file_okay=False, exists=True), default=None,
               help="Extra folder of lm-eval task YAMLs.")
 @click.option("--name", default=None, help="A label stored with the run.")
@@ -54,6 +62,8 @@ def run_command(**opts):
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
+      evalkit run --tasks needle_en,needle_en_hint --needle-lengths long --needle-depths 0,0.5,1 --attention
+      evalkit run --tasks needle_conflict --needle-lengths 256,512,1024
     """
     from evalkit.runner.execute import RunConfig, execute
 

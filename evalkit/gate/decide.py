@@ -333,8 +333,8 @@ def check_names(rules: Rules, candidate: RunData, baseline: RunData | None) -> N
     must be held by one of the runs, or be a metric evalkit knows (the registry) or the
     file gives a direction for — a known metric neither run holds (needle_recall when
     gating two first-token runs) stays a visible `skipped` row, so one rules file can
-    serve several kinds of run. A regression on a metric the registry does not know
-    needs its direction under `higher_is_better`. (`check_verdict` then refuses a gate
+    serve several kinds of run. A regression on a metric the registry does not know, or
+    knows as descriptive (no direction), needs its direction under `higher_is_better`. (`check_verdict` then refuses a gate
     where every rule was skipped.)
     """
     runs = [r for r in (candidate, baseline) if r is not None]
@@ -360,9 +360,10 @@ def check_names(rules: Rules, candidate: RunData, baseline: RunData | None) -> N
             known = sorted(held)
             hint = registry.suggest(rule.metric, known + list(registry.METRICS))
             raise bad(section, rule.key, f"unknown metric {rule.metric!r}{hint} (the runs hold: {', '.join(known)})")
-        if section == "regressions" and registry.get(rule.metric) is None and not directed:
-            raise bad(section, rule.key, f"evalkit does not know whether a higher {rule.metric} is better: "
-                                         f"say so under higher_is_better ({rule.metric}: true or false)")
+        if section == "regressions" and registry.higher_is_better(rule.metric) is None and not directed:
+            why = (f"{rule.metric} describes without ranking (no better direction)" if registry.get(rule.metric)
+                   else f"evalkit does not know whether a higher {rule.metric} is better")
+            raise bad(section, rule.key, f"{why}: say so under higher_is_better ({rule.metric}: true or false)")
 
 
 def check_verdict(verdict: Verdict, rules: Rules) -> None:

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 from evalkit.errors import BadInput
 from evalkit.prompts.catalog import data_path
+from evalkit.prompts.presets import DEFAULT_LENGTHS
 
 LANGS = ("en", "zh")
 DEFAULT_DEPTHS = tuple(round(i / 10, 1) for i in range(11))  # 0.0, 0.1, ..., 1.0
-DEFAULT_LENGTHS = (256, 512, 1024, 2048)
 LENGTH_TOLERANCE = 0.02  # |n_tokens - length| <= 2 % of length
 
 
@@ -180,65 +180,36 @@ def _fit_prefix(
     return prefixes[min(fits, key=lambda i: (abs(tokens(i) - length), -i))]
 
 
-def build_doc(
+def fit_fillers(
     count_tokens: Callable[[str], int],
+    compose: Callable[[list[str]], str],
+    fillers: Callable[[int], list[str]],
     *,
-    lang: str,
     length: int,
-    depth: float,
-    hint: bool,
-    seed: int,
-    haystack: Sequence[str] | None = None,
-) -> dict:
-    """One needle document whose whole prompt is ``length`` tokens within +-2 %.
+    lang: str,
+    fixed: str,
+) -> list[str]:
+    """The filler sentences whose composed prompt is ``length`` tokens within +-2 %.
 
-    The user text is filler sentences (the haystack, cycled from a seed-dependent
-    start) with the needle inserted as sentence ``needle_index(depth, n)`` among
-    ``n`` fillers (d = 0.0: the very first sentence; d = 1.0: the last one before
-    the question), then a blank line and the question. ``n`` is found by
-    bisection on ``count_tokens`` and then the closest of its neighbours within
-    tolerance; when no whole number of sentences fits, the last filler sentence
-    is cut by words (en) or characters (zh, and en as a fallback). The needle and
-    question are never cut. The key depends only on (seed, lang, length, depth),
-    so the hint and plain variants of a cell share it.
+    ``fillers(n)`` gives the first n filler sentences, ``compose(sentences)`` the prompt
+    they make with the document's fixed parts (named ``fixed`` in messages). The number
+    of fillers is found by doubling and bisection on ``count_tokens``, then the closest
+    of its neighbours within tolerance; when no whole number of sentences fits, the last
+    filler sentence is cut by words (en) or characters (zh, and en as a fallback).
     """
-    _check_lang(lang)
-    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
-        raise BadInput(f"needle length must be a positive integer, got {length!r}")
-    depth = float(depth)
-    if not 0.0 <= depth <= 1.0:
-        raise BadInput(f"needle depth must be within [0, 1], got {depth}")
-    filler_pool = list(haystack) if haystack is not None else load_haystack(lang)
-    if not filler_pool:
-        raise BadInput(f"needle haystack for {lang!r} is empty")
-
-    rng = random.Random(f"{seed}-{lang}-{length}-{_depth_label(depth)}")
-    key = make_key(rng)
-    start = rng.randrange(len(filler_pool))
-    needle = needle_sentence(key, lang)
-    tail = "\n\n" + question(lang, hint, depth)
-    joiner = _SENTENCE_JOINER[lang]
     tol = LENGTH_TOLERANCE * length
     upper = length + tol
-
-    def fillers(n: int) -> list[str]:
-        return [filler_pool[(start + i) % len(filler_pool)] for i in range(n)]
-
-    def compose(sentences: list[str]) -> tuple[str, int]:
-        k = needle_index(depth, len(sentences))
-        return joiner.join(sentences[:k] + [needle] + sentences[k:]) + tail, k
-
     counts: dict[int, int] = {}  # n fillers -> tokens
 
     def tokens_for(n: int) -> int:
         if n not in counts:
-            counts[n] = count_tokens(compose(fillers(n))[0])
+            counts[n] = count_tokens(compose(fillers(n)))
         return counts[n]
 
     bare = tokens_for(0)
     if bare > upper:
         raise BadInput(
-            f"needle length {length} is too small for {lang}: needle and question alone "
+            f"needle length {length} is too small for {lang}: {fixed} alone "
             f"take {bare} tokens"
         )
 
@@ -261,25 +232,65 @@ def build_doc(
 
     # local adjustment: closest whole-sentence count within tolerance
     near = [n for n in range(max(0, lo - 2), lo + 3) if abs(tokens_for(n) - length) <= tol]
-    chosen: list[str] | None = None
     if near:
-        chosen = fillers(min(near, key=lambda n: (abs(tokens_for(n) - length), n)))
-    else:
-        # whole sentences jump over the window: cut the last of lo + 1 fillers
-        base = fillers(lo + 1)
-        for prefixes in _trimmed_prefixes(base[-1], lang):
-            cut = _fit_prefix(
-                lambda text: count_tokens(compose(base[:-1] + [text])[0]), prefixes, length, tol
-            )
-            if cut is not None:
-                chosen = base[:-1] + [cut]
-                break
-    if chosen is None:
-        raise BadInput(
-            f"needle length {length} cannot be met within 2 % for {lang}: "
-            f"{lo} filler sentences give {tokens_for(lo)} tokens, {lo + 1} give {tokens_for(lo + 1)}"
-        )
+        return fillers(min(near, key=lambda n: (abs(tokens_for(n) - length), n)))
+    # whole sentences jump over the window: cut the last of lo + 1 fillers
+    base = fillers(lo + 1)
+    for prefixes in _trimmed_prefixes(base[-1], lang):
+        cut = _fit_prefix(lambda text: count_tokens(compose(base[:-1] + [text])), prefixes, length, tol)
+        if cut is not None:
+            return base[:-1] + [cut]
+    raise BadInput(
+        f"needle length {length} cannot be met within 2 % for {lang}: "
+        f"{lo} filler sentences give {tokens_for(lo)} tokens, {lo + 1} give {tokens_for(lo + 1)}"
+    )
 
+
+def build_doc(
+    count_tokens: Callable[[str], int],
+    *,
+    lang: str,
+    length: int,
+    depth: float,
+    hint: bool,
+    seed: int,
+    haystack: Sequence[str] | None = None,
+) -> dict:
+    """One needle document whose whole prompt is ``length`` tokens within +-2 %.
+
+    The user text is filler sentences (the haystack, cycled from a seed-dependent
+    start) with the needle inserted as sentence ``needle_index(depth, n)`` among
+    ``n`` fillers (d = 0.0: the very first sentence; d = 1.0: the last one before
+    the question), then a blank line and the question. ``n`` is fitted by
+    ``fit_fillers``; the needle and question are never cut. The key depends only on (seed, lang, length, depth),
+    so the hint and plain variants of a cell share it.
+    """
+    _check_lang(lang)
+    if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+        raise BadInput(f"needle length must be a positive integer, got {length!r}")
+    depth = float(depth)
+    if not 0.0 <= depth <= 1.0:
+        raise BadInput(f"needle depth must be within [0, 1], got {depth}")
+    filler_pool = list(haystack) if haystack is not None else load_haystack(lang)
+    if not filler_pool:
+        raise BadInput(f"needle haystack for {lang!r} is empty")
+
+    rng = random.Random(f"{seed}-{lang}-{length}-{_depth_label(depth)}")
+    key = make_key(rng)
+    start = rng.randrange(len(filler_pool))
+    needle = needle_sentence(key, lang)
+    tail = "\n\n" + question(lang, hint, depth)
+    joiner = _SENTENCE_JOINER[lang]
+
+    def fillers(n: int) -> list[str]:
+        return [filler_pool[(start + i) % len(filler_pool)] for i in range(n)]
+
+    def compose(sentences: list[str]) -> tuple[str, int]:
+        k = needle_index(depth, len(sentences))
+        return joiner.join(sentences[:k] + [needle] + sentences[k:]) + tail, k
+
+    chosen = fit_fillers(count_tokens, lambda sentences: compose(sentences)[0], fillers, length=length, lang=lang,
+                         fixed="needle and question")
     prompt, k = compose(chosen)
     return {
         "doc_id": doc_id(lang, length, depth, hint),

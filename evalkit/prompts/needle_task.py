@@ -1,12 +1,14 @@
-"""The lm-eval side of the needle tasks: token counting with the run's tokenizer,
-doc generation at load time, scoring, and the derived per-depth metrics.
+"""The lm-eval side of the needle and needle_conflict tasks: token counting with the run's
+tokenizer, doc generation at load time, scoring.
 
-Owns: `load_docs` (lm-eval's `custom_dataset` hook of tasks/needle/*.yaml), the
-token counter that renders the prompt exactly as the run will (template and
-system message included), the context-length check, `needle_metadata` (what an
-evalkit run passes to the tasks), and `derived_metrics` (recall by depth and
-length, `middle_gap`: `scoring.needle`). Does not: build documents
-(`prompts.needle`) or plot (`report.needle_plot`).
+Owns: `load_docs` and `load_conflict_docs` (lm-eval's `custom_dataset` hooks of
+tasks/needle/*.yaml and tasks/needle_conflict/*.yaml), the token counter that renders
+the prompt exactly as the run will (template and system message included), the
+context-length check, `needle_metadata` (what an evalkit run passes to the tasks), and
+the `process_results` hooks (needle_recall; the conflict pick's values; the attention
+values a backend read off the prefill, passed through). Does not: build documents
+(`prompts.needle`, `prompts.conflict`), compute the derived metrics (`scoring.needle`,
+`scoring.conflict`) or plot (`report.needle_plot`).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from evalkit.contract import NEEDLE, response_text
+from evalkit.contract import CONFLICT, NEEDLE, FirstStepResult, response_text
 from evalkit.errors import BadInput
 from evalkit.prompts import needle
+from evalkit.scoring import registry
+from evalkit.scoring.conflict import conflict_pick, pick_values
 from evalkit.scoring.needle import needle_recall
 
 # in-process tokenizers handed over by an evalkit run (key -> tokenizer), so the
@@ -42,15 +46,8 @@ def token_counter(tokenizer, *, chat: bool, system: str | None) -> Callable[[str
     return lambda text: len(tokenizer(render_prompt(tokenizer, template, text), add_special_tokens=False)["input_ids"])
 
 
-def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
-    """lm-eval custom_dataset: the needle grid of one language and hint flag.
-
-    Metadata keys: `tokenizer_key` (an in-process tokenizer) or `tokenizer`
-    (+ `gguf_file`) to load one; `chat`, `system` (the template); `needle_lengths`,
-    `needle_depths`, `seed`; `max_length` (the model's context) when known.
-    """
-    import datasets
-
+def _tokenizer(metadata: dict):
+    """The run's own tokenizer (`tokenizer_key`), or one loaded from `tokenizer` (+ `gguf_file`)."""
     tok = _TOKENIZERS.get(metadata.get("tokenizer_key") or "")
     if tok is None:
         path = metadata.get("tokenizer") or metadata.get("pretrained")
@@ -60,6 +57,19 @@ def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
                 "(evalkit run does this for you)"
             )
         tok = _load_tokenizer(str(path), metadata.get("gguf_file"))
+    return tok
+
+
+def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
+    """lm-eval custom_dataset: the needle grid of one language and hint flag.
+
+    Metadata keys: `tokenizer_key` (an in-process tokenizer) or `tokenizer`
+    (+ `gguf_file`) to load one; `chat`, `system` (the template); `needle_lengths`,
+    `needle_depths`, `seed`; `max_length` (the model's context) when known.
+    """
+    import datasets
+
+    tok = _tokenizer(metadata)
     lengths = [int(x) for x in metadata.get("needle_lengths") or needle.DEFAULT_LENGTHS]
     depths = [float(x) for x in metadata.get("needle_depths") or needle.DEFAULT_DEPTHS]
     check_lengths(lengths, metadata.get("max_length"))
@@ -68,6 +78,28 @@ def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
                              seed=int(metadata.get("seed", 1234)))
     for d in docs:
         d["kind"] = NEEDLE
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
+
+
+def load_conflict_docs(*, lang: str, **metadata) -> Any:
+    """lm-eval custom_dataset: the conflict documents of one language (docs/metrics.md §1.9).
+
+    Metadata as for `load_docs` (`needle_depths` is not used), plus `conflict_pairs`
+    (default `conflict.DEFAULT_PAIRS`).
+    """
+    import datasets
+
+    from evalkit.prompts import conflict
+
+    tok = _tokenizer(metadata)
+    lengths = [int(x) for x in metadata.get("needle_lengths") or needle.DEFAULT_LENGTHS]
+    check_lengths(lengths, metadata.get("max_length"))
+    count = token_counter(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"))
+    docs = conflict.build_conflict_grid(count, langs=[lang], lengths=lengths,
+                                        pairs=int(metadata.get("conflict_pairs") or conflict.DEFAULT_PAIRS),
+                                        seed=int(metadata.get("seed", 1234)))
+    for d in docs:
+        d["kind"] = CONFLICT
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 
@@ -84,8 +116,21 @@ def check_lengths(lengths, max_length: int | None) -> None:
             )
 
 
+def attention_values(resp: Any) -> dict[str, float]:
+    """The attention-level values a backend read off the prompt's prefill (`--attention`), if any."""
+    if not isinstance(resp, FirstStepResult):
+        return {}
+    return {k: float(v) for k, v in resp.metrics.items()
+            if v is not None and (m := registry.get(k)) is not None and m.level == "attention"}
+
+
 def process_results(doc, results) -> dict[str, float]:
-    return {"needle_recall": needle_recall(response_text(results[0]), doc["key"])}
+    return {"needle_recall": needle_recall(response_text(results[0]), doc["key"]), **attention_values(results[0])}
+
+
+def process_conflict(doc, results) -> dict[str, float]:
+    pick = conflict_pick(response_text(results[0]), doc["first_key"], doc["last_key"])
+    return {**pick_values(pick), **attention_values(results[0])}
 
 
 def needle_metadata(cfg, template, lm) -> dict[str, Any]:

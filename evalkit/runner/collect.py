@@ -1,7 +1,8 @@
-"""From lm-eval's results dict to evalkit's rows (metrics, samples, first_token_topk).
+"""From lm-eval's results dict to evalkit's rows (metrics, samples, first_token_topk, attention_layers).
 
 Owns: reading `results["results"]`, `results["n-samples"]` and the logged
-samples, and shaping one row per metric, per prompt and per top-k token.
+samples, and shaping one row per metric, per prompt, per top-k token and per
+(prompt, layer) of the prefill's attention.
 Does not: compute metric values (the tasks' `process_results` did, once) or write
 to the DB.
 """
@@ -12,9 +13,10 @@ import json
 import math
 from typing import Any
 
-from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
+from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
+from evalkit.scoring.conflict import pick_of
 from evalkit.scoring.firsttoken import ft_outcome, stored_fields
-from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
+from evalkit.store.runs import ATTENTION_COLUMNS, SAMPLE_METRIC_COLUMNS
 
 
 def _num(value: Any) -> float | None:
@@ -55,14 +57,22 @@ def _response(resp: Any) -> str:
     return resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False, default=str)
 
 
-def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict], list[dict]]:
-    """(metric rows, sample rows, top-k rows) of one lm-eval results dict.
+def attention_rows(run_id: str, task: str, doc_id: str, layers: dict[str, list[float]]) -> list[dict]:
+    """One `attention_layers` row per layer of a response's per-layer values (none without --attention)."""
+    n = max((len(v) for v in layers.values()), default=0)
+    return [{"run_id": run_id, "task": task, "doc_id": doc_id, "layer": i,
+             **{c: _num(layers[c][i]) for c in ATTENTION_COLUMNS[4:] if c in layers and i < len(layers[c])}}
+            for i in range(n)]
+
+
+def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+    """(metric rows, sample rows, top-k rows, attention rows) of one lm-eval results dict.
 
     Metric values are the ones the task's `process_results` computed (lm-eval logs them
     with the sample); nothing is scored again here.
     """
     metrics = metric_rows(run_id, results)
-    samples, topk = [], []
+    samples, topk, attention = [], [], []
     for task, logged in sorted(results.get("samples", {}).items()):
         for s in logged:
             doc = s.get("doc") or {}
@@ -75,7 +85,7 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                 fields = {"response": _response(resp)}
             if isinstance(resp, FirstStepResult) and resp.entropy is not None:
                 values.setdefault("entropy", _num(resp.entropy))
-            needle = kind == NEEDLE
+            needle, sized = kind == NEEDLE, kind in (NEEDLE, CONFLICT)
             doc_id = _doc_id(s)
             row = {
                 "run_id": run_id,
@@ -92,11 +102,14 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                 "lang": doc.get("lang"),
                 "category": doc.get("category"),
                 "needle_depth": doc.get("depth") if needle else None,
-                "needle_length": doc.get("length") if needle else None,
-                "needle_tokens": doc.get("n_tokens") if needle else None,
+                "needle_length": doc.get("length") if sized else None,
+                "needle_tokens": doc.get("n_tokens") if sized else None,
                 "needle_hint": doc.get("hint") if needle else None,
                 "metrics": json.dumps({k: v for k, v in values.items() if k in s.get("metrics", [])},
                                       sort_keys=True),
+                "conflict_pick": pick_of(values) if kind == CONFLICT else None,
+                "conflict_pair": doc.get("pair_id") if kind == CONFLICT else None,
+                "conflict_order": doc.get("order") if kind == CONFLICT else None,
             }
             for m in SAMPLE_METRIC_COLUMNS:
                 row[m] = values.get(m)
@@ -106,5 +119,8 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                     "run_id": run_id, "task": task, "doc_id": doc_id, "rank": rank,
                     "token_id": int(token_id), "token": token, "logprob": float(logprob),
                 })
+            if isinstance(resp, FirstStepResult) and resp.layers:
+                attention += attention_rows(run_id, task, doc_id, resp.layers)
     samples.sort(key=lambda r: (r["task"], r["doc_id"]))
-    return metrics, samples, topk
+    attention.sort(key=lambda r: (r["task"], r["doc_id"], r["layer"]))
+    return metrics, samples, topk, attention

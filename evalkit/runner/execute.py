@@ -87,7 +87,16 @@ def is_main_rank() -> bool:
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
 
 
-def run_row(plan: RunPlan, run_id: str) -> dict[str, Any]:
+def attn_implementation(plan: RunPlan, lm) -> str | None:
+    """The attention implementation the loaded model runs (in-process hf models only)."""
+    if not plan.model.in_process_hf:
+        return None
+    from evalkit.backends.attention import implementation
+
+    return implementation(getattr(lm, "model", None))
+
+
+def run_row(plan: RunPlan, run_id: str, attn_impl: str | None = None) -> dict[str, Any]:
     """The `runs` row of a run as it starts."""
     cfg, model = plan.cfg, plan.model
     return {
@@ -114,6 +123,8 @@ def run_row(plan: RunPlan, run_id: str) -> dict[str, Any]:
         "evalkit_version": __version__,
         "git_commit": _git_commit(),
         "config": cfg.to_json(),
+        "attention": cfg.attention,
+        "attn_implementation": attn_impl,
         **_versions(),
         **runs.this_process(),
     }
@@ -136,7 +147,7 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
 
     writer = is_main_rank()
     run_id = new_run_id()
-    row = run_row(plan, run_id)
+    row = run_row(plan, run_id, attn_implementation(plan, lm))
     if writer:
         runs.insert_run(cfg.db, row)
     if on_start:
@@ -179,7 +190,7 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
 
 
 def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
-    """lm-eval over the run's tasks; (RunResult, (metrics, samples, topk) rows or None off rank 0)."""
+    """lm-eval over the run's tasks; (RunResult, (metrics, samples, topk, attention) rows or None off rank 0)."""
     import lm_eval
 
     cfg, template = plan.cfg, plan.template
@@ -212,26 +223,30 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0), None
     from evalkit.runner.collect import collect
 
-    metric_rows, sample_rows, topk_rows = collect(run_id, results)
+    metric_rows, sample_rows, topk_rows, attention_rows = collect(run_id, results)
     if any(s.get("needle_depth") is not None for s in sample_rows):
         from evalkit.scoring.needle import derived_metrics
 
         metric_rows += derived_metrics(run_id, sample_rows)
+    if any(s.get("conflict_pick") is not None for s in sample_rows):
+        from evalkit.scoring import conflict
+
+        metric_rows += conflict.derived_metrics(run_id, sample_rows)
     result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0)
-    return result, (metric_rows, sample_rows, topk_rows)
+    return result, (metric_rows, sample_rows, topk_rows, attention_rows)
 
 
 def _store(db, row: dict[str, Any], rows) -> None:
     """Write a finished run in one transaction; when the DB cannot take it, keep it in a spool file."""
-    metrics, samples, topk = rows
+    metrics, samples, topk, attention = rows
     final = {k: row[k] for k in ("status", "finished_at", "duration_s")}
     try:
-        runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, **final)
+        runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, attention=attention, **final)
         return
     except (DatabaseBusy, duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0]
     try:
-        kept = spool.keep(db_path(db), row, metrics=metrics, samples=samples, topk=topk)
+        kept = spool.keep(db_path(db), row, metrics=metrics, samples=samples, topk=topk, attention=attention)
     except OSError as exc:
         raise RunFailed(f"run {row['id']} finished but its results could not be written ({reason}) "
                         f"nor kept ({exc})") from exc

@@ -1,8 +1,8 @@
 """The needle metrics (docs/metrics.md §1.6): did the response give the key, and recall by depth and length.
 
 Owns: `needle_recall` (the key in the response, digits, separators, width and case
-normalised), `middle_gap`, and `derived_metrics` (a run's recall per depth and per
-length, and its gaps, as metric rows). Does not: build needle documents
+normalised), `start_gap`, `middle_gap`, and `derived_metrics` (a run's recall per depth
+and per length, and its gaps — overall and per length for start_gap — as metric rows). Does not: build needle documents
 (`prompts.needle`) or plot them (`report.needle_plot`).
 """
 
@@ -92,8 +92,29 @@ def middle_gap(recall_by_depth: dict[float, float]) -> float:
     return sum(ends) / len(ends) - sum(middle) / len(middle)
 
 
+START_FROM = 0.25  # start_gap compares depth 0 with the depths from here to 1
+
+
+def start_gap(recall_by_depth: dict[float, float]) -> float:
+    """Mean recall at depths d in [0.25, 1] minus recall at d = 0 (docs/metrics.md §1.6).
+
+    Positive means the fact in the first sentence is what gets lost. Example:
+    {0.0: 0.0, 0.1: 1.0, 0.25: 1.0, 0.5: 1.0, 1.0: 0.5} -> (1 + 1 + 0.5) / 3 - 0 = 0.833
+    (depth 0.1 is in neither group). Raises ValueError if either group is empty.
+    """
+    eps = 1e-9
+    start = [r for d, r in recall_by_depth.items() if abs(d) <= eps]
+    rest = [r for d, r in recall_by_depth.items() if START_FROM - eps <= d <= 1.0 + eps]
+    if not start:
+        raise ValueError("start_gap needs recall at depth 0.0; none given")
+    if not rest:
+        raise ValueError(f"start_gap needs recall at some depth in [{START_FROM}, 1]; none given")
+    return sum(rest) / len(rest) - sum(start) / len(start)
+
+
 def derived_metrics(run_id: str, samples: list[dict]) -> list[dict]:
-    """Recall by depth and by length, and middle_gap, per needle task (metric rows)."""
+    """Recall by depth and by length, start_gap (overall and per length) and middle_gap, per needle
+    task (metric rows)."""
     by_task: dict[str, list[dict]] = defaultdict(list)
     for s in samples:
         if s.get("needle_depth") is not None and s.get("needle_recall") is not None:
@@ -116,10 +137,22 @@ def derived_metrics(run_id: str, samples: list[dict]) -> list[dict]:
         for length, values in sorted(length_groups.items()):
             add(f"needle_recall@len{length}", values)
         by_depth = {d: sum(v) / len(v) for d, v in depth_groups.items()}
-        try:
-            gap = middle_gap(by_depth)
-        except ValueError:
-            continue  # the grid has no edge or no middle depths: no gap to report
-        rows.append({"run_id": run_id, "task": task, "metric": "middle_gap", "filter": "none",
-                     "value": gap, "stderr": None, "n": len(items)})
+        for name, gap_of in (("start_gap", start_gap), ("middle_gap", middle_gap)):
+            try:
+                gap = gap_of(by_depth)
+            except ValueError:
+                continue  # the grid lacks a depth group this gap needs: no gap to report
+            rows.append({"run_id": run_id, "task": task, "metric": name, "filter": "none",
+                         "value": gap, "stderr": None, "n": len(items)})
+        for length in sorted(length_groups):
+            cells: dict[float, list[float]] = defaultdict(list)
+            for s in items:
+                if int(s["needle_length"]) == length:
+                    cells[round(float(s["needle_depth"]), 3)].append(s["needle_recall"])
+            try:
+                gap = start_gap({d: sum(v) / len(v) for d, v in cells.items()})
+            except ValueError:
+                continue
+            rows.append({"run_id": run_id, "task": task, "metric": f"start_gap@len{length}", "filter": "none",
+                         "value": gap, "stderr": None, "n": sum(len(v) for v in cells.values())})
     return rows

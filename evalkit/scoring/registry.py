@@ -12,10 +12,16 @@ Levels:
 - distribution: read off the model's first-step distribution (logprobs needed);
 - sampled: from N sampled first units (backends without logprobs);
 - needle: per needle document;
+- attention: read off the prefill's attention weights (`--attention`, hf backend);
+- conflict: per conflicting-facts document (needle_conflict);
 - derived: computed from a run's per-sample values (per depth, per length, gaps);
 - pair: describes two runs side by side (`evalkit compare`).
 
 A family such as ``needle_recall@depth{D}`` covers every name with that prefix.
+
+A metric that describes without ranking (sink_rate, first_wins, recency_index) has no
+direction (`higher_is_better` None): the report shows no arrow, and a gate regression on
+it needs the direction from the rules file's `higher_is_better`.
 """
 
 from __future__ import annotations
@@ -23,14 +29,14 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict, dataclass
 
-LEVELS = ("text", "distribution", "sampled", "needle", "derived", "pair")
+LEVELS = ("text", "distribution", "sampled", "needle", "attention", "conflict", "derived", "pair")
 
 
 @dataclass(frozen=True)
 class Metric:
     name: str  # a family ends in "{D}" / "{L}": needle_recall@depth{D}
     level: str  # one of LEVELS
-    higher_is_better: bool  # the direction the gate and the report's arrows use
+    higher_is_better: bool | None  # the direction the gate and the report's arrows use; None: descriptive
     meaning: str  # one line a user reads in `evalkit metrics`
     unit: str = "share"  # share (of prompts, 0..1) | probability | nats | bits | difference
     per_sample: bool = False  # a `samples` column of the same name holds the per-prompt value
@@ -41,7 +47,11 @@ class Metric:
 
     @property
     def arrow(self) -> str:
-        return "↑" if self.higher_is_better else "↓"
+        return {True: "↑", False: "↓", None: "–"}[self.higher_is_better]
+
+    @property
+    def direction(self) -> str:
+        return {True: "higher", False: "lower", None: "none"}[self.higher_is_better]
 
     @property
     def family(self) -> str | None:
@@ -49,7 +59,7 @@ class Metric:
         return self.name.split("{", 1)[0] if "{" in self.name else None
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "direction": "higher" if self.higher_is_better else "lower"}
+        return {**asdict(self), "direction": self.direction}
 
 
 _METRICS = (  # in the order the report and `evalkit metrics` list them
@@ -82,9 +92,39 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            per_sample=True, binary=True),
     Metric("needle_recall@depth{D}", "derived", True, "needle_recall of the documents with the needle at depth D"),
     Metric("needle_recall@len{L}", "derived", True, "needle_recall of the documents of L tokens"),
+    Metric("start_gap", "derived", False,
+           "mean recall at depths 0.25-1 minus recall at depth 0: positive = the first sentence is what gets lost",
+           unit="difference", aggregation="difference of means", lo=-1.0),
+    Metric("start_gap@len{L}", "derived", False, "start_gap of the documents of L tokens",
+           unit="difference", aggregation="difference of means", lo=-1.0),
     Metric("middle_gap", "derived", False,
            "recall at depths 0 and 1 minus recall at depths 0.3-0.7: positive = lost in the middle",
            unit="difference", aggregation="difference of means", lo=-1.0),
+    Metric("sink_rate", "attention", None,
+           "share of (layer, head) pairs whose first-token importance over the first 64 prompt tokens exceeds 0.3 "
+           "(Gu et al. 2025, Sink1)", per_sample=True),
+    Metric("needle_attn", "attention", True,
+           "attention mass the last prompt position puts on the needle sentence, mean over heads and layers",
+           unit="probability", per_sample=True),
+    Metric("question_attn", "attention", True,
+           "attention mass the last prompt position puts on the question inside the template, mean over heads "
+           "and layers", unit="probability", per_sample=True),
+    Metric("first_wins", "conflict", None, "the response gives the first sentence's value and not the last's",
+           per_sample=True, binary=True),
+    Metric("last_wins", "conflict", None, "the response gives the last sentence's value and not the first's",
+           per_sample=True, binary=True),
+    Metric("conflict_both", "conflict", None, "the response gives both values", per_sample=True, binary=True),
+    Metric("recency_index", "derived", None, "last_wins - first_wins: +1 the end always wins, -1 the start always wins",
+           unit="difference", aggregation="difference of means", lo=-1.0),
+    Metric("order_flip_rate", "derived", False,
+           "share of value pairs whose answer changes when the two sentences swap places",
+           aggregation="mean over pairs"),
+    Metric("first_wins@len{L}", "derived", None, "first_wins of the conflict documents of L tokens"),
+    Metric("last_wins@len{L}", "derived", None, "last_wins of the conflict documents of L tokens"),
+    Metric("recency_index@len{L}", "derived", None, "recency_index of the conflict documents of L tokens",
+           unit="difference", aggregation="difference of means", lo=-1.0),
+    Metric("order_flip_rate@len{L}", "derived", False, "order_flip_rate of the conflict documents of L tokens",
+           aggregation="mean over pairs"),
     Metric("top5_mass", "pair", True, "mass of the 5 most likely first tokens of each run", unit="probability",
            aggregation="mean over shared prompts"),
     Metric("top5_overlap", "pair", True, "|top-5 of A and top-5 of B| / 5", aggregation="mean over shared prompts"),

@@ -220,6 +220,117 @@ def m009_run_liveness(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN heartbeat_at TIMESTAMP")
 
 
+def m010_attention_and_conflict(con: duckdb.DuckDBPyConnection) -> None:
+    # Where the model looks (docs/metrics.md §1.8) and conflicting facts (§1.9), and start_gap (§1.6).
+    # The run records whether it read attention and the attention implementation its model ran.
+    con.execute("ALTER TABLE runs ADD COLUMN attention BOOLEAN")
+    con.execute("ALTER TABLE runs ADD COLUMN attn_implementation VARCHAR")
+    # Per-sample values: attention (needs --attention), the conflict pick and its values.
+    # needle_length / needle_tokens also hold the requested / actual length of conflict documents.
+    for column, kind in (("sink_rate", "DOUBLE"), ("needle_attn", "DOUBLE"), ("question_attn", "DOUBLE"),
+                         ("first_wins", "DOUBLE"), ("last_wins", "DOUBLE"), ("conflict_both", "DOUBLE"),
+                         ("conflict_pick", "VARCHAR"),   # first / last / both / neither
+                         ("conflict_pair", "VARCHAR"),   # the id both orders of a pair share
+                         ("conflict_order", "VARCHAR")):  # ab (A first) / ba (B first)
+        con.execute(f"ALTER TABLE samples ADD COLUMN {column} {kind}")
+    # One row per sample and layer of an --attention run: the layer's share of sink heads, the
+    # first token's importance (mean over heads) and the last position's mass on the needle or question.
+    con.execute(
+        """
+        CREATE TABLE attention_layers (
+            run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            doc_id VARCHAR NOT NULL,
+            layer INTEGER NOT NULL,           -- 0 = the first decoder layer
+            sink_rate DOUBLE,                 -- share of the layer's heads with alpha > 0.3
+            sink_score DOUBLE,                -- alpha of the first token, mean over heads
+            needle_attn DOUBLE,               -- needle documents
+            question_attn DOUBLE              -- first-token prompts inside a template
+        )
+        """
+    )
+    # Recall at depth 0 against the later depths, per run, task and length: start_gap (and middle_gap).
+    con.execute(
+        """
+        CREATE VIEW needle_gaps AS
+        WITH cells AS (
+            SELECT run_id, task, lang, needle_hint AS hint, needle_length AS length, needle_depth AS depth,
+                   avg(needle_recall) AS recall
+            FROM samples
+            WHERE needle_depth IS NOT NULL AND needle_recall IS NOT NULL
+            GROUP BY ALL
+        )
+        SELECT run_id, task, lang, hint, length,
+               avg(recall) FILTER (WHERE depth < 1e-9) AS recall_start,
+               avg(recall) FILTER (WHERE depth >= 0.25 - 1e-9) AS recall_after,
+               avg(recall) FILTER (WHERE depth >= 0.25 - 1e-9) - avg(recall) FILTER (WHERE depth < 1e-9)
+                   AS start_gap,
+               avg(recall) FILTER (WHERE depth < 1e-9 OR depth > 1 - 1e-9)
+                   - avg(recall) FILTER (WHERE depth BETWEEN 0.3 - 1e-9 AND 0.7 + 1e-9) AS middle_gap,
+               count(*) AS depths
+        FROM cells
+        GROUP BY ALL
+        """
+    )
+    # Attention on the needle beside recall, per run, task, depth and length (--attention runs).
+    con.execute(
+        """
+        CREATE VIEW needle_attention AS
+        SELECT run_id, task, lang, needle_hint AS hint, needle_depth AS depth, needle_length AS length,
+               avg(needle_recall) AS recall, avg(needle_attn) AS needle_attn, avg(sink_rate) AS sink_rate,
+               count(*) AS n
+        FROM samples
+        WHERE needle_depth IS NOT NULL AND needle_attn IS NOT NULL
+        GROUP BY ALL
+        """
+    )
+    # The attention sink per run and layer, over every prompt of the run.
+    con.execute(
+        """
+        CREATE VIEW attention_sink AS
+        SELECT run_id, layer, avg(sink_rate) AS sink_rate, avg(sink_score) AS sink_score, count(*) AS n
+        FROM attention_layers
+        GROUP BY ALL
+        """
+    )
+    # Which value wins, per run, task and length; recency_index = last_wins - first_wins; a pair
+    # flips when its answer (value A, value B, both or neither) changes with the order.
+    con.execute(
+        """
+        CREATE VIEW conflict_table AS
+        WITH picks AS (
+            SELECT run_id, task, lang, needle_length AS length, count(*) AS n,
+                   avg(CAST(conflict_pick = 'first' AS DOUBLE)) AS first_wins,
+                   avg(CAST(conflict_pick = 'last' AS DOUBLE)) AS last_wins,
+                   avg(CAST(conflict_pick = 'both' AS DOUBLE)) AS picked_both,
+                   avg(CAST(conflict_pick = 'neither' AS DOUBLE)) AS picked_neither
+            FROM samples
+            WHERE conflict_pick IS NOT NULL
+            GROUP BY ALL
+        ), pairs AS (
+            SELECT run_id, task, any_value(needle_length) AS length,
+                   any_value(conflict_pick) FILTER (WHERE conflict_order = 'ab') AS ab,
+                   any_value(conflict_pick) FILTER (WHERE conflict_order = 'ba') AS ba
+            FROM samples
+            WHERE conflict_pick IS NOT NULL
+            GROUP BY run_id, task, conflict_pair
+        ), flips AS (
+            SELECT run_id, task, length, count(*) AS pairs,
+                   avg(CAST((CASE ab WHEN 'first' THEN 'A' WHEN 'last' THEN 'B' ELSE ab END)
+                            <> (CASE ba WHEN 'first' THEN 'B' WHEN 'last' THEN 'A' ELSE ba END) AS DOUBLE))
+                       AS order_flip_rate
+            FROM pairs
+            WHERE ab IS NOT NULL AND ba IS NOT NULL
+            GROUP BY ALL
+        )
+        SELECT p.run_id, p.task, p.lang, p.length, p.n, p.first_wins, p.last_wins, p.picked_both,
+               p.picked_neither, p.last_wins - p.first_wins AS recency_index, f.pairs, f.order_flip_rate
+        FROM picks p
+        LEFT JOIN flips f ON f.run_id = p.run_id AND f.task = p.task AND f.length = p.length
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -230,4 +341,5 @@ MIGRATIONS: list[Migration] = [
     m007_create_run_drift_view,
     m008_create_meta,
     m009_run_liveness,
+    m010_attention_and_conflict,
 ]

@@ -1,6 +1,6 @@
 """The rows a run writes, and whether a `running` run is still alive.
 
-Owns: the columns of `runs`, `metrics`, `samples` and `first_token_topk` as evalkit
+Owns: the columns of `runs`, `metrics`, `samples`, `first_token_topk` and `attention_layers` as evalkit
 writes them; recording a run as it starts, updating it, and writing its results in one
 transaction (`finish_run`); the bulk insert through Arrow; the run's liveness — the
 process that runs it (host, pid, pid start time), its heartbeat, and deciding that a
@@ -27,7 +27,7 @@ RUN_COLUMNS = (
     "tasks", "seed", "batch_size", "sample_limit", "top_k", "first_temperature",
     "ban_openers", "opener_lexicon_version", "evalkit_version", "lm_eval_version",
     "transformers_version", "torch_version", "git_commit", "host", "duration_s",
-    "config", "error", "pid", "pid_start", "heartbeat_at",
+    "config", "error", "pid", "pid_start", "heartbeat_at", "attention", "attn_implementation",
 )
 SAMPLE_COLUMNS = (
     "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
@@ -35,12 +35,16 @@ SAMPLE_COLUMNS = (
     "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass",
     "prior_drift", "top3_mass", "top3_share", "unstable", "entropy", "needle_depth",
     "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
+    "sink_rate", "needle_attn", "question_attn", "first_wins", "last_wins", "conflict_both",
+    "conflict_pick", "conflict_pair", "conflict_order",
 )
 # the samples columns that hold one numeric per-sample metric value each (the registry says which)
 SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()
 METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n")
 TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
-RESULT_TABLES = {"metrics": METRIC_COLUMNS, "samples": SAMPLE_COLUMNS, "first_token_topk": TOPK_COLUMNS}
+ATTENTION_COLUMNS = ("run_id", "task", "doc_id", "layer", "sink_rate", "sink_score", "needle_attn", "question_attn")
+RESULT_TABLES = {"metrics": METRIC_COLUMNS, "samples": SAMPLE_COLUMNS, "first_token_topk": TOPK_COLUMNS,
+                 "attention_layers": ATTENTION_COLUMNS}
 
 # a run on another host is taken for abandoned when its heartbeat is older than this
 STALE_AFTER = dt.timedelta(minutes=10)
@@ -89,19 +93,20 @@ def heartbeat(path, run_id: str) -> None:
         con.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ? AND status = 'running'", [now(), run_id])
 
 
-def write_results(con, run_id: str, *, metrics, samples, topk, **fields: Any) -> None:
+def write_results(con, run_id: str, *, metrics, samples, topk, attention=(), **fields: Any) -> None:
     """Insert a run's results and set its final columns, inside the caller's transaction."""
     _check_columns(fields)
     insert_rows(con, "metrics", METRIC_COLUMNS, metrics)
     insert_rows(con, "samples", SAMPLE_COLUMNS, samples)
     insert_rows(con, "first_token_topk", TOPK_COLUMNS, topk)
+    insert_rows(con, "attention_layers", ATTENTION_COLUMNS, attention)
     _update(con, run_id, fields)
 
 
-def finish_run(path, run_id: str, *, metrics, samples, topk, **fields: Any) -> None:
+def finish_run(path, run_id: str, *, metrics, samples, topk, attention=(), **fields: Any) -> None:
     """Write a run's results and mark it finished, all in one transaction."""
     with transaction(path) as con:
-        write_results(con, run_id, metrics=metrics, samples=samples, topk=topk, **fields)
+        write_results(con, run_id, metrics=metrics, samples=samples, topk=topk, attention=attention, **fields)
 
 
 # ---- bulk insert --------------------------------------------------------------------------

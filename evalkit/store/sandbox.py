@@ -39,7 +39,9 @@ _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)", re.I)
 # the statement an EXPLAIN [ANALYZE] [(options)] wraps
 _EXPLAINED = re.compile(r"^\s*EXPLAIN\b(?:\s+ANALY[SZ]E\b)?(?:\s*\([^)]*\))?\s*(\S.*)$", re.I | re.S)
 # the tables of an evalkit DB that an export holds and a merged query unions
-TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags")
+TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags", "attention_layers")
+# tables an export from an older evalkit may lack: read as empty
+LATER_TABLES = frozenset({"attention_layers"})
 
 
 def check_read_only(sql: str) -> None:
@@ -108,10 +110,22 @@ def _parquet_files(folder: Path) -> dict[str, Path]:
     """table -> Parquet file of one export folder; every table must be there."""
     if not folder.is_dir():
         raise BadInput(f"no evalkit export at {folder} (run `evalkit export --parquet {folder}`)")
-    missing = [t for t in TABLES if not (folder / f"{t}.parquet").is_file()]
+    missing = [t for t in TABLES if not (folder / f"{t}.parquet").is_file() and t not in LATER_TABLES]
     if missing:
         raise BadInput(f"{folder} is not a complete evalkit export: {missing[0]}.parquet is missing")
-    return {t: folder / f"{t}.parquet" for t in TABLES}
+    return {t: folder / f"{t}.parquet" for t in TABLES if (folder / f"{t}.parquet").is_file()}
+
+
+def _empty_table_sql(table: str, name: str) -> str:
+    """CREATE TABLE `name` with the columns `table` has in a freshly migrated DB (no rows)."""
+    scratch = duckdb.connect(":memory:")
+    try:
+        migrate(scratch)
+        cols = scratch.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = ? "
+                               "ORDER BY column_index", [table]).fetchall()
+    finally:
+        scratch.close()
+    return f"CREATE TABLE {name} (" + ", ".join(f'"{c}" {t}' for c, t in cols) + ")"
 
 
 def view_definitions() -> list[str]:
@@ -155,8 +169,11 @@ def merged_query(
             sources.append({t: f"{alias}.main.{t}" for t in TABLES})
         for j, folder in enumerate(parquet_dirs):
             files = _parquet_files(folder)
-            for table, file in files.items():
-                con.execute(f"CREATE TABLE evalkit_pq{j}_{table} AS SELECT * FROM read_parquet({_literal(file)})")
+            for table in TABLES:
+                if table in files:
+                    con.execute(f"CREATE TABLE evalkit_pq{j}_{table} AS SELECT * FROM read_parquet({_literal(files[table])})")
+                else:  # an older export without this table
+                    con.execute(_empty_table_sql(table, f"evalkit_pq{j}_{table}"))
             sources.append({t: f"evalkit_pq{j}_{t}" for t in TABLES})
         for table in TABLES:
             parts = [f"SELECT * FROM {src[table]}" for src in sources]
