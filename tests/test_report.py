@@ -92,7 +92,37 @@ def add_needle(run_id):
                         "needle_tokens, needle_hint, needle_recall) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         con.executemany("INSERT INTO metrics VALUES (?, ?, ?, 'none', ?, ?, ?)",
                         [(run_id, "needle_en", "needle_recall", 0.917, 0.058, 12),
+                         (run_id, "needle_en", "start_gap", 0.25, None, 12),
                          (run_id, "needle_en", "middle_gap", 0.5, None, 12)])
+
+
+def add_attention(run_id):
+    """Synthetic --attention rows: needle_attn on the needle samples of `add_needle`, two layers each."""
+    from evalkit.store.db import transaction
+
+    with transaction(None) as con:
+        con.execute("UPDATE samples SET needle_attn = 0.02 + 0.1 * needle_depth, sink_rate = 0.75 "
+                    "WHERE run_id = ? AND needle_depth IS NOT NULL", [run_id])
+        con.execute("INSERT INTO attention_layers SELECT run_id, task, doc_id, layer, "
+                    "CASE WHEN layer = 0 THEN 0.5 ELSE 1.0 END, 0.6, needle_attn, NULL "
+                    "FROM samples, range(2) t(layer) WHERE run_id = ? AND needle_depth IS NOT NULL", [run_id])
+
+
+def add_conflict(run_id):
+    """Synthetic needle_conflict samples: the last value wins at 256 tokens, the first at 512, one pair cut."""
+    from evalkit.store.db import transaction
+
+    rows = []
+    for length, (ab, ba) in ((256, ("last", "last")), (512, ("first", "first"))):
+        for pair in range(2):
+            for order, pick in (("ab", ab), ("ba", ba)):
+                if length == 512 and pair == 1 and order == "ba":
+                    continue  # a --limit that cut a pair
+                rows.append((run_id, "needle_conflict_en", f"en-L{length}-p{pair}-{order}", "en", length,
+                             length - 2, pick, f"en-L{length}-p{pair}", order))
+    with transaction(None) as con:
+        con.executemany("INSERT INTO samples (run_id, task, doc_id, lang, needle_length, needle_tokens, "
+                        "conflict_pick, conflict_pair, conflict_order) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
 
 # ----------------------------------------------------------------------- files and sections
@@ -136,7 +166,9 @@ def test_sections_without_data_are_omitted_with_a_reason(runs, tmp_path):
     assert "_Omitted: no first_token_topk rows for the selected runs" in md
     assert "Omitted: no needle rows in the selected runs" in page
     assert "_Omitted: no needle rows in the selected runs" in md
-    assert not any(f.name.startswith(("first_token", "needle")) for f in files)
+    assert "Omitted: no attention rows in the selected runs (run with --attention, hf backend)" in page
+    assert "_Omitted: no needle_conflict rows in the selected runs (run --tasks needle_conflict)._" in md
+    assert not any(f.name.startswith(("first_token", "needle", "sink")) for f in files)
 
 
 def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
@@ -169,7 +201,40 @@ def test_needle_heatmap_when_needle_rows_exist(runs, tmp_path):
     assert (tmp_path / "rep" / "needle_1.png").read_bytes()[:8] == PNG
     assert "Omitted: no needle rows" not in page
     assert "| baseline | en | no | 6 | 0.667 |" in md
-    assert "| baseline | needle_en | 0.917 [0.803, 1.031] | 0.500 |" in md
+    # start_gap first, then middle_gap, then recall
+    assert "| baseline | needle_en | 0.250 | 0.500 | 0.917 [0.803, 1.031] |" in md
+    # per length from the needle_gaps view: depth 0 and 1 found, the middle lost without the hint
+    assert "| baseline | needle_en | no | 256 | 1.000 | 0.500 | -0.500 | 1.000 |" in md
+    assert "| baseline | needle_en | yes | 512 | 1.000 | 1.000 | 0.000 | 0.000 |" in md
+    assert md.index("start_gap by length") < md.index("recall by language and hint")
+    assert "Omitted: no attention rows" in page
+
+
+def test_attention_section_reads_the_attention_views(runs, tmp_path):
+    add_needle(runs["base"])
+    add_attention(runs["base"])
+    files, page, md = report(tmp_path / "rep")
+    names = {f.name for f in files}
+    assert {"needle_attn_1.png", "sink.png"} <= names
+    for name in ("needle_attn_1.png", "sink.png"):
+        assert (tmp_path / "rep" / name).read_bytes()[:8] == PNG
+    assert "Omitted: no attention rows" not in page
+    # 24 prompts, sink_rate 0.75 each; layer 1 is the strongest (1.0)
+    assert "| baseline |  | 24 | 0.750 | 2 | 1 (1.000) |" in md
+    # recall · needle_attn at depth 0, 0.5 and 1 (needle_attn = 0.02 + 0.1 d)
+    assert "| baseline | needle_en | no | 256 | 1.00 · 0.020 | 0.00 · 0.070 | 1.00 · 0.120 |" in md
+    assert "| baseline | needle_en | yes | 256 | 1.00 · 0.020 | 1.00 · 0.070 | 1.00 · 0.120 |" in md
+    assert "Runs without attention rows (not run with --attention): degraded, again." in md
+
+
+def test_conflict_table_with_recency_index_by_length(runs, tmp_path):
+    add_conflict(runs["bad"])
+    _files, page, md = report(tmp_path / "rep")
+    assert "Omitted: no needle_conflict rows" not in page
+    # 256: the last sentence always wins, and the answer flips with the order in both pairs
+    assert "| degraded | needle_conflict_en | 256 | 4 | 0.000 | 1.000 | 0.000 | 0.000 | 1.000 | 1.000 | 2 |" in md
+    # 512: the first sentence wins; one complete pair, which flips too
+    assert "| degraded | needle_conflict_en | 512 | 3 | 1.000 | 0.000 | 0.000 | 0.000 | -1.000 | 1.000 | 1 |" in md
 
 
 def test_trend_needs_two_runs_of_one_model(runs, tmp_path):

@@ -1,9 +1,10 @@
 """Static reports of stored runs: ``index.html``, ``summary.md`` and PNG plots next to them.
 
 Owns: which runs a report covers, the SQL behind each section — every number is
-read from the ``leaderboard`` and ``needle_heatmap`` views or the ``runs``,
-``samples`` and ``first_token_topk`` tables, aggregated inside DuckDB so sample
-rows never reach Python — and rendering the sections as offline HTML (no
+read from the ``leaderboard``, ``needle_heatmap``, ``needle_gaps``,
+``needle_attention``, ``attention_sink`` and ``conflict_table`` views or the
+``runs``, ``samples`` and ``first_token_topk`` tables, aggregated inside DuckDB so
+sample rows never reach Python — and rendering the sections as offline HTML (no
 external CSS, JS or fonts; images are relative PNG files) and markdown. A
 section without data is left out with a one-line reason.
 Does not: compute metrics or statistics, draw (``evalkit.report.plots``,
@@ -31,10 +32,13 @@ from evalkit.store.queries import resolve_run
 MAX_DEFAULT_RUNS = 12
 MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
 MAX_HEATMAPS = 3  # needle heatmaps, newest runs first (each costs ~0.4 s of CPU)
+MAX_ATTENTION_PLOTS = 3  # recall-and-needle_attn figures, newest runs first
+MAX_SINK_PANELS = 6  # runs in the per-layer sink figure, newest first
 MAX_PROMPTS = 50  # --prompts: first-token prompts charted
 # every file a report may write into --out
-REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png",
-                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)))
+REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png", "sink.png",
+                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)),
+                *(f"needle_attn_{k + 1}.png" for k in range(MAX_ATTENTION_PLOTS)))
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
 TABLE_RANKS = 5  # ranks per run in the first-token tables
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
@@ -115,6 +119,8 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
         _leaderboard_section(data, out_dir),
         _first_token_section(data, out_dir, prompts),
         _needle_section(data, out_dir),
+        _attention_section(data, out_dir),
+        _conflict_section(data),
         _trend_section(data, out_dir),
     ]
     from evalkit.report.plots import render
@@ -142,6 +148,11 @@ class _Data:
     needle_cells: list[dict]
     needle_summary: list[dict]
     generated: dt.datetime
+    needle_gaps: list[dict] = field(default_factory=list)
+    needle_attention: list[dict] = field(default_factory=list)
+    sink_layers: list[dict] = field(default_factory=list)
+    sink_runs: list[dict] = field(default_factory=list)
+    conflict: list[dict] = field(default_factory=list)
     db: str = ""
 
 
@@ -198,9 +209,32 @@ def _read(con, refs: list[str], prompts: int) -> _Data:
         FROM needle_heatmap WHERE run_id IN {_IDS}
         GROUP BY run_id, lang, hint ORDER BY run_id, lang, hint
     """, [done])
+    needle_gaps = _rows(con, f"""
+        SELECT run_id, task, lang, hint, length, recall_start, recall_after, start_gap, middle_gap
+        FROM needle_gaps WHERE run_id IN {_IDS} ORDER BY run_id, task, length
+    """, [done])
+    needle_attention = _rows(con, f"""
+        SELECT run_id, task, lang, hint, depth, length, recall, needle_attn, n FROM needle_attention
+        WHERE run_id IN {_IDS} ORDER BY run_id, task, length, depth
+    """, [done])
+    sink_layers = _rows(con, f"""
+        SELECT run_id, layer, sink_rate, sink_score, n FROM attention_sink
+        WHERE run_id IN {_IDS} ORDER BY run_id, layer
+    """, [done])
+    sink_runs = _rows(con, f"""
+        SELECT run_id, count(*) AS n, avg(sink_rate) AS sink_rate FROM samples
+        WHERE run_id IN {_IDS} AND sink_rate IS NOT NULL GROUP BY run_id ORDER BY run_id
+    """, [done])
+    conflict = _rows(con, f"""
+        SELECT run_id, task, lang, length, n, first_wins, last_wins, picked_both, picked_neither,
+               recency_index, pairs, order_flip_rate
+        FROM conflict_table WHERE run_id IN {_IDS} ORDER BY run_id, task, length
+    """, [done])
     return _Data(runs=runs, done=done, leaderboard=leaderboard, ft_runs=ft_runs,
                  ft_prompts=ft_prompts, needle_cells=needle_cells, needle_summary=needle_summary,
-                 generated=dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
+                 generated=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
+                 needle_gaps=needle_gaps, needle_attention=needle_attention, sink_layers=sink_layers,
+                 sink_runs=sink_runs, conflict=conflict)
 
 
 def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
@@ -459,12 +493,37 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
     if not data.needle_cells:
         section.omitted = "no needle rows in the selected runs (run the needle tasks, e.g. --tasks needle)"
         return section
+    runs = {r["id"]: r for r in data.runs}
+    section.intro = ("start_gap first: mean recall at depths 0.25–1 − recall at depth 0, positive when the fact "
+                     "in the first sentence is what gets lost (middle_gap averages depth 0 with depth 1 and hides "
+                     "it). Then mean needle_recall per depth × requested length from the needle_heatmap view, one "
+                     "heatmap per run; middle_gap = recall at the edges (d ∈ {0, 1}) − recall in the middle "
+                     "(d ∈ [0.3, 0.7]).")
+    per_task = [r for r in data.leaderboard if r["metric"] in ("needle_recall", "start_gap", "middle_gap")]
+    if per_task:
+        cells = {(r["run_id"], r["task"], r["metric"]): r for r in per_task}
+        keys = sorted({(r["run_id"], r["task"]) for r in per_task},
+                      key=lambda k: (data.done.index(k[0]), k[1]))
+
+        def value(key, metric, ci=False):
+            row = cells.get((*key, metric))
+            return "" if row is None else _with_ci(row) if ci else _num(row["value"])
+
+        rows = [[runs[run_id]["label"], task, value((run_id, task), "start_gap"),
+                 value((run_id, task), "middle_gap"), value((run_id, task), "needle_recall", ci=True)]
+                for run_id, task in keys]
+        section.tables.append(Table(["run", "task", "start_gap ↓", "middle_gap ↓", "needle_recall [95 % CI]"], rows,
+                                    numeric_from=2, caption="per task, from the leaderboard view"))
+    if data.needle_gaps:
+        rows = [[runs[g["run_id"]]["label"], g["task"], "yes" if g["hint"] else "no", str(g["length"]),
+                 _num(g["recall_start"]), _num(g["recall_after"]), _num(g["start_gap"]), _num(g["middle_gap"])]
+                for g in sorted(data.needle_gaps, key=lambda g: (data.done.index(g["run_id"]), g["task"],
+                                                                 bool(g["hint"]), g["length"]))]
+        section.tables.append(Table(["run", "task", "hint", "length", "recall d=0", "recall d≥0.25", "start_gap",
+                                     "middle_gap"], rows, numeric_from=3,
+                                    caption="start_gap by length, from the needle_gaps view"))
     from evalkit.report.needle_plot import heatmap
 
-    runs = {r["id"]: r for r in data.runs}
-    section.intro = ("Mean needle_recall per depth × requested length from the needle_heatmap view, "
-                     "one heatmap per run; middle_gap = recall at the edges (d ∈ {0, 1}) − recall in the "
-                     "middle (d ∈ [0.3, 0.7]).")
     with_rows = [i for i in data.done if any(c["run_id"] == i for c in data.needle_cells)]
     drawn = with_rows[-MAX_HEATMAPS:]
     for k, run_id in enumerate(drawn):
@@ -480,17 +539,83 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
              _num(r["recall"])] for r in data.needle_summary]
     section.tables.append(Table(["run", "lang", "hint", "n", "recall"], rows, numeric_from=3,
                                 caption="recall by language and hint"))
-    per_task = [r for r in data.leaderboard if r["metric"] in ("needle_recall", "middle_gap")]
-    if per_task:
-        cells = {(r["run_id"], r["task"], r["metric"]): r for r in per_task}
-        keys = sorted({(r["run_id"], r["task"]) for r in per_task},
-                      key=lambda k: (data.done.index(k[0]), k[1]))
-        rows = [[runs[run_id]["label"], task,
-                 _with_ci(cells[(run_id, task, "needle_recall")]) if (run_id, task, "needle_recall") in cells else "",
-                 _num(cells[(run_id, task, "middle_gap")]["value"]) if (run_id, task, "middle_gap") in cells else ""]
-                for run_id, task in keys]
-        section.tables.append(Table(["run", "task", "needle_recall [95 % CI]", "middle_gap"], rows,
-                                    numeric_from=2, caption="per task, from the leaderboard view"))
+    return section
+
+
+def _attention_section(data: _Data, out_dir: Path) -> Section:
+    section = Section("attention", "Where the model looks: attention sink and attention on the needle")
+    if not data.sink_runs:
+        section.omitted = "no attention rows in the selected runs (run with --attention, hf backend)"
+        return section
+    runs = {r["id"]: r for r in data.runs}
+    with_attn = [i for i in data.done if any(r["run_id"] == i for r in data.sink_runs)]
+    section.intro = ("Read off each prompt's prefill under eager attention (docs/metrics.md §1.8). sink_rate: the "
+                     "share of (layer, head) pairs whose first-token importance over the first 64 prompt tokens "
+                     "exceeds 0.3 (Gu et al. 2025); needle_attn: the attention mass the last prompt position puts "
+                     "on the needle sentence, mean over heads and layers. From the attention_sink and "
+                     "needle_attention views.")
+    from evalkit.report.needle_plot import recall_attention_plot
+    from evalkit.report.plots import sink_plot
+
+    with_needle = [i for i in with_attn if any(r["run_id"] == i for r in data.needle_attention)]
+    for k, run_id in enumerate(with_needle[-MAX_ATTENTION_PLOTS:]):
+        rows = [r for r in data.needle_attention if r["run_id"] == run_id]
+        name = f"needle_attn_{k + 1}.png"
+        section.images.append(Image(name, f"recall and needle_attn by depth of run {runs[run_id]['label']}",
+                                    partial(recall_attention_plot, rows, out_dir / name,
+                                            title=f"recall and needle_attn — {runs[run_id]['label']}")))
+    sink_ids = [i for i in with_attn if any(r["run_id"] == i for r in data.sink_layers)][-MAX_SINK_PANELS:]
+    overall = {r["run_id"]: r for r in data.sink_runs}
+    panels = [{"title": runs[i]["label"], "overall": overall[i]["sink_rate"],
+               "layers": [r["layer"] for r in data.sink_layers if r["run_id"] == i],
+               "values": [r["sink_rate"] for r in data.sink_layers if r["run_id"] == i]} for i in sink_ids]
+    if panels:
+        section.images.append(Image("sink.png", "sink_rate per layer of each run with attention rows",
+                                    partial(sink_plot, panels, out_dir / "sink.png")))
+    rows = []
+    for run_id in with_attn:
+        layers = [r for r in data.sink_layers if r["run_id"] == run_id]
+        strongest = max(layers, key=lambda r: (r["sink_rate"], -r["layer"]), default=None)
+        rows.append([runs[run_id]["label"], runs[run_id]["quant"] or "", str(overall[run_id]["n"]),
+                     _num(overall[run_id]["sink_rate"]), str(len(layers)),
+                     f"{strongest['layer']} ({_num(strongest['sink_rate'])})" if strongest else ""])
+    section.tables.append(Table(["run", "quant", "prompts", "sink_rate", "layers", "strongest layer"], rows,
+                                numeric_from=2, caption="sink_rate per run (mean over prompts)"))
+    if data.needle_attention:
+        depths = sorted({round(float(r["depth"]), 4) for r in data.needle_attention})
+        cells: dict[tuple, dict] = {}
+        for r in data.needle_attention:
+            cells[(r["run_id"], r["task"], bool(r["hint"]), r["length"], round(float(r["depth"]), 4))] = r
+        keys = sorted({k[:4] for k in cells}, key=lambda k: (data.done.index(k[0]), *k[1:]))
+        rows = [[runs[k[0]]["label"], k[1], "yes" if k[2] else "no", str(k[3])]
+                + [f"{_num(c['recall'], 2)} · {_num(c['needle_attn'])}" if (c := cells.get((*k, d))) else ""
+                   for d in depths]
+                for k in keys]
+        section.tables.append(Table(["run", "task", "hint", "length"] + [f"d={d:g}" for d in depths], rows,
+                                    numeric_from=3, caption="recall · needle_attn by depth, from the needle_attention view"))
+    missing = [runs[i]["label"] for i in data.done if i not in with_attn]
+    if missing:
+        section.notes.append(f"Runs without attention rows (not run with --attention): {', '.join(missing)}.")
+    return section
+
+
+def _conflict_section(data: _Data) -> Section:
+    section = Section("conflict", "Conflicting facts at the start and the end")
+    if not data.conflict:
+        section.omitted = "no needle_conflict rows in the selected runs (run --tasks needle_conflict)"
+        return section
+    runs = {r["id"]: r for r in data.runs}
+    section.intro = ("One key, two values: the first sentence says A, the last sentence says B, both orders of every "
+                     "pair (docs/metrics.md §1.9). recency_index = last_wins − first_wins (+1: the end always wins); "
+                     "order_flip_rate: the share of pairs whose answer changes when the two sentences swap places. "
+                     "From the conflict_table view.")
+    rows = [[runs[c["run_id"]]["label"], c["task"], str(c["length"]), str(c["n"]), _num(c["first_wins"]),
+             _num(c["last_wins"]), _num(c["picked_both"]), _num(c["picked_neither"]), _num(c["recency_index"]),
+             _num(c["order_flip_rate"]), str(c["pairs"] or 0)]
+            for c in sorted(data.conflict, key=lambda c: (data.done.index(c["run_id"]), c["task"], c["length"]))]
+    section.tables.append(Table(["run", "task", "length", "n", "first_wins", "last_wins", "both", "neither",
+                                 "recency_index", "order_flip_rate ↓", "pairs"], rows, numeric_from=2,
+                                caption="which value wins, by length"))
     return section
 
 

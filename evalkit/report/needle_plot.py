@@ -1,4 +1,5 @@
-"""PNG plots of needle recall (docs/metrics.md §1.6): the depth x length heatmap and the recall-by-depth curve.
+"""PNG plots of needle recall (docs/metrics.md §1.6): the depth x length heatmap, the recall-by-depth curve,
+and recall beside attention on the needle by depth (§1.8).
 
 Owns: averaging recall rows per cell and drawing them with matplotlib's Agg
 backend. Does not: compute recall (``evalkit.prompts.needle``), read the store, or
@@ -122,6 +123,51 @@ def recall_by_depth_plot(rows: Iterable[dict], path: str | Path, title: str | No
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(title or "needle recall by depth")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def recall_attention_plot(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
+    """Write recall by depth (top) and needle_attn by depth (bottom) on a shared depth axis; return its path.
+
+    rows: dicts {lang, hint, depth, length, recall, needle_attn}, one line per (lang, hint,
+    length) in both panels, the same colour and style in each (dashed: hint). Rows for the
+    same cell are averaged.
+    """
+    rows = [r for r in rows if r.get("needle_attn") is not None]
+    if not rows:
+        raise ValueError("no needle rows with needle_attn to plot")
+    recall = _mean_cells(rows, ("lang", "hint", "length", "depth"))
+    attn = _mean_cells([{**r, "recall": r["needle_attn"]} for r in rows], ("lang", "hint", "length", "depth"))
+    lines = sorted({c[:3] for c in recall}, key=lambda c: (_LANG_ORDER.get(c[0], 99), c[0], c[1], c[2]))
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    lengths = sorted({c[2] for c in lines})
+    color = {n: cmap(i % cmap.N) for i, n in enumerate(lengths)}
+    fig = _figure(6.4, 5.6)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    peak = 0.0
+    for lang, hint, length in lines:
+        label = f"{_panel_title(lang, hint)} · {length}"
+        style = {"color": color[length], "linestyle": "--" if hint else "-", "marker": "o", "markersize": 3}
+        for ax, cells in ((top, recall), (bottom, attn)):
+            points = sorted((float(c[3]), v) for c, v in cells.items() if c[:3] == (lang, hint, length))
+            ax.plot([d for d, _ in points], [v for _, v in points], label=label if ax is top else None, **style)
+            if ax is bottom:
+                peak = max([peak] + [v for _, v in points])
+    top.set_ylim(-0.03, 1.03)
+    top.set_ylabel("recall")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=7, ncols=2)
+    bottom.set_ylim(0, max(peak * 1.15, 1e-3))
+    bottom.set_ylabel("needle_attn")
+    bottom.set_xlabel("needle depth")
+    bottom.set_xlim(-0.03, 1.03)
+    bottom.grid(alpha=0.3)
+    top.set_title(title or "recall and attention on the needle by depth")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -1,4 +1,5 @@
-"""PNG plots of the report: leaderboard bars with CIs, first-token distributions, metric trends.
+"""PNG plots of the report: leaderboard bars with CIs, first-token distributions, metric trends, the
+attention sink per layer.
 
 Owns: drawing already-computed numbers with matplotlib's Agg backend (imported
 lazily, on a `Figure`, never pyplot's global state), and drawing a report's
@@ -279,4 +280,28 @@ def trend_plot(series: Sequence[dict], path: str | Path, title: str) -> Path:
     fig.legend(handles=handles, loc="lower center", ncols=min(4, len(metrics)), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(plot_label(title, 90), fontsize=11)
+    return _save(fig, path)
+
+
+def sink_plot(panels: Sequence[dict], path: str | Path) -> Path:
+    """Bars of sink_rate per layer, one panel per run (docs/metrics.md §1.8).
+
+    panels: dicts {title, layers: [layer index, ...], values: [sink_rate per layer], overall}.
+    """
+    fig, axes = _grid(len(panels), 2, 4.6, 2.2, left=0.6, bottom=0.55, top=0.5, hgap=0.85)
+    colors = run_colors(len(panels))
+    for ax, panel, color in zip(axes, panels, colors):
+        layers, values = list(panel["layers"]), list(panel["values"])
+        verts = [[(x - 0.4, 0.0), (x + 0.4, 0.0), (x + 0.4, v), (x - 0.4, v)] for x, v in zip(layers, values)]
+        from matplotlib.collections import PolyCollection
+
+        ax.add_collection(PolyCollection(verts, facecolors=[color] * len(verts), edgecolors="none"), autolim=False)
+        ax.axhline(panel["overall"], color="black", linewidth=0.8, linestyle="--")
+        ax.set_xlim(min(layers) - 0.7, max(layers) + 0.7)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("layer", fontsize=8)
+        ax.set_ylabel("sink_rate", fontsize=8)
+        ax.set_title(plot_label(f"{panel['title']} — sink_rate {panel['overall']:.3f}", 70), fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.tick_params(labelsize=8)
     return _save(fig, path)
