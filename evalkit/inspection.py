@@ -5,7 +5,10 @@ Owns: a single look at one prompt with the model a run would load (`models.resol
 prompt through a template exactly as lm-eval does in a run (the tokenizer's chat template with the template's system message, add_generation_prompt
 on; or the raw text, system message glued in front, when the template is not chat), and
 reading the first step off `engine.probe`: the top-k tokens with their probabilities
-and cumulative mass, the entropy, top3_mass@T and the greedy first unit and response.
+and cumulative mass, the entropy, top3_mass@T and the greedy first unit and response;
+with `attention`, also where the last prompt position looks (docs/metrics.md §1.8): the
+prompt tokens it attends to most, mean over heads and over the last layers, the prompt's
+sink_rate and the mass on the question inside the template.
 
 Does not: print (see `cli/inspect.py`), store anything, or compute the candidate-based
 metrics (ft_hit_prob, opener_mass need a task's accepted answers: use `evalkit run`).
@@ -31,6 +34,15 @@ class TokenProb:
     cum: float  # mass of ranks 0..rank
 
 
+@dataclass(frozen=True)
+class AttendedToken:
+    rank: int  # 0 = attended to most
+    position: int  # in the templated prompt, 0 = its first token
+    token_id: int
+    token: str  # labelled like TokenProb.token
+    weight: float  # attention of the last prompt position, mean over heads and the chosen layers
+
+
 @dataclass
 class Inspection:
     prompt: str
@@ -48,6 +60,11 @@ class Inspection:
     first_unit: str = ""
     response: str = ""
     task: str = ""  # whose generation settings (until, max_gen_toks) the response used
+    attention: list[AttendedToken] = field(default_factory=list)  # with --attention: top prompt tokens
+    attention_layers: list[int] = field(default_factory=list)  # the layers averaged (0 = the first)
+    n_layers: int = 0
+    sink_rate: float | None = None  # the prompt's Sink1 (first 64 tokens, epsilon 0.3)
+    question_attn: float | None = None  # mass on the prompt text inside the template (None without one)
 
 
 def inspect_prompt(
@@ -61,6 +78,8 @@ def inspect_prompt(
     templates_file: str | None = None,
     task: str = DEFAULT_TASK,
     device: str | None = None,
+    attention: bool = False,
+    attention_layers: int = 4,
 ) -> Inspection:
     """Validate everything, load the model as a run does, and inspect `prompt`'s first step.
 
@@ -68,8 +87,9 @@ def inspect_prompt(
     `evalkit run`, and the response is generated with the generation settings of
     `task` (its `until` and `max_gen_toks`), so the first step is a run's first step.
     Raises BadInput for an empty prompt, an unknown template, task or quant, bad model
-    args, `top_k < 1` or a temperature that is not a finite number > 0, before any
-    model is loaded.
+    args, `top_k < 1`, a temperature that is not a finite number > 0 or
+    `attention_layers < 1`, before any model is loaded, and for more attention layers
+    than the model has right after.
     """
     from evalkit.backends import models
     from evalkit.prompts.catalog import generation_kwargs
@@ -82,32 +102,54 @@ def inspect_prompt(
         raise BadInput(f"--top-k must be a whole number from 1 to 10000, got {top_k}")
     if not (math.isfinite(temperature) and temperature > 0):
         raise BadInput(f"--temperature must be a finite number > 0, got {temperature}")
+    if isinstance(attention_layers, bool) or not 1 <= attention_layers <= 10_000:
+        raise BadInput(f"--attention-layers must be a whole number from 1 to 10000, got {attention_layers}")
     try:
         prompt.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise BadInput(f"the prompt holds text that does not encode as UTF-8 (position {exc.start})") from None
     tmpl = get_template(template, templates_file)
     gen = generation_kwargs(task)
-    plan = models.resolve("hf", model_args, quant_name=quant, device=device)
+    plan = models.resolve("hf", model_args, quant_name=quant, device=device, attention=attention)
     check_device(plan.device)
     lm = models.load(plan, batch_size=1)
+    if attention:
+        n_layers = int(getattr(lm.model.config, "num_hidden_layers", 0) or 0)
+        if n_layers and attention_layers > n_layers:
+            raise BadInput(f"--attention-layers {attention_layers}: the model has {n_layers} layers")
     context = render_prompt(lm.tokenizer, tmpl, prompt)
     until = gen.get("until") or []
     result = first_step_view(lm.model, lm.tokenizer, context, top_k=min(top_k, len(lm.tokenizer)),
                              temperature=temperature, max_new_tokens=int(gen.get("max_gen_toks", 16)),
-                             stop=[until] if isinstance(until, str) else list(until))
+                             stop=[until] if isinstance(until, str) else list(until),
+                             attention_layers=attention_layers if attention else 0, question=prompt)
     result.prompt, result.template, result.model, result.quant = prompt, tmpl.name, plan.label, plan.quant
     result.task = task
     return result
 
 
 def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,
-                    max_new_tokens: int = 16, stop: list[str] | tuple[str, ...] = ("\n\n",)) -> Inspection:
-    """Probe `context` once and lay its first step out for reading (prompt/model fields empty)."""
-    from evalkit.backends import engine
+                    max_new_tokens: int = 16, stop: list[str] | tuple[str, ...] = ("\n\n",),
+                    attention_layers: int = 0, question: str | None = None) -> Inspection:
+    """Probe `context` once and lay its first step out for reading (prompt/model fields empty).
 
+    With `attention_layers` > 0 (the model runs `attention.IMPLEMENTATION`), also the `top_k`
+    prompt tokens the last position attends to most, mean over heads and the last
+    `attention_layers` layers, the prompt's sink_rate, and the mass on `question` when the
+    context holds it once inside a template."""
+    from evalkit.backends import attention, engine
+
+    request = None
+    if attention_layers > 0:
+        spans = {}
+        if question and context.count(question) == 1 and context.strip() != question.strip():
+            start = context.index(question)
+            span = attention.token_span(tokenizer, context, start, start + len(question))
+            if span is not None:
+                spans["question_attn"] = span
+        request = [attention.Request(spans, keep_last_row=True)]
     step = engine.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
-                           stop=stop, batch_size=1)[0]
+                           stop=stop, batch_size=1, attention=request)[0]
     tokens, cum = [], 0.0
     for rank, (tid, lp) in enumerate(zip(step.topk_ids, step.topk_logprobs)):
         prob = math.exp(lp)
@@ -127,7 +169,22 @@ def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperat
         top3_mass_t1=engine.top_mass(step.logprobs, 3, 1.0),
         first_token=token_label(tokenizer, step.first_token_id),
         first_unit=unit, response=response,
+        **(_attended(tokenizer, step, top_k, attention_layers) if step.attention is not None else {}),
     )
+
+
+def _attended(tokenizer, step, top_k: int, layers: int) -> dict:
+    """Inspection fields of the prefill's attention: the top prompt tokens of the last layers' mean row."""
+    read = step.attention
+    chosen = list(range(read.n_layers))[-layers:]
+    n = read.n_tokens
+    row = [sum(read.last_row[layer][p] for layer in chosen) / len(chosen) for p in range(n)]
+    order = sorted(range(n), key=lambda p: (-row[p], p))[:top_k]
+    tokens = [AttendedToken(rank, p, int(step.context_ids[p]), token_label(tokenizer, int(step.context_ids[p])),
+                            row[p]) for rank, p in enumerate(order)]
+    return {"attention": tokens, "attention_layers": chosen, "n_layers": read.n_layers,
+            "sink_rate": read.sink_rate(),
+            "question_attn": read.span("question_attn") if "question_attn" in read.spans else None}
 
 
 def token_label(tokenizer, token_id: int) -> str:

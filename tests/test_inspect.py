@@ -146,3 +146,37 @@ def test_first_step_equals_a_runs(tiny_model_dir, tmp_path):
     assert data["response"] == response and data["first_unit"] == unit
     assert [t["token_id"] for t in data["tokens"]] == [t for t, _ in topk]
     assert [t["prob"] for t in data["tokens"]] == pytest.approx([math.exp(lp) for _, lp in topk], abs=1e-6)
+
+
+def test_attention_lists_what_the_last_position_looks_at(tiny_model_dir, tiny):
+    """--attention: the top prompt tokens by the last position's attention, mean over heads and the last
+    layers, equal a direct computation from transformers' eager output_attentions."""
+    from transformers import AutoModelForCausalLM
+
+    _, tokenizer = tiny
+    prompt = "The access code is 7391-2046. What is the access code?"
+    res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--top-k", "5",
+                 "--attention", "--attention-layers", "1", "--format", "json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    context = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                            add_generation_prompt=True)
+    ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        attn = reference(torch.tensor([ids]), output_attentions=True).attentions
+    row = attn[-1][0, :, -1, :].mean(0)  # the last layer, mean over heads
+    top = torch.topk(row, 5)
+    assert out["attention_layers"] == [len(attn) - 1] and out["n_layers"] == len(attn)
+    assert [t["position"] for t in out["attention"]] == top.indices.tolist()
+    assert [t["weight"] for t in out["attention"]] == pytest.approx(top.values.tolist(), abs=1e-5)
+    assert all(t["token_id"] == ids[t["position"]] for t in out["attention"])
+    assert 0.0 <= out["sink_rate"] <= 1.0 and 0.0 < out["question_attn"] < 1.0
+    # the table: one bar row per token, then the prompt's sink_rate
+    text = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--top-k", "3",
+                  "--attention", "--attention-layers", "2").output
+    assert "mean over heads and layers 0–1 (of 2; 0 = first)" in text and "sink_rate" in text
+    # without --attention nothing of it is computed
+    plain = json.loads(invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}",
+                              "--format", "json").output)
+    assert plain["attention"] == [] and plain["sink_rate"] is None

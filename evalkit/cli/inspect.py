@@ -1,4 +1,5 @@
-"""`evalkit inspect "PROMPT"`: one prompt's first-token distribution as a bar list."""
+"""`evalkit inspect "PROMPT"`: one prompt's first-token distribution as a bar list, and with
+`--attention` the prompt tokens its last position attends to most."""
 
 from __future__ import annotations
 
@@ -46,12 +47,20 @@ def _pad(text: str, width: int) -> str:
 @click.option("--task", default="firsttoken_en", show_default=True,
               help="The task whose generation settings (stop strings, max tokens) the response uses.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
+@click.option("--attention", is_flag=True,
+              help="Also list the prompt tokens the last position attends to most (eager attention).")
+@click.option("--attention-layers", type=int, default=4, show_default=True,
+              help="With --attention: average the last N layers (and every head).")
 @format_option
-def inspect_command(prompt, template, templates_file, quant, top_k, model_args, temperature, task, device, fmt):
+def inspect_command(prompt, template, templates_file, quant, top_k, model_args, temperature, task, device,
+                    attention, attention_layers, fmt):
     """Show the first-token distribution of one PROMPT, put through a template as a run would.
 
     Lists the top-k first tokens (rank, id, token, probability, bar, cumulative
     mass), then the entropy, top3_mass@T and the greedy first unit and response.
+    With --attention, then the top-k prompt tokens by the attention the last prompt
+    position (the one that picks the first token) gives them, mean over heads and
+    the last --attention-layers layers, and the prompt's sink_rate (docs/metrics.md §1.8).
 
     \b
     Examples:
@@ -59,13 +68,15 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
       evalkit inspect "什么是递归？" --template direct --top-k 20
       evalkit inspect "What is the capital of France?" --quant int8-dynamic
       evalkit inspect "Hi" --model-args pretrained=/models/qwen --format json
+      evalkit inspect --attention "The code is 4417. What is the code?" --attention-layers 8
     """
     from dataclasses import asdict
 
     from evalkit.inspection import inspect_prompt
 
     r = inspect_prompt(prompt, template=template, quant=quant, top_k=top_k, model_args=model_args,
-                       temperature=temperature, templates_file=templates_file, task=task, device=device)
+                       temperature=temperature, templates_file=templates_file, task=task, device=device,
+                       attention=attention, attention_layers=attention_layers)
     if fmt == "json":
         click.echo(json.dumps(asdict(r), ensure_ascii=False, indent=2))
         return
@@ -73,6 +84,10 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
     rows = [[t.rank, t.token_id, t.token, t.prob, t.cum] for t in r.tokens]
     if fmt == "csv":
         click.echo(render(cols, rows, "csv"))
+        if attention:
+            click.echo()
+            click.echo(render(["rank", "position", "token_id", "token", "attention"],
+                              [[t.rank, t.position, t.token_id, t.token, t.weight] for t in r.attention], "csv"))
         return
     quant = f" ({r.quant})" if r.quant else ""
     click.echo(f"model     {r.model}{quant}")
@@ -91,6 +106,24 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
     click.echo(f"greedy first token {r.first_token}")
     click.echo(f"greedy first unit  {r.first_unit!r}")
     click.echo(f"greedy response    {r.response!r}")
+    if attention:
+        _print_attention(r)
+
+
+def _print_attention(r) -> None:
+    """The top prompt tokens by the last position's attention, as a bar list (bar: attention × 40)."""
+    first, last = r.attention_layers[0], r.attention_layers[-1]
+    span = f"layer {first}" if first == last else f"layers {first}–{last}"
+    click.echo()
+    click.echo(f"attention of the last prompt position, mean over heads and {span} (of {r.n_layers}; 0 = first)")
+    width = max([len("token")] + [_cells(t.token) for t in r.attention])
+    click.echo(f"{'rank':>4}  {'pos':>5}  {'id':>7}  {_pad('token', width)}  {'attention':>9}")
+    for t in r.attention:
+        click.echo(f"{t.rank:>4}  {t.position:>5}  {t.token_id:>7}  {_pad(t.token, width)}  {t.weight:9.6f}  "
+                   f"{bar(t.weight)}")
+    click.echo()
+    question = f"   question_attn {r.question_attn:.4f} (all layers)" if r.question_attn is not None else ""
+    click.echo(f"sink_rate          {r.sink_rate:.4f} (first {min(64, r.n_context_tokens)} tokens){question}")
 
 
 COMMANDS = [inspect_command]
