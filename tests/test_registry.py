@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import duckdb
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -98,3 +99,25 @@ def test_every_metric_is_documented_for_users():
         assert f"`{m.name}`" in readme or m.name in readme, f"README lacks {m.name}"
         assert f"`{m.name}`" in docs or m.name in docs, f"docs/metrics.md lacks {m.name}"
     assert "../" not in readme
+
+
+def test_descriptive_metrics_have_no_direction_and_the_gate_asks_for_one():
+    from evalkit.errors import BadInput
+    from evalkit.gate.decide import check_names
+    from evalkit.gate.rules import Threshold
+
+    for name in ("sink_rate", "first_wins", "last_wins", "recency_index", "recency_index@len512"):
+        spec = registry.get(name)
+        assert spec.higher_is_better is None and spec.arrow == "–" and spec.to_dict()["direction"] == "none"
+    assert registry.get("order_flip_rate").higher_is_better is False and registry.get("needle_attn").higher_is_better
+    keys = [("needle_en", str(i)) for i in range(10)]
+    base = RunData("b", {("needle_en", "sink_rate"): 0.8}, {k: {"sink_rate": 0.8} for k in keys})
+    cand = RunData("c", {("needle_en", "sink_rate"): 0.5}, {k: {"sink_rate": 0.5} for k in keys})
+    with pytest.raises(BadInput, match="sink_rate describes without ranking"):
+        check_names(Rules(regressions=(Regression("sink_rate", 0.05),)), cand, base)
+    # the rules file gives the direction: now a fall of sink_rate is a regression
+    directed = Rules(regressions=(Regression("sink_rate", 0.05),), higher_is_better={"sink_rate": True})
+    check_names(directed, cand, base)
+    assert not decide(cand, base, directed).passed
+    # a threshold needs no direction
+    assert decide(cand, base, Rules(thresholds=(Threshold("sink_rate", ">=", 0.4),))).passed
