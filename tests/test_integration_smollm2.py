@@ -212,3 +212,34 @@ def test_zh_probabilities_match_plain_softmax_product(run_db, reference):
     assert stored[0]["token_id"] == int(torch.argmax(probs))
     top = torch.topk(probs, K)
     assert sum(math.exp(r["logprob"]) for r in stored) == pytest.approx(float(top.values.sum()), abs=1e-4)
+
+
+def test_the_converted_model_cache_holds_the_same_model(reference, tmp_path, monkeypatch):
+    """The first load of a GGUF saves what transformers made of it; a later load from the cache
+    gives the same weights, the same tokenizer and the same logits as loading the GGUF."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evalkit.backends.convert import DONE, cached_args
+    from evalkit.backends.models import default_model_args
+
+    model, tokenizer = reference
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    args = cached_args(default_model_args())
+    assert "gguf_file" not in args and (tmp_path / "cache" / "models").is_dir()
+    assert (tmp_path / "cache" / "models" / args["pretrained"].rsplit("/", 1)[-1] / DONE).is_file()
+    assert cached_args(default_model_args()) == args  # the second time reads the folder
+    cached = AutoModelForCausalLM.from_pretrained(args["pretrained"]).eval()
+    cached_tok = AutoTokenizer.from_pretrained(args["pretrained"])
+    assert cached_tok.get_vocab() == tokenizer.get_vocab()
+    assert cached_tok.chat_template == tokenizer.chat_template
+    ours, theirs = cached.state_dict(), model.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "什么是递归？"}], tokenize=False,
+                                         add_generation_prompt=True)
+    ids = torch.tensor([ids_of(tokenizer, text)])
+    assert ids_of(cached_tok, text) == ids[0].tolist()
+    with torch.no_grad():
+        assert torch.equal(cached(ids).logits, model(ids).logits)
+    monkeypatch.setenv("EVALKIT_CACHE", "none")
+    assert cached_args(default_model_args()) == default_model_args()

@@ -252,17 +252,23 @@ def load(plan: ModelPlan, *, batch_size: int = 8):
     """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`)."""
     if is_local(plan.args):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = plan.args
     if plan.in_process_hf:
         import transformers
 
+        from evalkit.backends.convert import cached_args
+
         transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
+        args = cached_args(args)  # a GGUF is converted once, then read as safetensors
     return model_class(plan.model_type).create_from_arg_obj(
-        {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
+        {**args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
     )
 
 
 def fingerprint(model_args: dict[str, Any]) -> str | None:
-    """sha256 of the weights file (GGUF or single safetensors), else the revision asked for."""
+    """sha256 of the weights file(s) (GGUF or safetensors), else the revision asked for."""
+    from evalkit.backends.convert import sha256
+
     pretrained = model_args.get("pretrained")
     if not isinstance(pretrained, str):
         return None
@@ -278,7 +284,9 @@ def fingerprint(model_args: dict[str, Any]) -> str | None:
     files = [p for p in candidates if p.is_file()]
     if not files:
         return f"{pretrained}@{model_args.get('revision', 'main')}"
-    h = hashlib.sha256()
+    if len(files) == 1:
+        return "sha256:" + sha256(files[0])
+    h = hashlib.sha256()  # several files: one digest over their bytes in order
     for f in files:
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
