@@ -109,13 +109,14 @@ def test_run_prints_id_and_metric_table(hit_run):
     assert hit_run.n_samples == 10
     assert f"run {hit_run.id} started" in hit_run.result.stderr
     lines = out.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split() == ["task", "metric", "value", "stderr", "n"])
+    header = next(i for i, line in enumerate(lines) if line.split() == ["task", "metric", "value", "95%", "CI", "n"])
     table = [line.split() for line in lines[header + 2 :]]
-    assert ["firsttoken_en", "ft_hit", "1.0000", "0.0000", "5"] in table
-    assert ["firsttoken_zh", "ft_hit", "1.0000", "0.0000", "5"] in table
-    assert ["firsttoken_en", "opener_rate", "0.0000", "0.0000", "5"] in table
-    assert ["firsttoken_zh", "opener_rate", "0.0000", "0.0000", "5"] in table
-    assert any(row[:3] == ["firsttoken", "ft_hit", "1.0000"] for row in table)  # the group
+    # direction arrows from the registry; Wilson intervals inside [0, 1] (5 of 5: [0.5655, 1]); n on every row
+    assert ["firsttoken_en", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
+    assert ["firsttoken_zh", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
+    assert ["firsttoken_en", "opener_rate", "↓", "0.0000", "[0.0000,", "0.4345]", "5"] in table
+    assert ["firsttoken", "ft_hit", "↑", "1.0000", "[0.7225,", "1.0000]", "10"] in table  # the group: both tasks
+    assert any("evalkit metrics" in line for line in lines) and any(line.startswith("next: ") for line in lines)
 
 
 def test_run_row(hit_run):
@@ -275,8 +276,8 @@ def test_show_by_prefix_and_latest(all_runs, db):
     assert re.search(r"^\s+template: chat$", out, re.M)
     assert re.search(rf"^\s*opener_lexicon_version: {re.escape(load_lexicon().version)}$", out, re.M)
     table = [line.split() for line in out.splitlines()]
-    assert ["firsttoken_en", "ft_hit", "1.0000", "0.0000", "5"] in table
-    assert ["firsttoken_zh", "opener_rate", "0.0000", "0.0000", "5"] in table
+    assert ["firsttoken_en", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
+    assert ["firsttoken_zh", "opener_rate", "↓", "0.0000", "[0.0000,", "0.4345]", "5"] in table
 
     latest = invoke("show", "latest", "--db", db)
     assert latest.exit_code == 0

@@ -90,7 +90,8 @@ def add_needle(run_id):
     with transaction(None) as con:
         con.executemany("INSERT INTO samples (run_id, task, doc_id, lang, needle_depth, needle_length, "
                         "needle_tokens, needle_hint, needle_recall) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        con.executemany("INSERT INTO metrics VALUES (?, ?, ?, 'none', ?, ?, ?)",
+        con.executemany("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                        "VALUES (?, ?, ?, 'none', ?, ?, ?)",
                         [(run_id, "needle_en", "needle_recall", 0.917, 0.058, 12),
                          (run_id, "needle_en", "middle_gap", 0.5, None, 12)])
 

@@ -62,6 +62,8 @@ EXPECTED_TABLES = {
         "value": "DOUBLE",
         "stderr": "DOUBLE",
         "n": "INTEGER",
+        "ci_lo": "DOUBLE",
+        "ci_hi": "DOUBLE",
     },
     "samples": {
         "run_id": "VARCHAR",

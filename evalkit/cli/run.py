@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from evalkit.cli.options import db_option
-from evalkit.cli.output import table
+from evalkit.cli.output import metric_table, next_steps
 
 
 def _csv_list(kind):
@@ -62,9 +62,9 @@ def run_command(**opts):
     result = execute(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True))
     click.echo(f"run {result.run_id}  {result.status}  {result.n_samples} samples  "
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
-    rows = [(m["task"], m["metric"], m["value"], m["stderr"], m["n"]) for m in result.metrics]
-    if rows:
-        click.echo(table(["task", "metric", "value", "stderr", "n"], rows))
+    if result.metrics:
+        click.echo(metric_table(result.metrics))
+        click.echo(next_steps(result.run_id))
 
 
 COMMANDS = [run_command]

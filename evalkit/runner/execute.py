@@ -210,13 +210,14 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     eval_s = time.monotonic() - t_eval
     if results is None:  # non-zero ranks under accelerate get None
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0), None
-    from evalkit.runner.collect import collect
+    from evalkit.runner.collect import add_intervals, collect
 
     metric_rows, sample_rows, topk_rows = collect(run_id, results)
     if any(s.get("needle_depth") is not None for s in sample_rows):
         from evalkit.scoring.needle import derived_metrics
 
         metric_rows += derived_metrics(run_id, sample_rows)
+    add_intervals(metric_rows, sample_rows, results.get("group_subtasks") or {})
     result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0)
     return result, (metric_rows, sample_rows, topk_rows)
 

@@ -220,6 +220,28 @@ def m009_run_liveness(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN heartbeat_at TIMESTAMP")
 
 
+def m010_metric_intervals(con: duckdb.DuckDBPyConnection) -> None:
+    # A 95 % interval per aggregate that stays inside the metric's range (Wilson for
+    # proportions, bootstrap percentile for bounded means), computed from the per-prompt
+    # values when the run is stored; the leaderboard shows it, and value ± 1.96 stderr only
+    # for rows stored before evalkit kept intervals.
+    con.execute("ALTER TABLE metrics ADD COLUMN ci_lo DOUBLE")
+    con.execute("ALTER TABLE metrics ADD COLUMN ci_hi DOUBLE")
+    con.execute("DROP VIEW leaderboard")
+    con.execute(
+        """
+        CREATE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_fingerprint, r.quant, r.template,
+               r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               coalesce(m.ci_lo, m.value - 1.96 * m.stderr) AS ci_lo,
+               coalesce(m.ci_hi, m.value + 1.96 * m.stderr) AS ci_hi
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -230,4 +252,5 @@ MIGRATIONS: list[Migration] = [
     m007_create_run_drift_view,
     m008_create_meta,
     m009_run_liveness,
+    m010_metric_intervals,
 ]

@@ -106,14 +106,15 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         cur = con.execute(
             "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model, "
             "quant, dtype, template, system_prompt, tasks, seed, sample_limit, first_temperature, ban_openers, "
-            "opener_lexicon_version, model_fingerprint, lm_eval_version, git_commit, error FROM runs WHERE id = ?",
+            "opener_lexicon_version, model_fingerprint, lm_eval_version, git_commit, host, pid, error FROM runs WHERE id = ?",
             [run_id],
         )
         cols = [d[0] for d in cur.description]
         info = dict(zip(cols, cur.fetchone()))
         info["status"] = shown_status(con, run_id, pending_ids(db_path(path)))
         cur = con.execute(
-            "SELECT task, metric, value, stderr, n FROM metrics WHERE run_id = ? ORDER BY task, metric", [run_id]
+            "SELECT task, metric, value, stderr, ci_lo, ci_hi, n FROM metrics WHERE run_id = ? ORDER BY task, metric",
+            [run_id]
         )
         return info, [d[0] for d in cur.description], cur.fetchall()
 
