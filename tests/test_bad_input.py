@@ -280,6 +280,8 @@ CASES: list[Case] = [
           "--limit"),
     _case("run/needle-length-above-the-context", ["run", *TINY, "--tasks", "needle_en", "--needle-lengths", "100000",
                                                   "--db", "{db}"], "does not fit the model's context"),
+    _case("run/needle-length-below-the-needle", ["run", *TINY, "--tasks", "needle_en", "--needle-lengths", "64",
+                                                 "--db", "{db}"], "too small"),
     _case("run/needle-lengths-twice", ["run", *FAKE, "--tasks", "needle", "--needle-lengths", "256,256",
                                        "--db", "{db}"], "twice"),
     _case("run/needle-depths-nan", ["run", *FAKE, "--tasks", "needle", "--needle-depths", "0,nan", "--db", "{db}"],

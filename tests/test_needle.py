@@ -284,3 +284,24 @@ def test_haystack_sizes():
 def test_split_sentences():
     assert split_sentences("A b. C d!\nE?  ", "en") == ["A b.", "C d!", "E?"]
     assert split_sentences("甲乙。丙丁！\n戊？", "zh") == ["甲乙。", "丙丁！", "戊？"]
+
+
+def test_limit_never_drops_a_needle_length_or_depth(tiny_model_dir, tmp_path):
+    """--limit caps the first-token prompts; the needle grid runs whole (every length x depth cell)."""
+    import duckdb
+    from click.testing import CliRunner
+
+    from evalkit.cli import cli
+
+    db = tmp_path / "n.duckdb"
+    res = CliRunner().invoke(cli, ["run", "--model-args", f"pretrained={tiny_model_dir}", "--device", "cpu",
+                                   "--tasks", "needle_en,firsttoken_en", "--needle-lengths", "128,160",
+                                   "--needle-depths", "0,0.5,1", "--limit", "2", "--db", str(db)],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    con = duckdb.connect(str(db), read_only=True)
+    cells = con.execute("SELECT needle_length, needle_depth FROM samples WHERE task = 'needle_en' ORDER BY ALL").fetchall()
+    n_first = con.execute("SELECT count(*) FROM samples WHERE task = 'firsttoken_en'").fetchone()[0]
+    con.close()
+    assert cells == [(length, depth) for length in (128, 160) for depth in (0.0, 0.5, 1.0)]
+    assert n_first == 2

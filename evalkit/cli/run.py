@@ -30,15 +30,19 @@ def _csv_list(kind):
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
 @click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
-@click.option("--limit", type=int, default=None, help="At most N prompts per task.")
+@click.option("--limit", type=int, default=None,
+              help="At most N prompts per first-token task (the needle grid always runs whole: "
+                   "narrow it with --needle-lengths / --needle-depths).")
 @click.option("--seed", type=int, default=1234, show_default=True)
 @click.option("--batch-size", type=int, default=8, show_default=True)
 @click.option("--top-k", type=int, default=50, show_default=True, help="First-token candidates stored per prompt (>= 50).")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
 @click.option("--first-temperature", type=float, default=None, help="Sample the first token at T1 (0: argmax).")
 @click.option("--ban-openers", is_flag=True, help="Mask opener-initial tokens at step 1 only.")
-@click.option("--needle-lengths", callback=_csv_list(int), default=None, help="Needle prompt lengths in tokens, e.g. 256,512.")
-@click.option("--needle-depths", callback=_csv_list(float), default=None, help="Needle depths in [0,1], e.g. 0,0.5,1.")
+@click.option("--needle-lengths", callback=_csv_list(int), default=None,
+              help="Needle prompt lengths in the model's tokens [default: 256,512,1024,2048].")
+@click.option("--needle-depths", callback=_csv_list(float), default=None,
+              help="Needle depths in [0,1], 0 = the first sentence [default: 0,0.1,...,1].")
 @click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
 @click.option("--include-path", type=click.Path(file_okay=False, exists=True), default=None,
               help="Extra folder of lm-eval task YAMLs.")

@@ -192,21 +192,30 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
         metadata.update(needle_metadata(cfg, template, lm))
     tm = task_manager(cfg.include_path, metadata)
     t_eval = time.monotonic()
-    results = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=plan.tasks,
-        task_manager=tm,
-        limit=cfg.limit,
-        log_samples=True,
-        apply_chat_template=template.chat,
-        system_instruction=template.system,
-        random_seed=cfg.seed,
-        numpy_random_seed=cfg.seed,
-        torch_random_seed=cfg.seed,
-        fewshot_random_seed=cfg.seed,
-        bootstrap_iters=1000,  # means get an analytic stderr; nothing is resampled
-        metadata=metadata,
-    )
+    # --limit caps the prompts of a first-token task; the needle grid runs whole (one document
+    # per length x depth x hint cell), so lm-eval sees the needle tasks in a call of their own
+    needle_tasks = [t for t in plan.tasks if t.startswith("needle")]
+    calls = [(needle_tasks, None), ([t for t in plan.tasks if t not in needle_tasks], cfg.limit)]
+    parts = []
+    for tasks, limit in calls:
+        if not tasks:
+            continue
+        parts.append(lm_eval.simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            task_manager=tm,
+            limit=limit,
+            log_samples=True,
+            apply_chat_template=template.chat,
+            system_instruction=template.system,
+            random_seed=cfg.seed,
+            numpy_random_seed=cfg.seed,
+            torch_random_seed=cfg.seed,
+            fewshot_random_seed=cfg.seed,
+            bootstrap_iters=1000,  # means get an analytic stderr; nothing is resampled
+            metadata=metadata,
+        ))
+    results = merge_results(parts)
     eval_s = time.monotonic() - t_eval
     if results is None:  # non-zero ranks under accelerate get None
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0), None
@@ -220,6 +229,17 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     add_intervals(metric_rows, sample_rows, results.get("group_subtasks") or {})
     result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0)
     return result, (metric_rows, sample_rows, topk_rows)
+
+
+def merge_results(parts: list[dict | None]) -> dict | None:
+    """lm-eval results of several `simple_evaluate` calls as one (None on non-zero ranks)."""
+    if not parts or any(p is None for p in parts):
+        return None
+    merged: dict = {}
+    for part in parts:
+        for key in ("results", "samples", "n-samples", "group_subtasks"):
+            merged.setdefault(key, {}).update(part.get(key) or {})
+    return merged
 
 
 def _store(db, row: dict[str, Any], rows) -> None:
