@@ -105,7 +105,7 @@ def test_a_run_gated_against_itself_passes(runs, who):
 
 def test_example_rules_check_thresholds_and_regressions(runs):
     rules = EXAMPLES / "gate-rules.yaml"
-    from evalkit.gate.rules import load_rules
+    from evalkit.release.rules import load_rules
 
     loaded = load_rules(rules)
     assert loaded.thresholds and loaded.regressions

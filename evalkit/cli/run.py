@@ -59,16 +59,15 @@ def run_command(**opts):
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
     """
-    from evalkit.runner.execute import RunConfig, execute
+    from evalkit import api
 
-    tasks = [t.strip() for t in (opts.pop("tasks") or "").split(",") if t.strip()]
-    cfg = RunConfig(tasks=tasks, **opts)
-    result = execute(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True))
-    click.echo(f"run {result.run_id}  {result.status}  {result.n_samples} samples  "
+    result = api.run(opts.pop("tasks") or "", opts.pop("model"), on_start=lambda rid: click.echo(
+        f"run {rid} started", err=True), **opts)
+    click.echo(f"run {result.id}  {result.status}  {result.n_samples} samples  "
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
     if result.metrics:
         click.echo(metric_table(result.metrics))
-        click.echo(next_steps(result.run_id))
+        click.echo(next_steps(result.id))
 
 
 COMMANDS = [run_command]

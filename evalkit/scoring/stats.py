@@ -3,7 +3,7 @@ top-k overlap, the paired bootstrap and mean/stderr.
 
 Owns: the maths behind prior drift (docs/metrics.md §1.3), drift between runs (1.5) and the
 gate's regression test (2, ``gate``). Does not: read the DB, know about tasks or
-runs, or decide pass/fail (that is ``evalkit.gate.decide``).
+runs, or decide pass/fail (that is ``evalkit.release.decide``).
 
 Every function takes plain Python / numpy values, guards the empty case with a
 ``ValueError`` (never a silent 0) and is deterministic.
