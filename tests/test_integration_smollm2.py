@@ -243,3 +243,54 @@ def test_the_converted_model_cache_holds_the_same_model(reference, tmp_path, mon
         assert torch.equal(cached(ids).logits, model(ids).logits)
     monkeypatch.setenv("EVALKIT_CACHE", "none")
     assert cached_args(default_model_args()) == default_model_args()
+
+
+def test_the_shipped_gate_example_passes_the_default_model_and_fails_its_int8_variant(
+        default_model_available, tmp_path):
+    """examples/ci-gate.yml's gate and promote steps, run as the workflow runs them with
+    examples/gate-rules.yaml: the first candidate becomes the baseline, the default model gated
+    against itself passes, and its int8-dynamic variant fails (exit 1)."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    steps = {s.get("name"): s.get("run") for s in
+             yaml.safe_load((root / "examples" / "ci-gate.yml").read_text())["jobs"]["gate"]["steps"]}
+    gate_step, promote_step = steps["Gate the candidate against production"], steps["Promote on pass"]
+    work = tmp_path / "repo"
+    shutil.copytree(root / "examples", work / "examples")
+    db = work / "reports" / "evalkit.duckdb"
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, "EVALKIT_DB": str(db), "GITHUB_STEP_SUMMARY": str(summary), "HF_HUB_OFFLINE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def step(script):
+        return subprocess.run(["bash", "-e", "-c", script], cwd=work, env=env, capture_output=True, text=True)
+
+    def candidate(*extra):
+        res = CliRunner().invoke(cli, ["run", "--tasks", "firsttoken", "--limit", "10", "--db", str(db), *extra],
+                                 catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        return re.search(r"^run (\S+)", res.stdout, re.M).group(1)
+
+    first = candidate("--name", "candidate")
+    out = step(gate_step)
+    assert out.returncode == 0 and "first baseline" in summary.read_text(), out.stdout + out.stderr
+    assert step(promote_step).returncode == 0
+
+    out = step(gate_step)  # the default model, gated against itself with the example rules
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS" in out.stdout and (work / "gate.xml").is_file()
+
+    worse = candidate("--name", "candidate", "--quant", "int8-dynamic")
+    out = step(gate_step)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"gate failed for candidate {worse}" in out.stderr and "prior_drift" in out.stdout
+    assert first != worse
+    print("\n" + out.stderr.strip().splitlines()[-1])
