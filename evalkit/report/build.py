@@ -166,7 +166,7 @@ def _select_runs(con, refs: list[str]) -> list[str]:
 def _read(con, refs: list[str], prompts: int) -> _Data:
     ids = _select_runs(con, refs)
     runs = _rows(con, f"""
-        SELECT r.id, r.name, r.status, r.model, r.model_args, r.model_fingerprint, r.quant,
+        SELECT r.id, r.name, r.status, r.model, r.model_name, r.model_args, r.model_fingerprint, r.quant,
                r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
         FROM runs r
         LEFT JOIN (SELECT run_id, count(*) AS n FROM samples WHERE run_id IN {_IDS} GROUP BY run_id) s
@@ -274,8 +274,9 @@ def _label_runs(runs: list[dict]) -> None:
     base = [r["name"] or r["id"] for r in runs]
     for r, b in zip(runs, base):
         r["label"] = b if base.count(b) == 1 or b == r["id"] else f"{b} · {r['id'][-6:]}"
-        r["model_label"] = _model_label(r["model"], r["model_args"])
-        r["model_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "")
+        r["model_label"] = r["model_name"] or _model_label(r["model"], r["model_args"])
+        # one configuration: trend lines never join runs of another model, quant or template
+        r["config_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "", r["quant"], r["template"])
 
 
 # ------------------------------------------------------------------ sections
@@ -304,10 +305,10 @@ def _runs_section(data: _Data) -> Section:
     rows = []
     for r in data.runs:
         created = r["created_at"].strftime("%Y-%m-%d %H:%M:%S") if r["created_at"] else ""
-        rows.append([r["label"], r["id"], r["status"], r["model_label"], r["quant"] or "",
-                     r["template"] or "", ",".join(r["tasks"] or []), created, str(r["n_samples"]),
+        rows.append([r["id"], r["name"] or "", r["status"], r["model_label"], r["quant"] or "",
+                     r["template"] or "", ", ".join(r["tasks"] or []), created, str(r["n_samples"]),
                      _num(r["duration_s"], 1)])
-    table = Table(["run", "id", "status", "model", "quant", "template", "tasks", "created (UTC)",
+    table = Table(["id", "name", "status", "model", "quant", "template", "tasks", "created (UTC)",
                    "samples", "duration s"], rows, numeric_from=8)
     section = Section("runs", "Runs", tables=[table],
                       intro=f"{len(data.runs)} runs, {len(data.done)} of them done.")
@@ -495,15 +496,16 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
 
 
 def _trend_section(data: _Data, out_dir: Path) -> Section:
-    section = Section("trend", "Trend across runs of one model")
+    section = Section("trend", "Trend across runs of one configuration")
     done = [r for r in data.runs if r["status"] == "done"]
     groups: dict[tuple, list[dict]] = {}
     for r in done:
-        groups.setdefault(r["model_key"], []).append(r)
+        groups.setdefault(r["config_key"], []).append(r)
     if not groups or max(len(g) for g in groups.values()) < 2:
-        section.omitted = "no model has two or more done runs among the selected runs"
+        section.omitted = ("no configuration (model x quant x template) has two or more done runs among the "
+                           "selected runs")
         return section
-    # the model with the most runs; ties go to the one run most recently
+    # the configuration with the most runs; ties go to the one run most recently
     group = max(groups.values(), key=lambda g: (len(g), max(r["created_at"] for r in g)))
     ids = {r["id"]: r for r in group}
     series: dict[tuple[str, str], list] = {}
@@ -517,13 +519,14 @@ def _trend_section(data: _Data, out_dir: Path) -> Section:
     from evalkit.report.plots import trend_plot
 
     ordered = sorted(series.items(), key=lambda kv: (kv[0][0], registry.sort_key(kv[0][1])))
-    model = group[0]["model_label"]
+    model = " · ".join(x for x in (group[0]["model_label"], group[0]["quant"], group[0]["template"]) if x)
     first, last = min(r["created_at"] for r in group), max(r["created_at"] for r in group)
     draw = partial(trend_plot, [{"task": t, "metric": m, "points": pts} for (t, m), pts in ordered],
                    out_dir / "trend.png", title=f"{model}: {len(group)} runs")
     section.intro = (f"{model}: {len(group)} runs from {first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC "
-                     "(x = run start). One panel per task, one line per metric, whiskers = 95 % CI; "
-                     "metrics outside [0, 1] use the right-hand axis, dashed.")
+                     "(x = run start). Only runs of this one configuration are joined by lines. One panel "
+                     "per task, one line per metric, whiskers = 95 % CI; metrics outside [0, 1] use the "
+                     "right-hand axis, dashed.")
     section.images.append(Image("trend.png", f"metric trend across the runs of {model}", draw))
     return section
 

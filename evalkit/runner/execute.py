@@ -96,6 +96,7 @@ def run_row(plan: RunPlan, run_id: str) -> dict[str, Any]:
         "status": "running",
         "name": cfg.name,
         "model": model.label if model.embedded else cfg.model,
+        "model_name": model.label,
         "model_args": json.dumps(model.args, sort_keys=True, default=str),
         "model_fingerprint": models.fingerprint(model.args),
         "dtype": model.dtype,

@@ -242,6 +242,12 @@ def m010_metric_intervals(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m011_run_model_name(con: duckdb.DuckDBPyConnection) -> None:
+    # The model's name as every command shows it (the embedded model's name, or the last part
+    # of `pretrained`, with the GGUF file), beside the lm-eval model type in `model`.
+    con.execute("ALTER TABLE runs ADD COLUMN model_name VARCHAR")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -253,4 +259,5 @@ MIGRATIONS: list[Migration] = [
     m008_create_meta,
     m009_run_liveness,
     m010_metric_intervals,
+    m011_run_model_name,
 ]

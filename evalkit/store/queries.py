@@ -83,7 +83,7 @@ def list_runs(path, limit: int = 50):
     def q(con):
         cur = con.execute(
             f"""
-            SELECT id, created_at, status, name, model, quant, template, tasks,
+            SELECT id, created_at, status, name, coalesce(model_name, model) AS model, quant, template, tasks,
                    round(duration_s, 1) AS duration_s, {_LIVENESS}
             FROM runs ORDER BY created_at DESC, id DESC LIMIT ?
             """,
@@ -104,7 +104,7 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
     def q(con):
         run_id = resolve_run(con, ref)
         cur = con.execute(
-            "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model, "
+            "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
             "quant, dtype, template, system_prompt, tasks, seed, sample_limit, first_temperature, ban_openers, "
             "opener_lexicon_version, model_fingerprint, lm_eval_version, git_commit, host, pid, error FROM runs WHERE id = ?",
             [run_id],
