@@ -204,24 +204,28 @@ def _read(con, refs: list[str], prompts: int) -> _Data:
 
 
 def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
-    """The prompts shared by most runs where their top-1 first tokens disagree most, with each
-    run's whole stored top-k (probabilities exp(logprob)) and its top-k mass."""
+    """The prompts shared by most runs where their top-1 first tokens disagree most (first-token
+    prompts before needle documents), with each run's whole stored top-k (probabilities
+    exp(logprob)) and its top-k mass."""
     chosen = _rows(con, f"""
         WITH top1 AS (
             SELECT run_id, task, doc_id, arg_min(token_id, rank) AS token_id,
                    exp(arg_min(logprob, rank)) AS p
             FROM first_token_topk WHERE run_id IN {_IDS}
             GROUP BY run_id, task, doc_id
+        ), first_token AS (
+            SELECT DISTINCT task, doc_id FROM samples WHERE run_id IN {_IDS} AND ft_outcome IS NOT NULL
         ), per_prompt AS (
-            SELECT task, doc_id, count(*) AS n_runs, count(DISTINCT token_id) AS n_top1,
-                   max(p) - min(p) AS p_spread
-            FROM top1 GROUP BY task, doc_id
+            SELECT t.task, t.doc_id, count(*) AS n_runs, count(DISTINCT t.token_id) AS n_top1,
+                   max(t.p) - min(t.p) AS p_spread, any_value(f.task IS NOT NULL) AS is_first_token
+            FROM top1 t LEFT JOIN first_token f ON f.task = t.task AND f.doc_id = t.doc_id
+            GROUP BY t.task, t.doc_id
         )
         SELECT task, doc_id, n_runs, n_top1, p_spread FROM per_prompt
         WHERE n_runs = (SELECT max(n_runs) FROM per_prompt)
-        ORDER BY n_top1 DESC, p_spread DESC, task, doc_id
+        ORDER BY is_first_token DESC, n_top1 DESC, p_spread DESC, task, doc_id
         LIMIT ?
-    """, [run_ids, limit])
+    """, [run_ids, run_ids, limit])
     if not chosen:
         return []
     tasks = [c["task"] for c in chosen]
@@ -293,7 +297,7 @@ def _num(value: Any, digits: int = 3) -> str:
 def _with_ci(row: dict) -> str:
     text = _num(row["value"])
     if row.get("ci_lo") is not None and row.get("ci_hi") is not None:
-        text += f" [{_num(row['ci_lo'])}, {_num(row['ci_hi'])}]"
+        text += f"\n[{_num(row['ci_lo'])}, {_num(row['ci_hi'])}]"  # the interval under the value
     return text
 
 
@@ -334,11 +338,12 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
                   key=lambda k: (k[0], runs[k[1]]["model_label"], runs[k[1]]["quant"] or "",
                                  runs[k[1]]["template"] or "", runs[k[1]]["created_at"], k[1]))
     arrows = {True: " ↑", False: " ↓", None: ""}
-    columns = ["task", "model", "quant", "template", "run"] + [m + arrows[registry.higher_is_better(m)] for m in metrics]
+    columns = ["task", "run", "model · quant · template"] + [m + arrows[registry.higher_is_better(m)] for m in metrics]
     rows, strong = [], set()
     for task, run_id in keys:
         run = runs[run_id]
-        row = [task, run["model_label"], run["quant"] or "", run["template"] or "", run["label"]]
+        config = " · ".join(x for x in (run["quant"], run["template"]) if x)
+        row = [task, run["label"], f"{run['model_label']}\n{config}"]
         row += [_with_ci(cells[(task, run_id, m)]) if (task, run_id, m) in cells else "" for m in metrics]
         rows.append(row)
     for j, metric in enumerate(metrics):
@@ -352,10 +357,11 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
             if len(values) < 2 or len({v for _, v in values}) == 1:
                 continue
             best = max(v for _, v in values) if better else min(v for _, v in values)
-            strong |= {(i, 5 + j) for i, v in values if v == best}
-    section.intro = ("Each metric's value and 95 % CI (value ± 1.96 stderr) from the leaderboard view; "
-                     "↑ higher is better, ↓ lower is better; the best run per task is in bold.")
-    section.tables.append(Table(columns, rows, numeric_from=5, strong=strong))
+            strong |= {(i, 3 + j) for i, v in values if v == best}
+    section.intro = ("Each metric's value and its 95 % interval from the leaderboard view (Wilson for "
+                     "proportions, bootstrap percentile for other means, so it stays inside the metric's "
+                     "range); ↑ higher is better, ↓ lower is better; the best run per task is in bold.")
+    section.tables.append(Table(columns, rows, numeric_from=3, strong=strong))
     breakdowns = sorted({r["metric"] for r in data.leaderboard if _is_breakdown(r["metric"])})
     if breakdowns:
         section.notes.append(f"{len(breakdowns)} breakdown metrics (e.g. {breakdowns[0]}) are left out of this "
@@ -543,7 +549,7 @@ h1{font-size:1.6rem;margin:.2rem 0}h2{font-size:1.25rem;border-bottom:1px solid 
 .row .tbl{max-width:calc(50% - 1rem);min-width:320px}
 table{border-collapse:collapse;font-size:.85rem}
 .caption{font-weight:600;margin:0 0 .3rem;color:#424a53;font-size:.9rem}
-th,td{border:1px solid #d0d7de;padding:.25rem .55rem;white-space:nowrap;text-align:left}
+th,td{border:1px solid #d0d7de;padding:.25rem .55rem;white-space:pre-line;text-align:left}
 th{background:#f6f8fa}tr:nth-child(even) td{background:#fbfcfd}td.num{text-align:right;
  font-variant-numeric:tabular-nums}strong{color:#0a3069}
 img{max-width:100%;height:auto;border:1px solid #eaeef2;margin:.5rem 0}
@@ -558,7 +564,9 @@ def _html_table(t: Table) -> str:
     if t.caption:
         out.append(f'<p class="caption">{e(t.caption)}</p>')
     out.append("<table>")
-    out.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in t.columns) + "</tr></thead><tbody>")
+    # a header may break after an underscore (ft_hit_prob), never inside a word
+    out.append("<thead><tr>" + "".join(f"<th>{e(c).replace('_', '_&#8203;')}</th>" for c in t.columns)
+               + "</tr></thead><tbody>")
     for i, row in enumerate(t.rows):
         cells = []
         for j, cell in enumerate(row):

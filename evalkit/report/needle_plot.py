@@ -72,7 +72,8 @@ def heatmap(rows: Iterable[dict], path: str | Path, title: str | None = None) ->
 
     import numpy as np
 
-    fig = _figure(0.55 * len(depths) * len(hints) + 2.5, 0.45 * len(lengths) * len(langs) + 1.6)
+    # each panel at least 1.3 in tall, so the rotated axis label never reaches the panel below
+    fig = _figure(0.55 * len(depths) * len(hints) + 2.5, max(0.45 * len(lengths), 1.3) * len(langs) + 1.6)
     axes = fig.subplots(len(langs), len(hints), squeeze=False)
     image = None
     for i, lang in enumerate(langs):
@@ -91,8 +92,10 @@ def heatmap(rows: Iterable[dict], path: str | Path, title: str | None = None) ->
                               origin="lower", aspect="auto")
             ax.set_xticks(range(len(depths)), [_depth_tick(d) for d in depths], fontsize=7)
             ax.set_yticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
-            ax.set_xlabel("needle depth")
-            ax.set_ylabel("length (tokens)")
+            if i == len(langs) - 1:
+                ax.set_xlabel("needle depth")
+            if j == 0:
+                ax.set_ylabel("tokens")
             ax.set_title(_panel_title(lang, hint))
     fig.colorbar(image, ax=axes.ravel().tolist(), label="recall")
     if title:

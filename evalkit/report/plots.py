@@ -189,11 +189,12 @@ def leaderboard_plot(entries: Sequence[dict], runs: Sequence[str], path: str | P
         ax.set_title(plot_label(metric), fontsize=10)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
-    _legend(fig, runs, colors)
+    _legend(fig, [r for r in runs if any(e["run"] == r for e in entries)], colors)
     return _save(fig, path)
 
 
 def _legend(fig, labels: Sequence[str], colors: dict) -> None:
+    """One legend entry per run drawn in this figure (runs without data in it are not listed)."""
     from matplotlib.patches import Patch
 
     handles = [Patch(color=colors[r], label=plot_label(r, 32)) for r in labels]
@@ -229,7 +230,7 @@ def first_token_plot(prompts: Sequence[dict], runs: Sequence[str], path: str | P
         ax.set_title(plot_label(prompt["title"], 60), fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
-    _legend(fig, runs, colors)
+    _legend(fig, [r for r in runs if any(r in p["probs"] for p in prompts)], colors)
     return _save(fig, path)
 
 
