@@ -18,12 +18,14 @@ import math
 from typing import Any
 
 import torch
+import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from evalkit.backends import engine
 from evalkit.backends import quant as quantization
+from evalkit.backends.convert import cached_args
 from evalkit.backends.models import DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.scoring import stats
@@ -91,7 +93,11 @@ class EvalkitHFLM(HFLM):
     ) -> None:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        super().__init__(pretrained, device=device, **kwargs)
+        transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
+        # a GGUF is converted once, then read as safetensors (the run row keeps the GGUF's own args)
+        converted = cached_args({"pretrained": pretrained, **kwargs})
+        pretrained = converted.pop("pretrained")
+        super().__init__(pretrained, device=device, **converted)
         quantization.check(quant, in_process_hf=True, model_type="hf", device=str(self.device))
         self._model = quantization.apply(self._model, quant)
         self.quant = quant

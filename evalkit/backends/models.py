@@ -252,16 +252,8 @@ def load(plan: ModelPlan, *, batch_size: int = 8):
     """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`)."""
     if is_local(plan.args):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    args = plan.args
-    if plan.in_process_hf:
-        import transformers
-
-        from evalkit.backends.convert import cached_args
-
-        transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
-        args = cached_args(args)  # a GGUF is converted once, then read as safetensors
     return model_class(plan.model_type).create_from_arg_obj(
-        {**args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
+        {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
     )
 
 

@@ -51,8 +51,19 @@ class RunResult:
 
 
 def _quiet_lm_eval() -> None:
+    """lm-eval's logging down to errors, a label on its one unlabelled progress bar (building a
+    task's requests), and its git lookup silenced (it prints "fatal: not a git repository" to the
+    terminal outside a checkout; the run row records evalkit's own commit)."""
+    import functools
+
+    import lm_eval.api.task
+    import lm_eval.evaluator
+    from tqdm import tqdm
+
     for name in ("lm-eval", "lm_eval", "lm_eval.api.task", "lm_eval.evaluator", "lm_eval.models.huggingface"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    lm_eval.api.task.tqdm = functools.partial(tqdm, desc="building requests", leave=False)
+    lm_eval.evaluator.get_git_commit_hash = _git_commit
 
 
 def _git_commit() -> str | None:
@@ -130,7 +141,6 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     """
     t0 = time.monotonic()
     plan = plan_run(cfg)
-    _quiet_lm_eval()
     lm = models.load(plan.model, batch_size=cfg.batch_size)
     load_s = time.monotonic() - t0
     check_against_model(plan, lm)
@@ -183,6 +193,7 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     """lm-eval over the run's tasks; (RunResult, (metrics, samples, topk) rows or None off rank 0)."""
     import lm_eval
 
+    _quiet_lm_eval()
     cfg, template = plan.cfg, plan.template
     metadata: dict[str, Any] = {"template": template.name}
     if cfg.prompts_file:
