@@ -33,6 +33,7 @@ class Run:
     metrics: list[dict[str, Any]] = field(default_factory=list)
     load_s: float = 0.0  # seconds spent loading the model
     eval_s: float = 0.0  # seconds spent evaluating
+    lead: list[dict[str, Any]] = field(default_factory=list)  # does the first token predict the answer?
 
     def metrics_frame(self):
         """The metrics as a pandas DataFrame (task, metric, value, ci_lo, ci_hi, n, ...)."""
@@ -70,7 +71,7 @@ def run(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.Path
     cfg = RunConfig(tasks=names, model=model, db=str(db) if db is not None else None, **options)
     result = execute(cfg, on_start=on_start)
     return Run(result.run_id, result.status, result.n_samples, result.duration_s, db_path(cfg.db), result.metrics,
-               result.load_s, result.eval_s)
+               result.load_s, result.eval_s, result.lead)
 
 
 def connect(db: str | os.PathLike | None = None):

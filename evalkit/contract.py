@@ -30,6 +30,7 @@ class FirstStepResult:
     topk: list[tuple[int, str, float]] = field(default_factory=list)  # (token id, text, logprob), likeliest first
     entropy: float | None = None  # full-vocabulary entropy in nats; None when the backend cannot know it
     metrics: dict[str, float] = field(default_factory=dict)  # distribution-level values, registry names
+    answer_text: str | None = None  # the longer greedy continuation of a prompt with checkable answers
 
 
 def doc_kind(doc: dict[str, Any]) -> str | None:

@@ -234,15 +234,16 @@ def test_bootstrap_large_n_is_fast():
     # binary values take the exact grouped path
     hits_a = (rng.random(n) < 0.7).astype(float)
     hits_b = (rng.random(n) < 0.7).astype(float)
-    t0 = time.perf_counter()
+    # CPU time of this process, not wall time: other jobs on a shared box do not
+    # count, and the margins still catch a quadratic resampler (minutes at this n)
+    t0 = time.process_time()
     paired_bootstrap(hits_a, hits_b)
-    assert time.perf_counter() - t0 < 0.5
-    # continuous values resample indices; budget is 1 s on the reference machine,
-    # a margin here keeps the test stable on a busy CI box
+    assert time.process_time() - t0 < 2.0
+    # continuous values resample indices; budget is 1 s on the reference machine
     a, b = rng.random(n), rng.random(n)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     d = paired_bootstrap(a, b)
-    assert time.perf_counter() - t0 < 2.5
+    assert time.process_time() - t0 < 8.0
     assert d.n == n and d.lo < d.delta < d.hi
 
 

@@ -96,6 +96,10 @@ EXPECTED_TABLES = {
         "needle_hint": "BOOLEAN",
         "needle_recall": "DOUBLE",
         "metrics": "VARCHAR",
+        "top1_prob": "DOUBLE",
+        "answer_hit": "DOUBLE",
+        "ft_answer_mismatch": "DOUBLE",
+        "answer": "VARCHAR",
     },
     "first_token_topk": {
         "run_id": "VARCHAR",
@@ -108,6 +112,11 @@ EXPECTED_TABLES = {
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
     "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
+    "lead_indicators": {
+        "run_id": "VARCHAR", "task": "VARCHAR", "category": "VARCHAR", "signal": "VARCHAR", "auroc": "DOUBLE",
+        "ci_lo": "DOUBLE", "ci_hi": "DOUBLE", "n": "INTEGER", "n_right": "INTEGER", "base_rate": "DOUBLE",
+        "reason": "VARCHAR",
+    },
 }
 SCHEMA_VERSION_DDL = (  # as store.migrate creates it
     "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)"

@@ -43,6 +43,7 @@ class FirstStep:
     unscored_mass: float = 0.0  # bound on how much any sum of candidate_probs falls short (<= tolerance)
     candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
     response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
+    answer_ids: list[int] = field(default_factory=list)  # the longer continuation asked for (answer_tokens), eos excluded
     first_token_id: int = -1  # the token chosen at step 1 (== response_ids[0] unless it was eos)
 
 
@@ -62,6 +63,7 @@ def probe(
     add_special_tokens: bool = False,
     tolerance: float = 0.0,
     exact_candidates: list[list[str]] | None = None,
+    answer_tokens: Sequence[int] | None = None,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -82,6 +84,11 @@ def probe(
     at most the prompt's `unscored_mass` <= `tolerance`. 0, the default, is exact.
     `exact_candidates[i]` (also listed in `candidates[i]`) are never left out: their
     prefixes are always teacher-forced, whatever their probability.
+
+    `answer_tokens[i]` > 0 lets the greedy continuation of context i run on, past the stop
+    strings and `max_new_tokens`, to that many tokens (or eos): `answer_ids` is the whole
+    continuation and `response_ids` its prefix as it would have stopped — one generation,
+    from the same prefill and cache.
     """
     if candidates is not None and len(candidates) != len(contexts):
         raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
@@ -91,6 +98,8 @@ def probe(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+    if answer_tokens is not None and len(answer_tokens) != len(contexts):
+        raise ValueError(f"{len(answer_tokens)} answer lengths for {len(contexts)} contexts")
     if not contexts:
         return []
     context_ids = [_encode(tokenizer, c, add_special_tokens) for c in contexts]
@@ -111,6 +120,7 @@ def probe(
                 [context_ids[i] for i in rows],
                 [list(candidates[i]) if candidates is not None else [] for i in rows],
                 [set(exact_candidates[i]) if exact_candidates is not None else set() for i in rows],
+                [int(answer_tokens[i]) if answer_tokens is not None else 0 for i in rows],
             )
             for i, step in zip(rows, steps):
                 results[i] = step
@@ -288,7 +298,7 @@ class _Engine:
             new_cache = getattr(out, "past_key_values", None)
         return out.logits, new_cache
 
-    def run_batch(self, indices, contexts, ids_list, cand_lists, exact_sets=None) -> list[FirstStep]:
+    def run_batch(self, indices, contexts, ids_list, cand_lists, exact_sets=None, answer_lens=None) -> list[FirstStep]:
         """Prefill one batch together; `indices` are the prompts' places in `contexts` (seeds)."""
         B, P = len(ids_list), max(len(ids) for ids in ids_list)
         input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
@@ -322,10 +332,17 @@ class _Engine:
         first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
         for r in range(B):
             steps[r].first_token_id = int(first[r])
-        if self.max_new_tokens > 0:
-            responses = self.generate(first.to(self.device), cache, mask, position_ids[:, -1])
+        answer_lens = list(answer_lens or [0] * B)
+        if self.max_new_tokens > 0 or any(answer_lens):
+            limits = [max(self.max_new_tokens, n) for n in answer_lens]
+            responses = self.generate(first.to(self.device), cache, mask, position_ids[:, -1], limits,
+                                      [n == 0 for n in answer_lens])
             for r in range(B):
-                steps[r].response_ids = responses[r]
+                if answer_lens[r]:
+                    steps[r].answer_ids = responses[r]
+                    steps[r].response_ids = self.response_prefix(responses[r])
+                else:
+                    steps[r].response_ids = responses[r]
         return steps
 
     def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets=None):
@@ -445,8 +462,10 @@ class _Engine:
         probs = torch.softmax(lp.float().cpu() / T, dim=-1)
         return int(torch.multinomial(probs, 1, generator=generator))
 
-    def generate(self, first: torch.Tensor, cache, mask, last_pos) -> list[list[int]]:
-        """Greedy continuation of each row after its step-1 token; rows finish independently.
+    def generate(self, first: torch.Tensor, cache, mask, last_pos, limits: list[int],
+                 stops: list[bool]) -> list[list[int]]:
+        """Greedy continuation of each row after its step-1 token, row r up to `limits[r]` tokens
+        (and its stop strings, where `stops[r]`); rows finish independently.
 
         Mutates `cache` (finished rows are dropped from it with `batch_select_indices`).
         """
@@ -454,7 +473,11 @@ class _Engine:
         responses: list[list[int]] = [[] for _ in range(B)]
         rows = list(range(B))  # batch row of each cache row
         tokens = first  # (len(rows),) last token of each cache row
-        going = [self.accept(responses[r], int(t)) for r, t in zip(rows, tokens.tolist())]
+
+        def accept(r: int, token: int) -> bool:
+            return self.accept(responses[r], token, limits[r], stops[r])
+
+        going = [accept(r, int(t)) for r, t in zip(rows, tokens.tolist())]
         while any(going):
             if not all(going):
                 keep = torch.tensor([j for j, g in enumerate(going) if g], dtype=torch.long, device=self.device)
@@ -465,18 +488,24 @@ class _Engine:
             last_pos = last_pos + 1
             logits, cache = self.forward(tokens.unsqueeze(-1), mask, last_pos.unsqueeze(-1), cache, last_only=True)
             tokens = torch.argmax(logits[:, -1, :], dim=-1)
-            going = [self.accept(responses[r], int(t)) for r, t in zip(rows, tokens.tolist())]
+            going = [accept(r, int(t)) for r, t in zip(rows, tokens.tolist())]
         return responses
 
-    def accept(self, response: list[int], token: int) -> bool:
+    def accept(self, response: list[int], token: int, limit: int, stop: bool = True) -> bool:
         """Append `token` to `response` unless it is eos; True while the row goes on."""
         if token in self.eos:
             return False
         response.append(token)
-        if len(response) >= self.max_new_tokens:
+        if len(response) >= limit:
             return False
-        if self.stop:
-            text = self.tokenizer.decode(response)
-            if any(s in text for s in self.stop):
-                return False
-        return True
+        return not (stop and self.stopped(response))
+
+    def stopped(self, ids: list[int]) -> bool:
+        return bool(self.stop) and any(s in self.tokenizer.decode(ids) for s in self.stop)
+
+    def response_prefix(self, ids: list[int]) -> list[int]:
+        """The tokens a generation with the stop strings and `max_new_tokens` would have kept."""
+        for k in range(1, min(len(ids), self.max_new_tokens) + 1):
+            if self.stopped(ids[:k]):
+                return ids[:k]
+        return ids[: self.max_new_tokens]

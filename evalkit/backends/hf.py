@@ -26,7 +26,7 @@ from tqdm import tqdm
 from evalkit.backends import engine
 from evalkit.backends import quant as quantization
 from evalkit.backends.convert import cached_args
-from evalkit.backends.models import DEFAULT_TOLERANCE
+from evalkit.backends.models import DEFAULT_ANSWER_TOKENS, DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
@@ -88,6 +88,7 @@ class EvalkitHFLM(HFLM):
         ban_openers: bool = False,
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
+        answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
         device: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -107,6 +108,7 @@ class EvalkitHFLM(HFLM):
         self.ban_openers = bool(ban_openers)
         self.probe_seed = int(probe_seed)
         self.tolerance = float(tolerance)
+        self.answer_max_tokens = int(answer_max_tokens)
         if not 0 <= self.tolerance < 1:
             raise ValueError(f"evalkit-hf: tolerance must be in [0, 1), got {tolerance}")
         self.lexicon = load_lexicon()
@@ -170,6 +172,7 @@ class EvalkitHFLM(HFLM):
                     first_temperature=self.first_temperature, banned_first_ids=banned,
                     seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
                     tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
+                    answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
                 )
                 for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
                     out[i] = self._result(ctx, doc, cand, n_answer, step, until)
@@ -198,6 +201,7 @@ class EvalkitHFLM(HFLM):
         ]
         top3 = engine.top_mass(step.logprobs, 3, self.temperature)
         metrics: dict[str, float] = {
+            "top1_prob": math.exp(step.topk_logprobs[0]),
             "top3_mass": top3,
             "unstable": 1.0 if top3 < UNSTABLE_BELOW else 0.0,
             "entropy": step.entropy,
@@ -206,6 +210,7 @@ class EvalkitHFLM(HFLM):
             metrics.update(candidate_metrics(self.tokenizer, context, step, cands[:n_answer], cands[n_answer:],
                                              self._prior(context, doc)))
         first_id = step.response_ids[0] if step.response_ids else None
+        answer = self.tok_decode(step.answer_ids, skip_special_tokens=True) if step.answer_ids else None
         return FirstStepResult(
             text=text,
             first_token_id=first_id,
@@ -214,4 +219,5 @@ class EvalkitHFLM(HFLM):
             topk=topk,
             entropy=step.entropy,
             metrics=metrics,
+            answer_text=answer,
         )

@@ -29,6 +29,8 @@ DEFAULT_NAME = "SmolLM2-135M-Instruct"
 IDENTITY_ARGS = ("pretrained", "gguf_file", "tokenizer", "peft", "delta")
 # evalkit-hf's default `tolerance` (probability of opener prefixes left unscored per prompt)
 DEFAULT_TOLERANCE = 1e-4
+# evalkit-hf's default `answer_max_tokens`: how far a prompt with checkable answers is continued
+DEFAULT_ANSWER_TOKENS = 48
 # vLLM's ModelConfig.max_logprobs default, "the default for the OpenAI Chat Completions API"
 VLLM_MAX_LOGPROBS = 20
 
@@ -196,6 +198,11 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         if args.get("trust_remote_code") is None:
             args["trust_remote_code"] = False
         args.setdefault("tolerance", DEFAULT_TOLERANCE)  # recorded in the run row
+        args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
+        if isinstance(args["answer_max_tokens"], bool) or not isinstance(args["answer_max_tokens"], int) \
+                or not 1 <= args["answer_max_tokens"] <= 4096:
+            raise BadInput(f"--model-args answer_max_tokens must be a whole number from 1 to 4096, "
+                           f"got {args['answer_max_tokens']!r}")
         try:
             tolerance = float(args["tolerance"])
         except (TypeError, ValueError):

@@ -59,17 +59,19 @@ def check_prompts_fit(plan: RunPlan, tokenizer, max_length: int) -> None:
     """Refuse first-token prompts whose templated tokens plus the answer exceed the context."""
     from evalkit.prompts.templates import render_prompt
 
-    answer = int(catalog.generation_kwargs("firsttoken_en").get("max_gen_toks", 0))
+    response = int(catalog.generation_kwargs("firsttoken_en").get("max_gen_toks", 0))
+    longer = int(plan.model.args.get("answer_max_tokens") or 0)  # prompts with checkable answers go on
     too_long = []
     for doc in _firsttoken_docs(plan):
         context = render_prompt(tokenizer, plan.template, doc["prompt"])
         n = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+        answer = max(response, longer) if doc.get("answers_full") else response
         if n + answer > max_length:
             too_long.append(f"{doc['id']} ({n} tokens)")
     if too_long:
         more = f" and {len(too_long) - SHOWN_IDS} more" if len(too_long) > SHOWN_IDS else ""
         raise BadInput(f"{len(too_long)} prompts do not fit the model's context of {max_length} tokens with "
-                       f"{answer} to answer: {', '.join(too_long[:SHOWN_IDS])}{more} (nothing is truncated)")
+                       f"room to answer: {', '.join(too_long[:SHOWN_IDS])}{more} (nothing is truncated)")
 
 
 def check_needle_grid(plan: RunPlan, tokenizer, max_length: int | None) -> None:

@@ -97,6 +97,7 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                 "needle_hint": doc.get("hint") if needle else None,
                 "metrics": json.dumps({k: v for k, v in values.items() if k in s.get("metrics", [])},
                                       sort_keys=True),
+                "answer": fields.get("answer"),
             }
             for m in SAMPLE_METRIC_COLUMNS:
                 row[m] = values.get(m)

@@ -20,7 +20,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ class RunResult:
     load_s: float = 0.0
     eval_s: float = 0.0
     duration_s: float = 0.0
+    lead: list[dict[str, Any]] = field(default_factory=list)  # the leading-indicator rows
 
 
 def _quiet_lm_eval() -> None:
@@ -232,6 +233,7 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     if results is None:  # non-zero ranks under accelerate get None
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0), None
     from evalkit.runner.collect import add_intervals, collect
+    from evalkit.scoring.lead import lead_table
 
     metric_rows, sample_rows, topk_rows = collect(run_id, results)
     if any(s.get("needle_depth") is not None for s in sample_rows):
@@ -239,8 +241,10 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
 
         metric_rows += derived_metrics(run_id, sample_rows)
     add_intervals(metric_rows, sample_rows, results.get("group_subtasks") or {})
-    result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0)
-    return result, (metric_rows, sample_rows, topk_rows)
+    lead_rows = lead_table(run_id, sample_rows, results.get("group_subtasks") or {})
+    result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0,
+                       lead_rows)
+    return result, (metric_rows, sample_rows, topk_rows, lead_rows)
 
 
 def merge_results(parts: list[dict | None]) -> dict | None:
@@ -256,15 +260,15 @@ def merge_results(parts: list[dict | None]) -> dict | None:
 
 def _store(db, row: dict[str, Any], rows) -> None:
     """Write a finished run in one transaction; when the DB cannot take it, keep it in a spool file."""
-    metrics, samples, topk = rows
+    metrics, samples, topk, lead = rows
     final = {k: row[k] for k in ("status", "finished_at", "duration_s")}
     try:
-        runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, **final)
+        runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, lead=lead, **final)
         return
     except (DatabaseBusy, duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0]
     try:
-        kept = spool.keep(db_path(db), row, metrics=metrics, samples=samples, topk=topk)
+        kept = spool.keep(db_path(db), row, metrics=metrics, samples=samples, topk=topk, lead=lead)
     except OSError as exc:
         raise RunFailed(f"run {row['id']} finished but its results could not be written ({reason}) "
                         f"nor kept ({exc})") from exc

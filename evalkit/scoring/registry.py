@@ -32,7 +32,7 @@ class Metric:
     level: str  # one of LEVELS
     higher_is_better: bool  # the direction the gate and the report's arrows use
     meaning: str  # one line a user reads in `evalkit metrics`
-    unit: str = "share"  # share (of prompts, 0..1) | probability | nats | bits | difference
+    unit: str = "share"  # share (of prompts, 0..1) | probability | nats | bits | difference | auroc
     per_sample: bool = False  # a `samples` column of the same name holds the per-prompt value
     binary: bool = False  # per-prompt values are 0 or 1 (an interval on the mean is a proportion's)
     aggregation: str = "mean"  # mean over prompts | difference of means | mean over prompt pairs
@@ -77,6 +77,17 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            per_sample=True, binary=True),
     Metric("entropy", "distribution", False, "entropy of the whole first-token distribution",
            unit="nats", per_sample=True, hi=None),
+    Metric("top1_prob", "distribution", True, "probability of the most likely first token", unit="probability",
+           per_sample=True),
+    Metric("answer_hit", "text", True,
+           "the whole answer is right: a checkable answer (answers_full) occurs in the greedy continuation",
+           per_sample=True, binary=True),
+    Metric("ft_answer_mismatch", "distribution", False,
+           "the first token and the whole answer disagree: ft_token_hit differs from answer_hit",
+           per_sample=True, binary=True),
+    Metric("lead_auroc.{S}", "derived", True,
+           "AUROC of first-token signal S against answer_hit over the checkable prompts: does the first "
+           "token predict the answer? (0.5 = no better than chance)", unit="auroc", aggregation="auroc"),
     Metric("needle_recall", "needle", True,
            "the needle's key appears in the response (digits, separators, width and case normalised)",
            per_sample=True, binary=True),

@@ -248,6 +248,33 @@ def m011_run_model_name(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN model_name VARCHAR")
 
 
+def m012_answers_and_lead_indicators(con: duckdb.DuckDBPyConnection) -> None:
+    # Does the first token predict the answer? Per prompt: the longer greedy continuation of a
+    # prompt with checkable answers, whether it holds one (answer_hit), whether the first token
+    # and the answer disagree, and the most likely first token's probability; per run x task x
+    # category x signal: the AUROC of the signal against answer_hit, with its bootstrap interval.
+    for column, kind in (("top1_prob", "DOUBLE"), ("answer_hit", "DOUBLE"), ("ft_answer_mismatch", "DOUBLE"),
+                         ("answer", "VARCHAR")):
+        con.execute(f"ALTER TABLE samples ADD COLUMN {column} {kind}")
+    con.execute(
+        """
+        CREATE TABLE lead_indicators (
+            run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            category VARCHAR NOT NULL,        -- '*': all of the task's checkable prompts
+            signal VARCHAR NOT NULL,          -- a metric name, oriented by its direction
+            auroc DOUBLE,                     -- NULL when undefined (see reason)
+            ci_lo DOUBLE,
+            ci_hi DOUBLE,
+            n INTEGER,                        -- checkable prompts with a value of the signal
+            n_right INTEGER,                  -- of them, answer_hit = 1
+            base_rate DOUBLE,                 -- share of the checkable prompts answered right
+            reason VARCHAR
+        )
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -260,4 +287,5 @@ MIGRATIONS: list[Migration] = [
     m009_run_liveness,
     m010_metric_intervals,
     m011_run_model_name,
+    m012_answers_and_lead_indicators,
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
+from evalkit.scoring.lead import SIGNALS as LEAD_SIGNALS
 from evalkit.store.db import db_path, open_reader
 from evalkit.store.runs import is_abandoned
 from evalkit.store.spool import pending_ids
@@ -96,6 +97,22 @@ def list_runs(path, limit: int = 50):
             r[2] = _shown(tuple(r[9:]), r[0], kept)
             rows.append(tuple(r[:9]))
         return cols, rows
+
+    return _read(path, q)
+
+
+def lead_rows(path, ref: str, category: str = "*") -> tuple[str, list[dict[str, Any]]]:
+    """(run id, the run's leading-indicator rows of one category, `*` = all checkable prompts)."""
+
+    def q(con):
+        run_id = resolve_run(con, ref)
+        cur = con.execute(
+            "SELECT task, signal, auroc, ci_lo, ci_hi, n, n_right, base_rate, reason FROM lead_indicators "
+            "WHERE run_id = ? AND category = ? ORDER BY task, list_position(?, signal)",
+            [run_id, category, list(LEAD_SIGNALS)],
+        )
+        cols = [d[0] for d in cur.description]
+        return run_id, [dict(zip(cols, r)) for r in cur.fetchall()]
 
     return _read(path, q)
 
