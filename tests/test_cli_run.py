@@ -164,7 +164,8 @@ def test_run_samples(hit_run):
         assert s["prompt"].startswith("<user>") and s["prompt"].endswith("</user><assistant>")
         assert s["lang"] == s["task"][-2:]
         assert s["prompt_hash"]
-        assert json.loads(s["metrics"]) == {"ft_hit": 1.0, "opener_rate": 0.0}
+        checkable = {"answer_hit": 1.0} if s["answer_hit"] is not None else {}  # answers_full: the answer is in it
+        assert json.loads(s["metrics"]) == {"ft_hit": 1.0, "opener_rate": 0.0, **checkable}
     first = samples[0]
     assert first["prompt"] == "<user>What is recursion?</user><assistant>"
     assert first["first_unit"] == "recursion"
@@ -297,15 +298,18 @@ def test_query_formats(all_runs, db):
     assert [line.split() for line in table.stdout.splitlines()] == [
         ["task", "metric", "value"],
         ["-------------", "-----------", "------"],
+        ["firsttoken_en", "answer_hit", "0.0000"],
         ["firsttoken_en", "ft_hit", "0.0000"],
         ["firsttoken_en", "opener_rate", "1.0000"],
     ]
     as_csv = invoke("query", sql, "--db", db, "--format", "csv")
     assert list(csv.reader(io.StringIO(as_csv.stdout))) == [
-        ["task", "metric", "value"], ["firsttoken_en", "ft_hit", "0.0"], ["firsttoken_en", "opener_rate", "1.0"],
+        ["task", "metric", "value"], ["firsttoken_en", "answer_hit", "0.0"], ["firsttoken_en", "ft_hit", "0.0"],
+        ["firsttoken_en", "opener_rate", "1.0"],
     ]
     as_json = invoke("query", sql, "--db", db, "--format", "json")
     assert json.loads(as_json.stdout) == [
+        {"task": "firsttoken_en", "metric": "answer_hit", "value": 0.0},
         {"task": "firsttoken_en", "metric": "ft_hit", "value": 0.0},
         {"task": "firsttoken_en", "metric": "opener_rate", "value": 1.0},
     ]

@@ -71,3 +71,21 @@ def metric_table(rows: Sequence[dict[str, Any]]) -> str:
 def next_steps(run_id: str) -> str:
     return (f"next: `evalkit report` (HTML with plots) · `evalkit compare {run_id} <other run>` · "
             f"`evalkit gate --candidate {run_id} --baseline tag:prod`")
+
+
+def lead_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The leading-indicator rows for the terminal: does the first token predict the answer?"""
+    body = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        if all(r["auroc"] is None for r in mine) and len({r["reason"] for r in mine}) == 1:  # one line says it
+            body.append([task, "lead_auroc.*", None, "", max(r["n"] for r in mine), mine[0]["base_rate"],
+                         mine[0]["reason"]])
+            continue
+        body += [[task, f"lead_auroc.{r['signal']}", r["auroc"], _ci(r["ci_lo"], r["ci_hi"]), r["n"],
+                  r["base_rate"], r["reason"] or ""] for r in mine]
+    return "\n".join([
+        "does the first token predict the answer? AUROC of each first-token signal against answer_hit "
+        "(0.5 = chance), over the checkable prompts",
+        table(["task", "signal", "auroc", "95% CI", "n", "right", "why undefined"], body, max_width=70),
+    ])

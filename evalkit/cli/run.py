@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from evalkit.cli.options import db_option
-from evalkit.cli.output import metric_table, next_steps
+from evalkit.cli.output import lead_table, metric_table, next_steps
 
 
 def _csv_list(kind):
@@ -67,6 +67,11 @@ def run_command(**opts):
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
     if result.metrics:
         click.echo(metric_table(result.metrics))
+    lead = [r for r in result.lead if r["category"] == "*"]
+    if lead:
+        click.echo()
+        click.echo(lead_table(lead))
+    if result.metrics:
         click.echo(next_steps(result.id))
 
 

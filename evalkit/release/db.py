@@ -62,6 +62,11 @@ def load_run_data(con, run_id: str):
         [run_id],
     ).fetchall():
         metrics[(task, metric)] = value
+    # does the first token predict the answer: lead_auroc.<signal> per task, over all its categories
+    for task, signal, value in con.execute(
+        "SELECT task, signal, auroc FROM lead_indicators WHERE run_id = ? AND category = '*'", [run_id]
+    ).fetchall():
+        metrics[(task, f"lead_auroc.{signal}")] = value
 
     samples: dict[tuple[str, str], dict[str, float]] = {}
     cols = ", ".join(SAMPLE_METRIC_COLUMNS)

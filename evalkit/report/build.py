@@ -33,7 +33,9 @@ MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
 MAX_HEATMAPS = 3  # needle heatmaps, newest runs first (each costs ~0.4 s of CPU)
 MAX_PROMPTS = 50  # --prompts: first-token prompts charted
 # every file a report may write into --out
-REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png",
+MAX_ROC_RUNS = 3  # ROC figures, newest runs with checkable answers first
+REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png", "reliability.png",
+                *(f"roc_{k + 1}.png" for k in range(MAX_ROC_RUNS)),
                 *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)))
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
 TABLE_RANKS = 5  # ranks per run in the first-token tables
@@ -114,6 +116,7 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
         _runs_section(data),
         _leaderboard_section(data, out_dir),
         _first_token_section(data, out_dir, prompts),
+        _lead_section(data, out_dir),
         _needle_section(data, out_dir),
         _trend_section(data, out_dir),
     ]
@@ -141,6 +144,9 @@ class _Data:
     ft_prompts: list[dict]
     needle_cells: list[dict]
     needle_summary: list[dict]
+    lead: list[dict]  # lead_indicators rows (category '*') of the done runs
+    answers: list[dict]  # per checkable prompt: run, task, answer_hit and the first-token signals
+    reliability: list[dict]  # per run and ft_hit_prob decile: mean ft_hit_prob, answer accuracy, n
     generated: dt.datetime
     db: str = ""
 
@@ -198,8 +204,28 @@ def _read(con, refs: list[str], prompts: int) -> _Data:
         FROM needle_heatmap WHERE run_id IN {_IDS}
         GROUP BY run_id, lang, hint ORDER BY run_id, lang, hint
     """, [done])
+    lead = _rows(con, f"""
+        SELECT run_id, task, signal, auroc, ci_lo, ci_hi, n, n_right, base_rate, reason
+        FROM lead_indicators WHERE run_id IN {_IDS} AND category = '*' ORDER BY run_id, task
+    """, [done])
+    from evalkit.scoring.lead import SIGNALS
+
+    answers = _rows(con, f"""
+        SELECT run_id, task, answer_hit, {', '.join(SIGNALS)} FROM samples
+        WHERE run_id IN {_IDS} AND answer_hit IS NOT NULL
+    """, [done])
+    reliability = _rows(con, f"""
+        WITH d AS (
+            SELECT run_id, ft_hit_prob, answer_hit,
+                   ntile(10) OVER (PARTITION BY run_id ORDER BY ft_hit_prob) AS decile
+            FROM samples WHERE run_id IN {_IDS} AND answer_hit IS NOT NULL AND ft_hit_prob IS NOT NULL
+        )
+        SELECT run_id, decile, avg(ft_hit_prob) AS ft_hit_prob, avg(answer_hit) AS accuracy, count(*) AS n
+        FROM d GROUP BY run_id, decile ORDER BY run_id, decile
+    """, [done])
     return _Data(runs=runs, done=done, leaderboard=leaderboard, ft_runs=ft_runs,
                  ft_prompts=ft_prompts, needle_cells=needle_cells, needle_summary=needle_summary,
+                 lead=lead, answers=answers, reliability=reliability,
                  generated=dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
 
 
@@ -498,6 +524,58 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
                 for run_id, task in keys]
         section.tables.append(Table(["run", "task", "needle_recall [95 % CI]", "middle_gap"], rows,
                                     numeric_from=2, caption="per task, from the leaderboard view"))
+    return section
+
+
+def _lead_section(data: _Data, out_dir: Path) -> Section:
+    """Does the first token predict the answer? ROC curves, the AUROC table, a reliability plot."""
+    from evalkit.scoring.lead import SIGNALS
+
+    section = Section("lead", "Does the first token predict the answer?")
+    if not data.answers:
+        section.omitted = ("no run among the selected has checkable answers (prompts with answers_full, "
+                           "e.g. the firsttoken tasks)")
+        return section
+    runs = {r["id"]: r for r in data.runs}
+    section.intro = (
+        "For the prompts whose whole answer can be checked (answers_full), how well does each first-token "
+        "signal tell a right answer from a wrong one? AUROC against answer_hit, 0.5 = chance, 1 = perfect; "
+        "signals that are better low (entropy, opener_mass, prior_drift) enter negated. Intervals: 95 % "
+        "bootstrap over prompts. An empty cell: the AUROC is undefined (every checkable answer right, or "
+        "every one wrong, or no values of the signal).")
+    with_answers = [i for i in data.done if any(a["run_id"] == i for a in data.answers)]
+    from evalkit.report.plots import reliability_plot, roc_plot
+
+    for k, run_id in enumerate(with_answers[-MAX_ROC_RUNS:]):
+        name = f"roc_{k + 1}.png"
+        mine = [a for a in data.answers if a["run_id"] == run_id]
+        section.images.append(Image(name, f"ROC curves of the first-token signals, run {runs[run_id]['label']}",
+                                    partial(roc_plot, mine, SIGNALS, out_dir / name,
+                                            title=f"ROC against answer_hit — {runs[run_id]['label']}")))
+    if data.reliability:
+        series = {runs[r]["label"]: [x for x in data.reliability if x["run_id"] == r]
+                  for r in with_answers if any(x["run_id"] == r for x in data.reliability)}
+        section.images.append(Image("reliability.png", "answer accuracy by ft_hit_prob decile, per run",
+                                    partial(reliability_plot, series, out_dir / "reliability.png")))
+    columns = ["run", "task", "n", "right"] + [f"lead_auroc.{s}" for s in SIGNALS]
+    keys = sorted({(r["run_id"], r["task"]) for r in data.lead}, key=lambda k: (data.done.index(k[0]), k[1]))
+    cells = {(r["run_id"], r["task"], r["signal"]): r for r in data.lead}
+    rows = []
+    for run_id, task in keys:
+        first = next(cells[(run_id, task, s)] for s in SIGNALS if (run_id, task, s) in cells)
+        row = [runs[run_id]["label"], task, str(first["n"]), _num(first["base_rate"])]
+        for s in SIGNALS:
+            c = cells.get((run_id, task, s))
+            row.append(_with_ci({"value": c["auroc"], "ci_lo": c["ci_lo"], "ci_hi": c["ci_hi"]})
+                       if c and c["auroc"] is not None else "")
+        rows.append(row)
+    section.tables.append(Table(columns, rows, numeric_from=2, caption="lead_auroc per run and task"))
+    undefined = sorted({r["reason"] for r in data.lead if r["auroc"] is None and r["reason"]})
+    if undefined:
+        section.notes.append("Undefined cells: " + "; ".join(undefined) + ".")
+    if len(with_answers) > MAX_ROC_RUNS:
+        section.notes.append(f"ROC curves of the {MAX_ROC_RUNS} newest of the {len(with_answers)} runs with "
+                             "checkable answers; the table covers all of them.")
     return section
 
 

@@ -281,3 +281,53 @@ def trend_plot(series: Sequence[dict], path: str | Path, title: str) -> Path:
                bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(plot_label(title, 90), fontsize=11)
     return _save(fig, path)
+
+
+def roc_plot(samples: Sequence[dict], signals: Sequence[str], path: str | Path, title: str) -> Path:
+    """ROC curves of first-token signals against answer_hit (scikit-learn's roc_curve), one line per
+    signal that has values and both classes; lower-is-better signals enter negated."""
+    import numpy as np
+    from sklearn.metrics import roc_curve
+
+    from evalkit.scoring import registry
+
+    fig, axes = _grid(1, 1, 4.6, 3.6, left=0.7, right=2.2, foot=0.0)
+    ax = axes[0]
+    cmap = run_colors(len(signals))
+    for color, signal in zip(cmap, signals):
+        pairs = [(float(s[signal]), float(s["answer_hit"])) for s in samples if s.get(signal) is not None]
+        labels = np.array([y for _, y in pairs])
+        if len(pairs) < 2 or labels.min() == labels.max():
+            continue
+        sign = -1.0 if registry.higher_is_better(signal) is False else 1.0
+        fpr, tpr, _ = roc_curve(labels, sign * np.array([x for x, _ in pairs]))
+        ax.plot(fpr, tpr, color=color, linewidth=1.2, label=plot_label(("−" if sign < 0 else "") + signal))
+    ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("false positive rate (wrong answers flagged right)", fontsize=8)
+    ax.set_ylabel("true positive rate", fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title(plot_label(title, 70), fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    return _save(fig, path)
+
+
+def reliability_plot(series: dict[str, Sequence[dict]], path: str | Path) -> Path:
+    """Answer accuracy by ft_hit_prob decile: one line per run (x = the decile's mean ft_hit_prob)."""
+    fig, axes = _grid(1, 1, 4.6, 3.4, left=0.7, right=2.2, foot=0.0)
+    ax = axes[0]
+    for color, (label, points) in zip(run_colors(len(series)), series.items()):
+        pts = sorted(points, key=lambda p: p["decile"])
+        ax.plot([p["ft_hit_prob"] for p in pts], [p["accuracy"] for p in pts], marker="o", markersize=3,
+                color=color, label=plot_label(label, 32))
+    ax.set_xlabel("mean ft_hit_prob of the decile", fontsize=8)
+    ax.set_ylabel("answer_hit (share right)", fontsize=8)
+    ax.set_ylim(-0.03, 1.03)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title("answer accuracy by ft_hit_prob decile", fontsize=9)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    return _save(fig, path)
