@@ -30,6 +30,9 @@ def _csv_list(kind):
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
 @click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--kv-cache", default=None,
+              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS; "
+                   "a comma list runs one run per policy.")
 @click.option("--limit", type=int, default=None, help="At most N prompts per task.")
 @click.option("--seed", type=int, default=1234, show_default=True)
 @click.option("--batch-size", type=int, default=8, show_default=True)
@@ -52,14 +55,18 @@ def run_command(**opts):
       evalkit run --tasks firsttoken
       evalkit run --tasks firsttoken_zh --template direct --limit 20
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
+      evalkit run --tasks needle_en --kv-cache full,window:256,sinkwindow:4:256,fp8
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
     """
-    from evalkit.runner.execute import RunConfig, execute
+    from evalkit.runner.execute import RunConfig, execute_all
 
     tasks = [t.strip() for t in (opts.pop("tasks") or "").split(",") if t.strip()]
     cfg = RunConfig(tasks=tasks, **opts)
-    result = execute(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True))
+    execute_all(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True), on_done=_print_result)
+
+
+def _print_result(result) -> None:
     click.echo(f"run {result.run_id}  {result.status}  {result.n_samples} samples  "
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
     rows = [(m["task"], m["metric"], m["value"], m["stderr"], m["n"]) for m in result.metrics]

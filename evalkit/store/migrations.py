@@ -220,6 +220,37 @@ def m009_run_liveness(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN heartbeat_at TIMESTAMP")
 
 
+def m010_kv_cache(con: duckdb.DuckDBPyConnection) -> None:
+    # The KV-cache policy a run ran under (`--kv-cache`: full, window:W, sinkwindow:S:W, fp8,
+    # quantized:BACKEND:BITS), a run dimension like quant and template. NULL where evalkit does
+    # not control the cache (vLLM, API models). Runs of the hf backend from before the option
+    # ran with the full cache, and say so.
+    import json
+
+    con.execute("ALTER TABLE runs ADD COLUMN kv_cache VARCHAR")
+    full = []
+    for run_id, config in con.execute("SELECT id, config FROM runs").fetchall():
+        try:
+            model = json.loads(config or "{}").get("model")
+        except (ValueError, AttributeError):
+            continue
+        if model == "hf":
+            full.append(run_id)
+    if full:
+        con.execute("UPDATE runs SET kv_cache = 'full' WHERE id IN (SELECT unnest(?::VARCHAR[]))", [full])
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_fingerprint, r.quant, r.template, r.kv_cache,
+               r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               m.value - 1.96 * m.stderr AS ci_lo, m.value + 1.96 * m.stderr AS ci_hi
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -230,4 +261,5 @@ MIGRATIONS: list[Migration] = [
     m007_create_run_drift_view,
     m008_create_meta,
     m009_run_liveness,
+    m010_kv_cache,
 ]
