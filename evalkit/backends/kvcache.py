@@ -19,7 +19,8 @@ Policies (docs/metrics.md §1.7):
 - `quantized:BACKEND:BITS` — the prompt's keys and values quantized group-wise by
   transformers' `QuantoQuantizedLayer` (optimum-quanto, 2 or 4 bits) or
   `HQQQuantizedLayer` (hqq, 1, 2, 3, 4 or 8 bits), with their defaults (axis 0, groups
-  of 64); tokens after the prompt stay in full precision in the residual buffer until
+  of 64 values: one head's key or value vector of one token when the head dimension is
+  64; a head vector a group when it does not divide by 64); tokens after the prompt stay in full precision in the residual buffer until
   it holds `RESIDUAL` (128) of them, then they are quantized too. `quantized:fp8:8` is `fp8`.
 
 Positions keep their original indices under eviction: a key evicted from the window
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from evalkit.errors import BadInput
 
 FULL_SPEC = "full"
+GROUP = 64  # transformers' QuantizedCache q_group_size default
 RESIDUAL = 128  # transformers' QuantizedCache residual_length default: newest tokens kept in full precision
 MAX_WINDOW = 2**31 - 1
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -225,6 +227,9 @@ class _Rounder:
         """transformers' quantize then dequantize of one row's chunk, as its QuantizedLayer would."""
         h = self.helper
         h.keys = t  # HQQ reads the device and compute dtype off the layer's keys
+        # groups of 64 as transformers' default, which span whole head vectors when the head
+        # dimension is a multiple of 64; otherwise (tiny test models) one head vector a group
+        h.q_group_size = GROUP if t.shape[-1] % GROUP == 0 else t.shape[-1]
         return h._dequantize(h._quantize(t.contiguous(), axis=axis)).to(t.dtype)
 
 
