@@ -333,11 +333,111 @@ def test_parse_list_refuses_a_policy_twice():
         kvcache.parse_list(" , ")
 
 
+def hide_backends(monkeypatch):
+    """Make optimum-quanto and hqq look uninstalled (whether they are here or not)."""
+    real = kvcache.importlib.util.find_spec
+    hidden = {module for _, module, _, _ in kvcache.BACKENDS.values()}
+    monkeypatch.setattr(kvcache.importlib.util, "find_spec",
+                        lambda name, *args: None if name in hidden else real(name, *args))
+
+
 def test_missing_backend_names_the_pip_command(monkeypatch):
-    monkeypatch.setattr(kvcache.importlib.util, "find_spec", lambda name: None)
+    hide_backends(monkeypatch)
     with pytest.raises(BadInput, match=r"pip install 'evalkit\[kvquant\]'"):
         kvcache.check_available(parse("quantized:quanto:4"))
 
 
 def test_doctests():
     assert doctest.testmod(kvcache).failed == 0
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+def test_full_run_equals_a_run_without_the_option(tiny_model_dir, tmp_path):
+    """`--kv-cache full` stores exactly the rows of a run without the option (EXCEPT ALL both
+    ways over metrics, samples and first_token_topk), and the run row says `full`."""
+    import duckdb
+
+    from evalkit.runner.execute import RunConfig, execute
+    from tests.test_determinism import TABLES, differences
+
+    db = tmp_path / "evalkit.duckdb"
+    common = dict(tasks=["firsttoken", "needle_en"], model="hf", model_args=f"pretrained={tiny_model_dir}",
+                  device="cpu", limit=2, seed=5, db=str(db), needle_lengths=[160], needle_depths=[0.0, 1.0])
+    before = execute(RunConfig(**common))
+    full = execute(RunConfig(**common, kv_cache="full"))
+    for table in TABLES:
+        n_a, n_b, diff = differences(db, table, before.run_id, full.run_id)
+        assert n_a == n_b > 0, (table, n_a, n_b)
+        assert diff == [], f"{table} differ: {diff}"
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT DISTINCT kv_cache FROM runs").fetchall() == [("full",)]
+    finally:
+        con.close()
+
+
+def test_a_comma_list_runs_one_run_per_policy(tiny_model_dir, tmp_path):
+    """One command, one run per policy, the same prompts; the leaderboard and compare carry the
+    policy as a dimension; the report draws the per-policy needle figures."""
+    import duckdb
+    from click.testing import CliRunner
+
+    from evalkit.cli import cli
+
+    db = tmp_path / "evalkit.duckdb"
+    result = CliRunner().invoke(cli, [
+        "run", "--model-args", f"pretrained={tiny_model_dir}", "--device", "cpu", "--tasks", "needle_en",
+        "--needle-lengths", "160", "--needle-depths", "0,1", "--kv-cache", "full,window:8,sinkwindow:2:8,fp8",
+        "--name", "sweep", "--db", str(db)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.execute("SELECT name, kv_cache, seed FROM runs ORDER BY created_at, id").fetchall()
+        prompts = con.execute("SELECT count(DISTINCT prompt_hash), count(*) FROM samples").fetchone()
+        board = con.execute("SELECT DISTINCT kv_cache FROM leaderboard ORDER BY 1").fetchall()
+    finally:
+        con.close()
+    assert rows == [("sweep (full)", "full", 1234), ("sweep (window:8)", "window:8", 1234),
+                    ("sweep (sinkwindow:2:8)", "sinkwindow:2:8", 1234), ("sweep (fp8)", "fp8", 1234)]
+    assert prompts == (2, 8)  # the same two needle prompts in every run
+    assert board == [("fp8",), ("full",), ("sinkwindow:2:8",), ("window:8",)]
+
+    out = CliRunner().invoke(cli, ["compare", "sweep (full)", "sweep (window:8)", "--db", str(db)])
+    assert out.exit_code == 0, out.output
+    assert "runs differ in: kv_cache full -> window:8" in out.output
+
+    report = CliRunner().invoke(cli, ["report", "--db", str(db), "--out", str(tmp_path / "report")])
+    assert report.exit_code == 0, report.output
+    assert (tmp_path / "report" / "needle_kv_cache.png").stat().st_size > 0
+    assert (tmp_path / "report" / "needle_kv_cache_depth.png").stat().st_size > 0
+    assert "kv cache" in (tmp_path / "report" / "summary.md").read_text(encoding="utf-8")
+
+
+def test_missing_backend_package_is_one_line_and_writes_nothing(tiny_model_dir, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from evalkit.cli import cli
+
+    hide_backends(monkeypatch)
+    db = tmp_path / "evalkit.duckdb"
+    for command in (["run", "--model-args", f"pretrained={tiny_model_dir}", "--tasks", "firsttoken",
+                     "--kv-cache", "full,quantized:hqq:4", "--db", str(db)],
+                    ["inspect", "Hi", "--model-args", f"pretrained={tiny_model_dir}", "--kv-cache",
+                     "quantized:quanto:2"]):
+        result = CliRunner().invoke(cli, command)
+        assert result.exit_code == 2, result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "pip install 'evalkit[kvquant]'" in lines[0], lines
+    assert not db.exists()
+
+
+def test_inspect_runs_under_a_policy(tiny_model_dir):
+    from evalkit.inspection import inspect_prompt
+
+    full = inspect_prompt("Hello, how are you today? " * 6, model_args=f"pretrained={tiny_model_dir}", device="cpu")
+    window = inspect_prompt("Hello, how are you today? " * 6, model_args=f"pretrained={tiny_model_dir}",
+                            device="cpu", kv_cache="window:4")
+    assert (full.kv_cache, window.kv_cache) == ("full", "window:4")
+    assert [t.prob for t in full.tokens] != [t.prob for t in window.tokens]

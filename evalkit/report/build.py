@@ -33,8 +33,10 @@ MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
 MAX_HEATMAPS = 3  # needle heatmaps, newest runs first (each costs ~0.4 s of CPU)
 MAX_PROMPTS = 50  # --prompts: first-token prompts charted
 # every file a report may write into --out
+MAX_POLICY_RUNS = 6  # needle runs compared across KV-cache policies (one heatmap column each)
 REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png",
-                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)))
+                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)), "needle_kv_cache.png",
+                "needle_kv_cache_depth.png")
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
 TABLE_RANKS = 5  # ranks per run in the first-token tables
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
@@ -167,7 +169,7 @@ def _read(con, refs: list[str], prompts: int) -> _Data:
     ids = _select_runs(con, refs)
     runs = _rows(con, f"""
         SELECT r.id, r.name, r.status, r.model, r.model_args, r.model_fingerprint, r.quant,
-               r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
+               r.kv_cache, r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
         FROM runs r
         LEFT JOIN (SELECT run_id, count(*) AS n FROM samples WHERE run_id IN {_IDS} GROUP BY run_id) s
           ON s.run_id = r.id
@@ -305,10 +307,10 @@ def _runs_section(data: _Data) -> Section:
     for r in data.runs:
         created = r["created_at"].strftime("%Y-%m-%d %H:%M:%S") if r["created_at"] else ""
         rows.append([r["label"], r["id"], r["status"], r["model_label"], r["quant"] or "",
-                     r["template"] or "", ",".join(r["tasks"] or []), created, str(r["n_samples"]),
-                     _num(r["duration_s"], 1)])
-    table = Table(["run", "id", "status", "model", "quant", "template", "tasks", "created (UTC)",
-                   "samples", "duration s"], rows, numeric_from=8)
+                     r["kv_cache"] or "", r["template"] or "", ",".join(r["tasks"] or []), created,
+                     str(r["n_samples"]), _num(r["duration_s"], 1)])
+    table = Table(["run", "id", "status", "model", "quant", "kv cache", "template", "tasks", "created (UTC)",
+                   "samples", "duration s"], rows, numeric_from=9)
     section = Section("runs", "Runs", tables=[table],
                       intro=f"{len(data.runs)} runs, {len(data.done)} of them done.")
     not_done = [r["label"] for r in data.runs if r["status"] != "done"]
@@ -331,13 +333,16 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
     cells = {(r["task"], r["run_id"], r["metric"]): r for r in main}
     keys = sorted({(r["task"], r["run_id"]) for r in main},
                   key=lambda k: (k[0], runs[k[1]]["model_label"], runs[k[1]]["quant"] or "",
-                                 runs[k[1]]["template"] or "", runs[k[1]]["created_at"], k[1]))
+                                 runs[k[1]]["kv_cache"] or "", runs[k[1]]["template"] or "",
+                                 runs[k[1]]["created_at"], k[1]))
     arrows = {True: " ↑", False: " ↓", None: ""}
-    columns = ["task", "model", "quant", "template", "run"] + [m + arrows[registry.higher_is_better(m)] for m in metrics]
+    columns = ["task", "model", "quant", "kv cache", "template", "run"] + [
+        m + arrows[registry.higher_is_better(m)] for m in metrics]
     rows, strong = [], set()
     for task, run_id in keys:
         run = runs[run_id]
-        row = [task, run["model_label"], run["quant"] or "", run["template"] or "", run["label"]]
+        row = [task, run["model_label"], run["quant"] or "", run["kv_cache"] or "", run["template"] or "",
+               run["label"]]
         row += [_with_ci(cells[(task, run_id, m)]) if (task, run_id, m) in cells else "" for m in metrics]
         rows.append(row)
     for j, metric in enumerate(metrics):
@@ -351,10 +356,10 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
             if len(values) < 2 or len({v for _, v in values}) == 1:
                 continue
             best = max(v for _, v in values) if better else min(v for _, v in values)
-            strong |= {(i, 5 + j) for i, v in values if v == best}
+            strong |= {(i, 6 + j) for i, v in values if v == best}
     section.intro = ("Each metric's value and 95 % CI (value ± 1.96 stderr) from the leaderboard view; "
                      "↑ higher is better, ↓ lower is better; the best run per task is in bold.")
-    section.tables.append(Table(columns, rows, numeric_from=5, strong=strong))
+    section.tables.append(Table(columns, rows, numeric_from=6, strong=strong))
     breakdowns = sorted({r["metric"] for r in data.leaderboard if _is_breakdown(r["metric"])})
     if breakdowns:
         section.notes.append(f"{len(breakdowns)} breakdown metrics (e.g. {breakdowns[0]}) are left out of this "
@@ -476,6 +481,7 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
     if len(drawn) < len(with_rows):
         section.notes.append(f"Heatmaps of the {len(drawn)} newest of the {len(with_rows)} runs with needle rows; "
                              "the tables cover all of them.")
+    _kv_cache_figures(section, data, with_rows, out_dir)
     rows = [[runs[r["run_id"]]["label"], r["lang"] or "", "yes" if r["hint"] else "no", str(r["n"]),
              _num(r["recall"])] for r in data.needle_summary]
     section.tables.append(Table(["run", "lang", "hint", "n", "recall"], rows, numeric_from=3,
@@ -492,6 +498,27 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
         section.tables.append(Table(["run", "task", "needle_recall [95 % CI]", "middle_gap"], rows,
                                     numeric_from=2, caption="per task, from the leaderboard view"))
     return section
+
+
+def _kv_cache_figures(section: Section, data: _Data, with_rows: list[str], out_dir: Path) -> None:
+    """Where the needle runs differ in KV-cache policy: their heatmaps side by side, one column a
+    run, and their recall by depth, one line a run, on one axis (depth 0 is where eviction hurts)."""
+    from evalkit.report.needle_plot import policy_depth_lines, policy_heatmaps
+
+    runs = {r["id"]: r for r in data.runs}
+    if len({runs[i]["kv_cache"] for i in with_rows}) < 2:
+        return
+    chosen = with_rows[-MAX_POLICY_RUNS:]
+    names = [runs[i]["kv_cache"] or "(backend's own)" for i in chosen]
+    groups = [(name if names.count(name) == 1 else f"{name} · {runs[i]['label']}",
+               [c for c in data.needle_cells if c["run_id"] == i]) for i, name in zip(chosen, names)]
+    section.images.append(Image("needle_kv_cache.png", "needle recall heatmaps side by side, one column per "
+                                "KV-cache policy", partial(policy_heatmaps, groups, out_dir / "needle_kv_cache.png",
+                                                           title="needle recall per KV-cache policy")))
+    section.images.append(Image("needle_kv_cache_depth.png", "needle recall by depth, one line per KV-cache policy",
+                                partial(policy_depth_lines, groups, out_dir / "needle_kv_cache_depth.png")))
+    if len(chosen) < len(with_rows):
+        section.notes.append(f"KV-cache figures: the {len(chosen)} newest of the {len(with_rows)} runs with needle rows.")
 
 
 def _trend_section(data: _Data, out_dir: Path) -> Section:
