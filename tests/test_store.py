@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import shutil
 
 import duckdb
@@ -215,7 +216,7 @@ def test_kv_cache_migration_marks_earlier_hf_runs_full(tmp_path):
     path = tmp_path / "old.duckdb"
     con = older_db(path, MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__ == "m010_kv_cache")))
     for run_id, model in (("r-hf", "hf"), ("r-vllm", "vllm"), ("r-none", None)):
-        config = '{"model": "%s", "tasks": ["firsttoken"]}' % model if model else None
+        config = json.dumps({"model": model, "tasks": ["firsttoken"]}) if model else None
         con.execute("INSERT INTO runs (id, created_at, status, model, config) VALUES (?, now(), 'done', ?, ?)",
                     [run_id, model or "x", config])
     con.execute("INSERT INTO metrics VALUES ('r-hf', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
