@@ -5,11 +5,11 @@ and is imported on first use, so `import evalkit` (and `evalkit --help`) stays l
 """
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "connect", "gate", "run"]
+__all__ = ["__version__", "connect", "gate", "run", "run_all"]
 
 
 def __getattr__(name: str):
-    if name in ("run", "connect", "gate", "Run"):
+    if name in ("run", "run_all", "connect", "gate", "Run"):
         from evalkit import api
 
         return getattr(api, name)

@@ -1,4 +1,4 @@
-"""The Python API, for notebooks and scripts: `run`, `connect`, `gate` (the CLI is built on it).
+"""The Python API, for notebooks and scripts: `run` (`run_all`), `connect`, `gate` (the CLI is built on it).
 
     >>> import evalkit
     >>> r = evalkit.run(tasks="firsttoken", limit=20)          # doctest: +SKIP
@@ -56,22 +56,48 @@ def run(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.Path
 
     `tasks` is a name, a comma list or a sequence ("firsttoken", ["firsttoken_en", "needle"]);
     every other option is a `RunConfig` field under its own name (model_args, template, quant,
-    limit, seed, batch_size, name, prompts_file, top_k, temperature, needle_lengths, ...).
+    kv_cache, limit, seed, batch_size, name, prompts_file, top_k, temperature, needle_lengths, ...).
+    One configuration only: a comma list of policies or variants is `run_all`.
     """
     from evalkit.errors import BadInput
-    from evalkit.runner.config import RunConfig
-    from evalkit.runner.execute import execute
+
+    cfg = _config(tasks, model, db, options)
+    from evalkit.runner.execute import sweep_configs
+
+    if len(sweep_configs(cfg)) != 1:
+        raise BadInput("evalkit.run runs one configuration; a comma list (--kv-cache, --quant) is evalkit.run_all")
+    return run_all(tasks, model, db=db, on_start=on_start, **options)[0]
+
+
+def run_all(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.PathLike | None = None,
+            on_start: Callable[[str], None] | None = None, on_done: Callable[[Run], None] | None = None,
+            **options: Any) -> list[Run]:
+    """`run` for every configuration of a sweep (a comma list of `kv_cache` policies): one
+    stored run each, on one loaded model, all checked before anything is written."""
+    from evalkit.runner.execute import execute_all
     from evalkit.store.db import db_path
+
+    cfg = _config(tasks, model, db, options)
+    path = db_path(cfg.db)
+
+    def as_run(result) -> Run:
+        return Run(result.run_id, result.status, result.n_samples, result.duration_s, path, result.metrics,
+                   result.load_s, result.eval_s, result.lead)
+
+    done = (lambda result: on_done(as_run(result))) if on_done else None
+    return [as_run(r) for r in execute_all(cfg, on_start=on_start, on_done=done)]
+
+
+def _config(tasks, model, db, options):
+    from evalkit.errors import BadInput
+    from evalkit.runner.config import RunConfig
 
     names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t and t.strip()]
     fields = set(RunConfig.__dataclass_fields__) - {"tasks", "model", "db"}
     unknown = sorted(set(options) - fields)
     if unknown:
         raise BadInput(f"unknown run option {unknown[0]!r} (known: {', '.join(sorted(fields))})")
-    cfg = RunConfig(tasks=names, model=model, db=str(db) if db is not None else None, **options)
-    result = execute(cfg, on_start=on_start)
-    return Run(result.run_id, result.status, result.n_samples, result.duration_s, db_path(cfg.db), result.metrics,
-               result.load_s, result.eval_s, result.lead)
+    return RunConfig(tasks=names, model=model, db=str(db) if db is not None else None, **options)
 
 
 def connect(db: str | os.PathLike | None = None):

@@ -18,7 +18,7 @@ from evalkit.prompts.needle import (
     question,
     split_sentences,
 )
-from evalkit.report.needle_plot import heatmap, recall_by_depth_plot
+from evalkit.report.needle_plot import heatmap, policy_depth_lines, policy_heatmaps, recall_by_depth_plot
 from evalkit.scoring.needle import middle_gap, needle_recall, normalize_key
 
 # the constant stands for the chat template's overhead
@@ -250,6 +250,17 @@ def test_heatmap_writes_png(tmp_path):
 def test_recall_by_depth_plot_writes_png(tmp_path):
     path = recall_by_depth_plot(iter(plot_rows()), tmp_path / "curve.png")
     assert path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_policy_figures_write_pngs(tmp_path):
+    """KV-cache comparison: heatmaps side by side (a column per policy) and one depth line per policy."""
+    rows = plot_rows()
+    evicted = [{**r, "recall": 0.0 if r["depth"] < 0.5 else r["recall"]} for r in rows]
+    groups = [("full", rows), ("window:256", evicted)]
+    assert policy_heatmaps(groups, tmp_path / "h.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert policy_depth_lines(groups, tmp_path / "d.png").read_bytes()[:8] == PNG_SIGNATURE
+    with pytest.raises(ValueError):
+        policy_heatmaps([], tmp_path / "x.png")
 
 
 def test_plots_reject_empty_rows(tmp_path):

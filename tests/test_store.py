@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import shutil
 
 import duckdb
@@ -54,6 +55,7 @@ EXPECTED_TABLES = {
         "pid_start": "VARCHAR",
         "heartbeat_at": "TIMESTAMP",
         "model_name": "VARCHAR",
+        "kv_cache": "VARCHAR",
     },
     "metrics": {
         "run_id": "VARCHAR",
@@ -218,6 +220,23 @@ def test_partly_migrated_db_gets_only_the_rest(tmp_path):
         assert applied(con) == [m.__name__ for m in MIGRATIONS]
         assert con.execute("SELECT id FROM runs").fetchall() == [("r1",)]
         assert relations(con, "BASE TABLE") == set(EXPECTED_TABLES)
+
+
+def test_kv_cache_migration_marks_earlier_hf_runs_full(tmp_path):
+    """Runs of the hf backend from before --kv-cache ran with the full cache; others (vLLM, API,
+    fake) are NULL: evalkit did not control their cache. The leaderboard view gains the column."""
+    path = tmp_path / "old.duckdb"
+    con = older_db(path, MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__ == "m010_kv_cache")))
+    for run_id, model in (("r-hf", "hf"), ("r-vllm", "vllm"), ("r-none", None)):
+        config = json.dumps({"model": model, "tasks": ["firsttoken"]}) if model else None
+        con.execute("INSERT INTO runs (id, created_at, status, model, config) VALUES (?, now(), 'done', ?, ?)",
+                    [run_id, model or "x", config])
+    con.execute("INSERT INTO metrics VALUES ('r-hf', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
+    con.close()
+    with open_writer(path) as con:
+        assert dict(con.execute("SELECT id, kv_cache FROM runs").fetchall()) == {
+            "r-hf": "full", "r-vllm": None, "r-none": None}
+        assert con.execute("SELECT kv_cache FROM leaderboard").fetchall() == [("full",)]
 
 
 def test_read_only_open_needs_an_existing_db(tmp_path):

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalkit.backends.kvcache import FULL, KVPolicy, new_cache
+
 _SEED_STRIDE = 1_000_003
 
 
@@ -64,6 +66,7 @@ def probe(
     tolerance: float = 0.0,
     exact_candidates: list[list[str]] | None = None,
     answer_tokens: Sequence[int] | None = None,
+    kv_policy: KVPolicy | None = None,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -89,6 +92,11 @@ def probe(
     strings and `max_new_tokens`, to that many tokens (or eos): `answer_ids` is the whole
     continuation and `response_ids` its prefix as it would have stopped — one generation,
     from the same prefill and cache.
+    `kv_policy` (`kvcache.KVPolicy`, default `full`) is applied to every forward pass —
+    the prefill, the candidate trie and decoding — so every number read here is computed
+    under it: evicted keys are masked out of every later query's attention (positions keep
+    their original indices), rounded caches store and read rounded keys and values. `full`
+    runs exactly the code path without a policy.
     """
     if candidates is not None and len(candidates) != len(contexts):
         raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
@@ -107,7 +115,7 @@ def probe(
         if not ids:
             raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
     engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                     banned_first_ids, seed, add_special_tokens, tolerance)
+                     banned_first_ids, seed, add_special_tokens, tolerance, kv_policy)
     # longest first, so a batch holds prompts of similar length (little padding)
     order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
     results: list[FirstStep | None] = [None] * len(contexts)
@@ -247,7 +255,9 @@ def _truncate_cache(cache, length: int) -> None:
     """Keep the first `length` positions of every layer (`crop`'s meaning differs across
     transformers versions, so the layers are sliced directly)."""
     for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None:
+        if hasattr(layer, "truncate"):  # a rounded layer (kvcache) keeps its residual count right
+            layer.truncate(length)
+        elif getattr(layer, "keys", None) is not None:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]
 
@@ -256,8 +266,9 @@ class _Engine:
     """One probe call's settings, and the forward passes for one batch of prompts."""
 
     def __init__(self, model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                 banned_first_ids, seed, add_special_tokens, tolerance=0.0):
+                 banned_first_ids, seed, add_special_tokens, tolerance=0.0, kv_policy=None):
         self.model = model
+        self.policy = kv_policy or FULL
         self.tolerance = float(tolerance)
         self.tokenizer = tokenizer
         self.top_k = top_k
@@ -308,7 +319,12 @@ class _Engine:
             mask[r, P - len(ids) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self.forward(input_ids, mask, position_ids, last_only=True)
+        cache = new_cache(self.policy, self.model, [P - len(ids) for ids in ids_list]) if self.policy.rounds else None
+        attn = mask
+        if self.policy.evicts:  # a query at position t reads only the keys the policy keeps at t
+            eye = torch.eye(P, dtype=torch.bool, device=self.device).unsqueeze(0)  # padding rows read themselves
+            attn = self.policy_mask(position_ids, position_ids, mask, also=eye)
+        logits, cache = self.forward(input_ids, attn, position_ids, cache=cache, last_only=True)
         logprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (B, V)
 
         steps = []
@@ -336,7 +352,7 @@ class _Engine:
         if self.max_new_tokens > 0 or any(answer_lens):
             limits = [max(self.max_new_tokens, n) for n in answer_lens]
             responses = self.generate(first.to(self.device), cache, mask, position_ids[:, -1], limits,
-                                      [n == 0 for n in answer_lens])
+                                      [n == 0 for n in answer_lens], position_ids)
             for r in range(B):
                 if answer_lens[r]:
                     steps[r].answer_ids = responses[r]
@@ -344,6 +360,21 @@ class _Engine:
                 else:
                     steps[r].response_ids = responses[r]
         return steps
+
+    def policy_mask(self, q_pos, k_pos, k_valid, also=None):
+        """The 4-D additive attention mask of the KV-cache policy: query i of row r may read
+        key column j when the column holds a real token (`k_valid`) the policy keeps visible
+        at the query's position (`KVPolicy.visible` on the original position indices), or
+        where `also` says so. (B, 1, Q, K) in the model's float dtype, 0 or its minimum."""
+        allow = k_valid.bool()[:, None, :] & self.policy.visible(q_pos[:, :, None], k_pos[:, None, :])
+        if also is not None:
+            allow = allow | also
+        return self.additive(allow)
+
+    def additive(self, allow: torch.Tensor) -> torch.Tensor:
+        """(B, Q, K) bool -> (B, 1, Q, K) additive float mask."""
+        neg = torch.finfo(self.float_dtype).min
+        return torch.zeros(allow.shape, dtype=self.float_dtype, device=allow.device).masked_fill(~allow, neg).unsqueeze(1)
 
     def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets=None):
         """Per prompt of the prefilled batch: ({candidate: P(response starts with it)},
@@ -360,6 +391,12 @@ class _Engine:
         """
         B, P = mask.shape
         n_real = mask.sum(-1).tolist()
+        evicts = self.policy.evicts
+        if evicts:
+            prompt_pos = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
+        state = getattr(cache, "evalkit_state", None)
+        if state is not None:  # trie nodes are alternatives, never a sequence: no residual flush
+            state["hold"] = True
         toks_of: list[dict[str, list[int]]] = []
         for r in range(B):
             toks_of.append({
@@ -416,9 +453,13 @@ class _Engine:
                         inp[r, j] = node[-1]
                         pos[r, j] = n_real[r] + depth - 1
                         for k in range(2, len(node)):  # ancestors (row, t0), (row, t0, t1), ...
-                            allow[r, j, P + slot[node[:k]]] = True
+                            # the ancestor node[:k] sits at position n_real + k - 2
+                            if not evicts or self.policy.visible(n_real[r] + depth - 1, n_real[r] + k - 2):
+                                allow[r, j, P + slot[node[:k]]] = True
                         allow[r, j, P + used + j] = True
                         slot[node] = used + j
+                if evicts:  # each node reads the prompt keys the policy keeps at its position
+                    allow[:, :, :P] &= self.policy.visible(pos[:, :, None], prompt_pos[:, None, :])
                 attn = torch.zeros(allow.shape, dtype=dtype).masked_fill(~allow, neg).unsqueeze(1)
                 logits, _ = self.forward(inp.to(self.device), attn.to(self.device), pos.to(self.device), cache=cache)
                 lp = torch.log_softmax(logits.float(), dim=-1)  # (B, Q, V)
@@ -429,6 +470,8 @@ class _Engine:
         finally:
             if used:
                 _truncate_cache(cache, P)
+            if state is not None:
+                state["hold"] = False
         out = []
         for r in range(B):
             probs = {}
@@ -463,12 +506,14 @@ class _Engine:
         return int(torch.multinomial(probs, 1, generator=generator))
 
     def generate(self, first: torch.Tensor, cache, mask, last_pos, limits: list[int],
-                 stops: list[bool]) -> list[list[int]]:
+                 stops: list[bool], key_pos=None) -> list[list[int]]:
         """Greedy continuation of each row after its step-1 token, row r up to `limits[r]` tokens
         (and its stop strings, where `stops[r]`); rows finish independently.
 
         Mutates `cache` (finished rows are dropped from it with `batch_select_indices`).
+        `key_pos` (B, P): the position of each prompt column, read when the policy evicts.
         """
+        evicts = self.policy.evicts
         B = first.shape[0]
         responses: list[list[int]] = [[] for _ in range(B)]
         rows = list(range(B))  # batch row of each cache row
@@ -484,9 +529,15 @@ class _Engine:
                 cache.batch_select_indices(keep)
                 rows = [rows[j] for j in keep.tolist()]
                 mask, last_pos, tokens = mask[keep], last_pos[keep], tokens[keep]
+                if evicts:
+                    key_pos = key_pos[keep]
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             last_pos = last_pos + 1
-            logits, cache = self.forward(tokens.unsqueeze(-1), mask, last_pos.unsqueeze(-1), cache, last_only=True)
+            attn = mask
+            if evicts:
+                key_pos = torch.cat([key_pos, last_pos.unsqueeze(-1)], dim=-1)
+                attn = self.policy_mask(last_pos.unsqueeze(-1), key_pos, mask)
+            logits, cache = self.forward(tokens.unsqueeze(-1), attn, last_pos.unsqueeze(-1), cache, last_only=True)
             tokens = torch.argmax(logits[:, -1, :], dim=-1)
             going = [accept(r, int(t)) for r, t in zip(rows, tokens.tolist())]
         return responses

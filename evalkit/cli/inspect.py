@@ -40,6 +40,8 @@ def _pad(text: str, width: int) -> str:
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
 @click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--kv-cache", default=None,
+              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS.")
 @click.option("--top-k", type=int, default=10, show_default=True, help="First tokens to list.")
 @click.option("--model-args", default=None, help="pretrained=...,gguf_file=...,dtype=...; none: the embedded SmolLM2.")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
@@ -47,7 +49,8 @@ def _pad(text: str, width: int) -> str:
               help="The task whose generation settings (stop strings, max tokens) the response uses.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
 @format_option
-def inspect_command(prompt, template, templates_file, quant, top_k, model_args, temperature, task, device, fmt):
+def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, model_args, temperature, task, device,
+                    fmt):
     """Show the first-token distribution of one PROMPT, put through a template as a run would.
 
     Lists the top-k first tokens (rank, id, token, probability, bar, cumulative
@@ -58,6 +61,7 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
       evalkit inspect "What is recursion?"
       evalkit inspect "什么是递归？" --template direct --top-k 20
       evalkit inspect "What is the capital of France?" --quant int8-dynamic
+      evalkit inspect "$(cat long_prompt.txt)" --kv-cache sinkwindow:4:256
       evalkit inspect "Hi" --model-args pretrained=/models/qwen --format json
     """
     from dataclasses import asdict
@@ -65,7 +69,8 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
     from evalkit.inspection import inspect_prompt
 
     r = inspect_prompt(prompt, template=template, quant=quant, top_k=top_k, model_args=model_args,
-                       temperature=temperature, templates_file=templates_file, task=task, device=device)
+                       temperature=temperature, templates_file=templates_file, task=task, device=device,
+                       kv_cache=kv_cache)
     if fmt == "json":
         click.echo(json.dumps(asdict(r), ensure_ascii=False, indent=2))
         return
@@ -75,7 +80,7 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
         click.echo(render(cols, rows, "csv"))
         return
     quant = f" ({r.quant})" if r.quant else ""
-    click.echo(f"model     {r.model}{quant}")
+    click.echo(f"model     {r.model}{quant}   kv cache {r.kv_cache}")
     click.echo(f"template  {r.template}   context {r.n_context_tokens} tokens: {r.context!r}")
     click.echo()
     width = max([len("token")] + [_cells(t.token) for t in r.tokens])

@@ -30,6 +30,9 @@ def _csv_list(kind):
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
 @click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--kv-cache", default=None,
+              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS; "
+                   "a comma list runs one run per policy.")
 @click.option("--limit", type=int, default=None,
               help="At most N prompts per first-token task (the needle grid always runs whole: "
                    "narrow it with --needle-lengths / --needle-depths).")
@@ -56,13 +59,23 @@ def run_command(**opts):
       evalkit run --tasks firsttoken
       evalkit run --tasks firsttoken_zh --template direct --limit 20
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
+      evalkit run --tasks needle_en --kv-cache full,window:256,sinkwindow:4:256,fp8
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
     """
     from evalkit import api
 
-    result = api.run(opts.pop("tasks") or "", opts.pop("model"), on_start=lambda rid: click.echo(
-        f"run {rid} started", err=True), **opts)
+    def started(rid: str) -> None:
+        click.echo(f"run {rid} started", err=True)
+
+    runs = api.run_all(opts.pop("tasks") or "", opts.pop("model"), on_start=started, on_done=_print_result, **opts)
+    if len(runs) > 1:
+        ids = " ".join(r.id for r in runs)
+        click.echo(f"{len(runs)} runs: {ids}")
+        click.echo(f"compare them: evalkit compare {ids}")
+
+
+def _print_result(result) -> None:
     click.echo(f"run {result.id}  {result.status}  {result.n_samples} samples  "
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
     if result.metrics:

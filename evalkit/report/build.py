@@ -34,9 +34,11 @@ MAX_HEATMAPS = 3  # needle heatmaps, newest runs first (each costs ~0.4 s of CPU
 MAX_PROMPTS = 50  # --prompts: first-token prompts charted
 # every file a report may write into --out
 MAX_ROC_RUNS = 3  # ROC figures, newest runs with checkable answers first
+MAX_POLICY_RUNS = 6  # needle runs compared across KV-cache policies (one heatmap column each)
 REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png", "reliability.png",
                 *(f"roc_{k + 1}.png" for k in range(MAX_ROC_RUNS)),
-                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)))
+                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)), "needle_kv_cache.png",
+                "needle_kv_cache_depth.png")
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
 TABLE_RANKS = 5  # ranks per run in the first-token tables
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
@@ -173,7 +175,7 @@ def _read(con, refs: list[str], prompts: int) -> _Data:
     ids = _select_runs(con, refs)
     runs = _rows(con, f"""
         SELECT r.id, r.name, r.status, r.model, r.model_name, r.model_args, r.model_fingerprint, r.quant,
-               r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
+               r.kv_cache, r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
         FROM runs r
         LEFT JOIN (SELECT run_id, count(*) AS n FROM samples WHERE run_id IN {_IDS} GROUP BY run_id) s
           ON s.run_id = r.id
@@ -305,8 +307,9 @@ def _label_runs(runs: list[dict]) -> None:
     for r, b in zip(runs, base):
         r["label"] = b if base.count(b) == 1 or b == r["id"] else f"{b} · {r['id'][-6:]}"
         r["model_label"] = r["model_name"] or _model_label(r["model"], r["model_args"])
-        # one configuration: trend lines never join runs of another model, quant or template
-        r["config_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "", r["quant"], r["template"])
+        # one configuration: trend lines never join runs of another model, quant, KV cache or template
+        r["config_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "", r["quant"], r["kv_cache"],
+                           r["template"])
 
 
 # ------------------------------------------------------------------ sections
@@ -336,10 +339,10 @@ def _runs_section(data: _Data) -> Section:
     for r in data.runs:
         created = r["created_at"].strftime("%Y-%m-%d %H:%M:%S") if r["created_at"] else ""
         rows.append([r["id"], r["name"] or "", r["status"], r["model_label"], r["quant"] or "",
-                     r["template"] or "", ", ".join(r["tasks"] or []), created, str(r["n_samples"]),
-                     _num(r["duration_s"], 1)])
-    table = Table(["id", "name", "status", "model", "quant", "template", "tasks", "created (UTC)",
-                   "samples", "duration s"], rows, numeric_from=8)
+                     r["kv_cache"] or "", r["template"] or "", ", ".join(r["tasks"] or []), created,
+                     str(r["n_samples"]), _num(r["duration_s"], 1)])
+    table = Table(["id", "name", "status", "model", "quant", "kv cache", "template", "tasks", "created (UTC)",
+                   "samples", "duration s"], rows, numeric_from=9)
     section = Section("runs", "Runs", tables=[table],
                       intro=f"{len(data.runs)} runs, {len(data.done)} of them done.")
     not_done = [r["label"] for r in data.runs if r["status"] != "done"]
@@ -362,13 +365,14 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
     cells = {(r["task"], r["run_id"], r["metric"]): r for r in main}
     keys = sorted({(r["task"], r["run_id"]) for r in main},
                   key=lambda k: (k[0], runs[k[1]]["model_label"], runs[k[1]]["quant"] or "",
-                                 runs[k[1]]["template"] or "", runs[k[1]]["created_at"], k[1]))
+                                 runs[k[1]]["kv_cache"] or "", runs[k[1]]["template"] or "",
+                                 runs[k[1]]["created_at"], k[1]))
     arrows = {True: " ↑", False: " ↓", None: ""}
     columns = ["task", "run", "model · quant · template"] + [m + arrows[registry.higher_is_better(m)] for m in metrics]
     rows, strong = [], set()
     for task, run_id in keys:
         run = runs[run_id]
-        config = " · ".join(x for x in (run["quant"], run["template"]) if x)
+        config = " · ".join(x for x in (run["quant"], _kv_label(run["kv_cache"]), run["template"]) if x)
         row = [task, run["label"], f"{run['model_label']}\n{config}"]
         row += [_with_ci(cells[(task, run_id, m)]) if (task, run_id, m) in cells else "" for m in metrics]
         rows.append(row)
@@ -509,6 +513,7 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
     if len(drawn) < len(with_rows):
         section.notes.append(f"Heatmaps of the {len(drawn)} newest of the {len(with_rows)} runs with needle rows; "
                              "the tables cover all of them.")
+    _kv_cache_figures(section, data, with_rows, out_dir)
     rows = [[runs[r["run_id"]]["label"], r["lang"] or "", "yes" if r["hint"] else "no", str(r["n"]),
              _num(r["recall"])] for r in data.needle_summary]
     section.tables.append(Table(["run", "lang", "hint", "n", "recall"], rows, numeric_from=3,
@@ -579,6 +584,32 @@ def _lead_section(data: _Data, out_dir: Path) -> Section:
     return section
 
 
+def _kv_label(policy: str | None) -> str:
+    """A run's KV-cache policy in a configuration label: empty for the full cache (the default)."""
+    return "" if policy in (None, "full") else f"kv {policy}"
+
+
+def _kv_cache_figures(section: Section, data: _Data, with_rows: list[str], out_dir: Path) -> None:
+    """Where the needle runs differ in KV-cache policy: their heatmaps side by side, one column a
+    run, and their recall by depth, one line a run, on one axis (depth 0 is where eviction hurts)."""
+    from evalkit.report.needle_plot import policy_depth_lines, policy_heatmaps
+
+    runs = {r["id"]: r for r in data.runs}
+    if len({runs[i]["kv_cache"] for i in with_rows}) < 2:
+        return
+    chosen = with_rows[-MAX_POLICY_RUNS:]
+    names = [runs[i]["kv_cache"] or "(backend's own)" for i in chosen]
+    groups = [(name if names.count(name) == 1 else f"{name} · {runs[i]['label']}",
+               [c for c in data.needle_cells if c["run_id"] == i]) for i, name in zip(chosen, names)]
+    section.images.append(Image("needle_kv_cache.png", "needle recall heatmaps side by side, one column per "
+                                "KV-cache policy", partial(policy_heatmaps, groups, out_dir / "needle_kv_cache.png",
+                                                           title="needle recall per KV-cache policy")))
+    section.images.append(Image("needle_kv_cache_depth.png", "needle recall by depth, one line per KV-cache policy",
+                                partial(policy_depth_lines, groups, out_dir / "needle_kv_cache_depth.png")))
+    if len(chosen) < len(with_rows):
+        section.notes.append(f"KV-cache figures: the {len(chosen)} newest of the {len(with_rows)} runs with needle rows.")
+
+
 def _trend_section(data: _Data, out_dir: Path) -> Section:
     section = Section("trend", "Trend across runs of one configuration")
     done = [r for r in data.runs if r["status"] == "done"]
@@ -586,7 +617,7 @@ def _trend_section(data: _Data, out_dir: Path) -> Section:
     for r in done:
         groups.setdefault(r["config_key"], []).append(r)
     if not groups or max(len(g) for g in groups.values()) < 2:
-        section.omitted = ("no configuration (model x quant x template) has two or more done runs among the "
+        section.omitted = ("no configuration (model x quant x KV cache x template) has two or more done runs among the "
                            "selected runs")
         return section
     # the configuration with the most runs; ties go to the one run most recently

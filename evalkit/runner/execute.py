@@ -20,7 +20,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from evalkit.runner.liveness import Heartbeat, exit_on_signals
 from evalkit.store import runs, spool
 from evalkit.store.db import db_path, now
 
-__all__ = ["RunConfig", "RunResult", "execute"]
+__all__ = ["RunConfig", "RunResult", "execute", "execute_all"]
 
 
 @dataclass
@@ -113,6 +113,7 @@ def run_row(plan: RunPlan, run_id: str) -> dict[str, Any]:
         "model_fingerprint": models.fingerprint(model.args),
         "dtype": model.dtype,
         "quant": model.quant,
+        "kv_cache": model.kv_cache,
         "template": plan.template.name,
         "template_text": json.dumps(plan.template.to_dict(), ensure_ascii=False),
         "system_prompt": plan.template.system,
@@ -138,12 +139,58 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     Raises BadInput before anything is written when the configuration is invalid (the
     checks against the model come after the model loads, still before the run row),
     RunFailed when the run fails at run time (the run row is then `failed`), and
-    ResultsKept when it finished but its results wait in a spool file.
+    ResultsKept when it finished but its results wait in a spool file. `cfg.kv_cache`
+    names one policy here; `execute_all` runs a comma list of them.
+    """
+    results = execute_all(cfg, on_start=on_start)
+    if len(results) != 1:
+        raise BadInput("execute runs one --kv-cache policy; use execute_all for a list")
+    return results[0]
+
+
+def sweep_configs(cfg: RunConfig) -> list[RunConfig]:
+    """One configuration per `--kv-cache` policy of a comma list (the same prompts and seed);
+    with several, a `--name` gets the policy appended, "NAME (POLICY)". One policy (or
+    none): `cfg` itself."""
+    from evalkit.backends import kvcache
+
+    policies = kvcache.parse_list(cfg.kv_cache)
+    if len(policies) == 1:
+        return [cfg]
+    return [replace(cfg, kv_cache=p.spec, name=f"{cfg.name.strip()} ({p.spec})" if cfg.name else None)
+            for p in policies]
+
+
+def execute_all(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None,
+                on_done: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """`execute` for each `--kv-cache` policy of `cfg` in turn, one stored run each.
+
+    Every configuration is checked (`plan_run`) before the model loads, so a bad policy
+    anywhere in the list writes nothing; the model is loaded once and its policy switched
+    between runs. Stops at the first run that fails (its exception propagates).
     """
     t0 = time.monotonic()
-    plan = plan_run(cfg)
-    lm = models.load(plan.model, batch_size=cfg.batch_size)
+    plans = [plan_run(c) for c in sweep_configs(cfg)]
+    lm = models.load(plans[0].model, batch_size=cfg.batch_size)
     load_s = time.monotonic() - t0
+    out = []
+    for i, plan in enumerate(plans):
+        if i:
+            from evalkit.backends import kvcache
+
+            lm.set_kv_policy(kvcache.parse(plan.cfg.kv_cache))
+            t0, load_s = time.monotonic(), 0.0
+        result = _execute_plan(plan, lm, t0, load_s, on_start)
+        out.append(result)
+        if on_done:
+            on_done(result)
+    return out
+
+
+def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
+                  on_start: Callable[[str], None] | None) -> RunResult:
+    """One run of a loaded model: the checks against it, the run row, lm-eval, the results."""
+    cfg = plan.cfg
     check_against_model(plan, lm)
 
     writer = is_main_rank()

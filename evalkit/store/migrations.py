@@ -275,6 +275,38 @@ def m012_answers_and_lead_indicators(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m013_kv_cache(con: duckdb.DuckDBPyConnection) -> None:
+    # The KV-cache policy a run ran under (`--kv-cache`: full, window:W, sinkwindow:S:W, fp8,
+    # quantized:BACKEND:BITS), a run dimension like quant and template. NULL where evalkit does
+    # not control the cache (vLLM, API models). Runs of the hf backend from before the option
+    # ran with the full cache, and say so.
+    import json
+
+    con.execute("ALTER TABLE runs ADD COLUMN kv_cache VARCHAR")
+    full = []
+    for run_id, config in con.execute("SELECT id, config FROM runs").fetchall():
+        try:
+            model = json.loads(config or "{}").get("model")
+        except (ValueError, AttributeError):
+            continue
+        if model == "hf":
+            full.append(run_id)
+    if full:
+        con.execute("UPDATE runs SET kv_cache = 'full' WHERE id IN (SELECT unnest(?::VARCHAR[]))", [full])
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_name, r.model_fingerprint, r.quant, r.template,
+               r.kv_cache, r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               coalesce(m.ci_lo, m.value - 1.96 * m.stderr) AS ci_lo,
+               coalesce(m.ci_hi, m.value + 1.96 * m.stderr) AS ci_hi
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -288,4 +320,5 @@ MIGRATIONS: list[Migration] = [
     m010_metric_intervals,
     m011_run_model_name,
     m012_answers_and_lead_indicators,
+    m013_kv_cache,
 ]

@@ -84,18 +84,18 @@ def list_runs(path, limit: int = 50):
     def q(con):
         cur = con.execute(
             f"""
-            SELECT id, created_at, status, name, coalesce(model_name, model) AS model, quant, template, tasks,
+            SELECT id, created_at, status, name, coalesce(model_name, model) AS model, quant, template, kv_cache, tasks,
                    round(duration_s, 1) AS duration_s, {_LIVENESS}
             FROM runs ORDER BY created_at DESC, id DESC LIMIT ?
             """,
             [limit],
         )
-        cols = [d[0] for d in cur.description][:9]
+        cols = [d[0] for d in cur.description][:11]
         rows = []
         for r in cur.fetchall():
             r = list(r)
-            r[2] = _shown(tuple(r[9:]), r[0], kept)
-            rows.append(tuple(r[:9]))
+            r[2] = _shown(tuple(r[11:]), r[0], kept)
+            rows.append(tuple(r[:11]))
         return cols, rows
 
     return _read(path, q)
@@ -122,7 +122,7 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         run_id = resolve_run(con, ref)
         cur = con.execute(
             "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
-            "quant, dtype, template, system_prompt, tasks, seed, sample_limit, first_temperature, ban_openers, "
+            "quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, first_temperature, ban_openers, "
             "opener_lexicon_version, model_fingerprint, lm_eval_version, git_commit, host, pid, error FROM runs WHERE id = ?",
             [run_id],
         )
