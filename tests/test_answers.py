@@ -120,3 +120,67 @@ def test_lead_table_orients_signals_and_gives_reasons():
     everyone_right = lead_table("r2", [{**s, "answer_hit": 1.0} for s in samples[:20]])
     assert all(r["auroc"] is None and r["reason"] == "every checkable answer is right"
                for r in everyone_right if r["n"])
+
+
+# ---- the gate reads lead_auroc per task ---------------------------------------------------------
+
+
+def _run_with_lead(db, run_id: str, auroc_value):
+    from evalkit.store import db as store_db
+    from evalkit.store import runs
+
+    runs.insert_run(db, {"id": run_id, "created_at": store_db.now(), "status": "running", "model": "synthetic",
+                         "tasks": ["firsttoken_en"]})
+    samples = [{"run_id": run_id, "task": "firsttoken_en", "doc_id": f"d{i}", "ft_hit": 1.0, "answer_hit": i % 2}
+               for i in range(6)]
+    metrics = [{"run_id": run_id, "task": "firsttoken_en", "metric": "ft_hit", "filter": "none", "value": 1.0,
+                "stderr": 0.0, "n": 6}]
+    lead = [{"run_id": run_id, "task": "firsttoken_en", "category": "*", "signal": s,
+             "auroc": auroc_value if s == "ft_hit_prob" else None, "ci_lo": None, "ci_hi": None, "n": 6,
+             "n_right": 3, "base_rate": 0.5, "reason": None if s == "ft_hit_prob" else "no values of the signal"}
+            for s in SIGNALS]
+    runs.finish_run(db, run_id, metrics=metrics, samples=samples, topk=[], lead=lead, status="done")
+
+
+@pytest.mark.parametrize("value, passed", [(0.8, True), (0.55, False)])
+def test_gate_threshold_on_lead_auroc(tmp_path, value, passed):
+    from evalkit.api import gate
+
+    db = tmp_path / "runs.duckdb"
+    _run_with_lead(db, "r-base", 0.7)
+    _run_with_lead(db, "r-cand", value)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text('thresholds:\n  firsttoken_en/lead_auroc.ft_hit_prob: ">= 0.6"\n')
+    result = gate("r-cand", "r-base", rules, db=db)
+    assert result.passed is passed
+    [row] = [r for r in result.verdict.rows if r.metric == "lead_auroc.ft_hit_prob"]
+    assert row.status == ("pass" if passed else "fail") and row.observed == pytest.approx(value)
+
+
+@pytest.mark.parametrize("key, fragment", [
+    ("lead_auroc.ft_hit_probb", "unknown metric 'lead_auroc.ft_hit_probb'"),  # a misspelled signal
+    ("lead_auroc.", "unknown metric 'lead_auroc.'"),
+])
+def test_gate_refuses_a_lead_auroc_rule_on_no_signal(tmp_path, key, fragment):
+    from evalkit.api import gate
+    from evalkit.errors import BadInput
+
+    db = tmp_path / "runs.duckdb"
+    _run_with_lead(db, "r-base", 0.7)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(f'thresholds:\n  ft_hit: ">= 0.5"\n  {key}: ">= 0.6"\n')
+    with pytest.raises(BadInput, match=fragment.replace(".", r"\.")):
+        gate("r-base", "r-base", rules, db=db)
+
+
+def test_gate_on_an_undefined_lead_auroc_is_not_a_pass(tmp_path):
+    """A NULL AUROC (every answer right, say) leaves the rule nothing to check: it fails."""
+    from evalkit.api import gate
+
+    db = tmp_path / "runs.duckdb"
+    _run_with_lead(db, "r-base", None)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text('thresholds:\n  ft_hit: ">= 0.5"\n  firsttoken_en/lead_auroc.entropy: ">= 0.6"\n')
+    result = gate("r-base", "r-base", rules, db=db)
+    [row] = [r for r in result.verdict.rows if r.metric == "lead_auroc.entropy"]
+    assert row.status == "fail" and "is null" in row.reason and not result.passed

@@ -20,8 +20,7 @@ import numpy as np
 
 from evalkit.scoring import registry
 
-# first-token signals whose AUROC against answer_hit is reported, registry names
-SIGNALS = ("ft_hit_prob", "top1_prob", "entropy", "top3_mass", "opener_mass", "prior_drift", "ft_hit")
+SIGNALS = registry.LEAD_SIGNALS  # first-token signals whose AUROC against answer_hit is reported
 ALL = "*"  # the category of a row over all of a task's checkable prompts
 N_BOOT = 1000
 SEED = 0

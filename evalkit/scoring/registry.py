@@ -108,17 +108,39 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
 _FAMILIES = {m.family: m for m in _METRICS if m.family}
 
+# first-token signals whose AUROC against answer_hit is reported (lead_auroc.{S}), in table order
+LEAD_SIGNALS = ("ft_hit_prob", "top1_prob", "entropy", "top3_mass", "opener_mass", "prior_drift", "ft_hit")
+
+
+def _number(text: str, kind=float, lo: float = 0.0, hi: float = float("inf")) -> bool:
+    try:
+        return lo <= kind(text) <= hi
+    except ValueError:
+        return False
+
+
+# what may stand for a family's placeholder: needle_recall@depth0.5 names a metric,
+# needle_recall@depthX or lead_auroc.ft_hitt does not
+_MEMBERS = {
+    "{D}": lambda s: _number(s, float, 0.0, 1.0),
+    "{L}": lambda s: _number(s, int, 1),
+    "{S}": lambda s: s in LEAD_SIGNALS,
+}
+assert all(m.name[len(m.family):] in _MEMBERS for m in _FAMILIES.values()), "a family without a member check"
+
 
 def get(name: str) -> Metric | None:
     """The metric called `name` (a family member such as needle_recall@depth0.5 included), or None.
 
     >>> get("ft_hit").level, get("needle_recall@depth0.5").name, get("ft_hitt")
     ('text', 'needle_recall@depth{D}', None)
+    >>> get("lead_auroc.entropy").name, get("lead_auroc.entropyy"), get("needle_recall@depth2")
+    ('lead_auroc.{S}', None, None)
     """
     if name in METRICS:
         return METRICS[name]
     for prefix, metric in _FAMILIES.items():
-        if name.startswith(prefix) and len(name) > len(prefix):
+        if name.startswith(prefix) and _MEMBERS[metric.name[len(prefix):]](name[len(prefix):]):
             return metric
     return None
 
