@@ -146,7 +146,7 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
     assert (tmp_path / "rep" / "first_token.png").read_bytes()[:8] == PNG
     assert "first_token.png" in {f.name for f in files}
     assert "Omitted: no first_token_topk" not in page
-    captions = re.findall(r'<p class="caption">(.*?)</p>', page)
+    captions = [c for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
     picked = [c.split(":")[0] for c in captions]
     # en-0002 is the only prompt whose top-1 tokens differ; next comes the widest top-1 spread
     assert picked == ["firsttoken_en / en-0002", "firsttoken_en / en-0001"]
