@@ -29,6 +29,8 @@ from evalkit.store.queries import resolve_run
 from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
 
 ALL_TASKS = "all"  # the `task` of the overall rows
+# the runs columns that make a run dimension (what a comparison is usually across)
+DIMENSIONS = ("model", "model_fingerprint", "quant", "kv_cache", "template", "first_temperature", "ban_openers")
 TOP_N = 5  # top5_mass / top5_overlap
 N_BOOT = 2000
 SEED = 0
@@ -69,6 +71,7 @@ class Comparison:
     drift: list[DriftRow] = field(default_factory=list)  # per task, then ALL_TASKS; [] when omitted
     drift_note: str | None = None  # why the distribution part is missing or partial
     deltas: list[MetricDelta] = field(default_factory=list)  # per task, then ALL_TASKS
+    dimensions: dict[str, tuple] = field(default_factory=dict)  # run dimension -> (A's, B's), where they differ
 
 
 def compare_runs(db: str | os.PathLike | None, run_a: str, run_b: str) -> Comparison:
@@ -84,10 +87,19 @@ def compare_runs(db: str | os.PathLike | None, run_a: str, run_b: str) -> Compar
         if not keys:
             raise BadInput(f"runs {a} and {b} share no prompts (same task and doc_id); nothing to compare")
         topk_a, topk_b = _paired_topk(con, a, b)
+        dims = _dimensions(con, a, b)
 
     drift, note = drift_rows(keys, topk_a, topk_b)
     deltas = metric_deltas(keys, values, metric_cols)
-    return Comparison(a, b, len(keys), drift, note, deltas)
+    return Comparison(a, b, len(keys), drift, note, deltas, dims)
+
+
+def _dimensions(con, a: str, b: str) -> dict[str, tuple]:
+    """The run dimensions (model, quant, kv_cache, template, ...) in which the two runs differ."""
+    cols = ", ".join(DIMENSIONS)
+    rows = dict(con.execute(f"SELECT id, struct_pack({cols}) FROM runs WHERE id IN (?, ?)", [a, b]).fetchall())
+    da, db_ = rows.get(a) or {}, rows.get(b) or {}
+    return {d: (da.get(d), db_.get(d)) for d in DIMENSIONS if da.get(d) != db_.get(d)}
 
 
 # --- SQL ---------------------------------------------------------------------

@@ -31,6 +31,7 @@ class FirstStepResult:
     topk: list[tuple[int, str, float]] = field(default_factory=list)  # (token id, text, logprob), likeliest first
     entropy: float | None = None  # full-vocabulary entropy in nats; None when the backend cannot know it
     metrics: dict[str, float] = field(default_factory=dict)  # distribution-level values, registry names
+    answer_text: str | None = None  # the longer greedy continuation of a prompt with checkable answers
     # per-layer values of the prefill's attention (`--attention`): registry name -> one value per layer
     layers: dict[str, list[float]] = field(default_factory=dict)
 

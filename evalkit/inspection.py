@@ -65,6 +65,7 @@ class Inspection:
     n_layers: int = 0
     sink_rate: float | None = None  # the prompt's Sink1 (first 64 tokens, epsilon 0.3)
     question_attn: float | None = None  # mass on the prompt text inside the template (None without one)
+    kv_cache: str = "full"  # the KV-cache policy every forward pass ran under
 
 
 def inspect_prompt(
@@ -80,6 +81,7 @@ def inspect_prompt(
     device: str | None = None,
     attention: bool = False,
     attention_layers: int = 4,
+    kv_cache: str | None = None,
 ) -> Inspection:
     """Validate everything, load the model as a run does, and inspect `prompt`'s first step.
 
@@ -87,9 +89,11 @@ def inspect_prompt(
     `evalkit run`, and the response is generated with the generation settings of
     `task` (its `until` and `max_gen_toks`), so the first step is a run's first step.
     Raises BadInput for an empty prompt, an unknown template, task or quant, bad model
-    args, `top_k < 1`, a temperature that is not a finite number > 0 or
+    args, `top_k < 1`, a temperature that is not a finite number > 0, a `--kv-cache`
+    that is not one known policy (or whose backend package is missing) or
     `attention_layers < 1`, before any model is loaded, and for more attention layers
-    than the model has right after.
+    than the model has right after. The prompt's first step and response are computed
+    under the KV-cache policy.
     """
     from evalkit.backends import models
     from evalkit.prompts.catalog import generation_kwargs
@@ -110,7 +114,10 @@ def inspect_prompt(
         raise BadInput(f"the prompt holds text that does not encode as UTF-8 (position {exc.start})") from None
     tmpl = get_template(template, templates_file)
     gen = generation_kwargs(task)
-    plan = models.resolve("hf", model_args, quant_name=quant, device=device, attention=attention)
+    if kv_cache and "," in kv_cache:
+        raise BadInput(f"--kv-cache {kv_cache!r}: inspect takes one policy (a comma list is for evalkit run)")
+    plan = models.resolve("hf", model_args, quant_name=quant, device=device, kv_cache=kv_cache,
+                          attention=attention)
     check_device(plan.device)
     lm = models.load(plan, batch_size=1)
     if attention:
@@ -121,16 +128,16 @@ def inspect_prompt(
     until = gen.get("until") or []
     result = first_step_view(lm.model, lm.tokenizer, context, top_k=min(top_k, len(lm.tokenizer)),
                              temperature=temperature, max_new_tokens=int(gen.get("max_gen_toks", 16)),
-                             stop=[until] if isinstance(until, str) else list(until),
+                             stop=[until] if isinstance(until, str) else list(until), kv_policy=lm.kv_policy,
                              attention_layers=attention_layers if attention else 0, question=prompt)
     result.prompt, result.template, result.model, result.quant = prompt, tmpl.name, plan.label, plan.quant
-    result.task = task
+    result.task, result.kv_cache = task, lm.kv_policy.spec
     return result
 
 
 def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,
                     max_new_tokens: int = 16, stop: list[str] | tuple[str, ...] = ("\n\n",),
-                    attention_layers: int = 0, question: str | None = None) -> Inspection:
+                    kv_policy=None, attention_layers: int = 0, question: str | None = None) -> Inspection:
     """Probe `context` once and lay its first step out for reading (prompt/model fields empty).
 
     With `attention_layers` > 0 (the model runs `attention.IMPLEMENTATION`), also the `top_k`
@@ -149,7 +156,7 @@ def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperat
                 spans["question_attn"] = span
         request = [attention.Request(spans, keep_last_row=True)]
     step = engine.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
-                           stop=stop, batch_size=1, attention=request)[0]
+                           stop=stop, batch_size=1, kv_policy=kv_policy, attention=request)[0]
     tokens, cum = [], 0.0
     for rank, (tid, lp) in enumerate(zip(step.topk_ids, step.topk_logprobs)):
         prob = math.exp(lp)

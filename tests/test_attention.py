@@ -93,6 +93,42 @@ def test_reading_attention_changes_no_output(models, tiny_model_dir):
             assert (b.attention is None) == (reqs is None)
 
 
+def test_attention_and_the_answer_continuation_share_one_prefill(models, tiny_model_dir):
+    """answer_tokens lets the greedy continuation run on past the response; reading the prefill's
+    attention changes neither the response nor the answer."""
+    model, _, tokenizer = models
+    plain, _ = load_tiny(tiny_model_dir)
+    answers = [12, 0, 12]
+    base = engine.probe(plain, tokenizer, CONTEXTS, max_new_tokens=4, batch_size=3, answer_tokens=answers)
+    steps = engine.probe(model, tokenizer, CONTEXTS, max_new_tokens=4, batch_size=3, answer_tokens=answers,
+                         attention=requests(tokenizer))
+    for n, a, b in zip(answers, base, steps):
+        assert b.answer_ids == a.answer_ids and b.response_ids == a.response_ids
+        assert bool(b.answer_ids) == bool(n) and b.attention is not None
+
+
+def test_attention_under_an_evicting_kv_policy_is_what_the_model_read(models, tiny_model_dir):
+    """Under window:W the last position reads only the last W keys: the captured row puts weight 0
+    on every evicted position, and the outputs are those of the sdpa model under the same policy."""
+    from evalkit.backends import kvcache
+
+    model, _, tokenizer = models
+    plain, _ = load_tiny(tiny_model_dir)
+    policy, W = kvcache.parse("window:16"), 16
+    text = CONTEXTS[0]
+    base = engine.probe(plain, tokenizer, [text], max_new_tokens=6, batch_size=1, kv_policy=policy)[0]
+    step = engine.probe(model, tokenizer, [text], max_new_tokens=6, batch_size=1, kv_policy=policy,
+                        attention=[attention.Request(keep_last_row=True)])[0]
+    assert step.response_ids == base.response_ids
+    assert torch.allclose(step.logprobs, base.logprobs, atol=1e-4)
+    read = step.attention
+    assert read.n_tokens > 4 * W
+    for row in read.last_row:
+        assert sum(row[:-W]) == pytest.approx(0.0, abs=1e-6) and sum(row[-W:]) == pytest.approx(1.0, abs=1e-5)
+    # the first token is seen by the first W query positions only: alpha <= W / T
+    assert max(flat(read.sink_alpha)) <= W / read.sink_tokens + 1e-6
+
+
 def test_a_layer_holds_one_block_of_weights(models, monkeypatch):
     model, _, tokenizer = models
     seen = []

@@ -11,9 +11,9 @@ import yaml
 from click.testing import CliRunner
 
 from evalkit.cli import cli
-from evalkit.gate.decide import RunData, decide
-from evalkit.gate.rules import Regression, Rules
 from evalkit.prompts.catalog import tasks_path
+from evalkit.release.decide import RunData, decide
+from evalkit.release.rules import Regression, Rules
 from evalkit.scoring import registry
 from evalkit.store.db import migrate
 
@@ -103,8 +103,8 @@ def test_every_metric_is_documented_for_users():
 
 def test_descriptive_metrics_have_no_direction_and_the_gate_asks_for_one():
     from evalkit.errors import BadInput
-    from evalkit.gate.decide import check_names
-    from evalkit.gate.rules import Threshold
+    from evalkit.release.decide import check_names
+    from evalkit.release.rules import Threshold
 
     for name in ("sink_rate", "first_wins", "last_wins", "recency_index", "recency_index@len512"):
         spec = registry.get(name)

@@ -90,7 +90,8 @@ def add_needle(run_id):
     with transaction(None) as con:
         con.executemany("INSERT INTO samples (run_id, task, doc_id, lang, needle_depth, needle_length, "
                         "needle_tokens, needle_hint, needle_recall) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        con.executemany("INSERT INTO metrics VALUES (?, ?, ?, 'none', ?, ?, ?)",
+        con.executemany("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                        "VALUES (?, ?, ?, 'none', ?, ?, ?)",
                         [(run_id, "needle_en", "needle_recall", 0.917, 0.058, 12),
                          (run_id, "needle_en", "start_gap", 0.25, None, 12),
                          (run_id, "needle_en", "middle_gap", 0.5, None, 12)])
@@ -177,7 +178,7 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
     assert (tmp_path / "rep" / "first_token.png").read_bytes()[:8] == PNG
     assert "first_token.png" in {f.name for f in files}
     assert "Omitted: no first_token_topk" not in page
-    captions = re.findall(r'<p class="caption">(.*?)</p>', page)
+    captions = [c for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
     picked = [c.split(":")[0] for c in captions]
     # en-0002 is the only prompt whose top-1 tokens differ; next comes the widest top-1 spread
     assert picked == ["firsttoken_en / en-0002", "firsttoken_en / en-0001"]
@@ -220,7 +221,7 @@ def test_attention_section_reads_the_attention_views(runs, tmp_path):
         assert (tmp_path / "rep" / name).read_bytes()[:8] == PNG
     assert "Omitted: no attention rows" not in page
     # 24 prompts, sink_rate 0.75 each; layer 1 is the strongest (1.0)
-    assert "| baseline |  | 24 | 0.750 | 2 | 1 (1.000) |" in md
+    assert "| baseline | evalkit-fake chat | 24 | 0.750 | 2 | 1 (1.000) |" in md
     # recall · needle_attn at depth 0, 0.5 and 1 (needle_attn = 0.02 + 0.1 d)
     assert "| baseline | needle_en | no | 256 | 1.00 · 0.020 | 0.00 · 0.070 | 1.00 · 0.120 |" in md
     assert "| baseline | needle_en | yes | 256 | 1.00 · 0.020 | 1.00 · 0.070 | 1.00 · 0.120 |" in md
@@ -237,13 +238,13 @@ def test_conflict_table_with_recency_index_by_length(runs, tmp_path):
     assert "| degraded | needle_conflict_en | 512 | 3 | 1.000 | 0.000 | 0.000 | 0.000 | -1.000 | 1.000 | 1 |" in md
 
 
-def test_trend_needs_two_runs_of_one_model(runs, tmp_path):
+def test_trend_needs_two_runs_of_one_configuration(runs, tmp_path):
     files, page, md = report(tmp_path / "rep", "--runs", f"{runs['base']},{runs['bad']}")
-    assert "Omitted: no model has two or more done runs among the selected runs" in page
+    assert "Omitted: no configuration (model x quant x KV cache x template) has two or more done runs" in page
     assert "trend.png" not in {f.name for f in files}
     files, page, md = report(tmp_path / "rep2", "--runs", runs["base"], "--runs", runs["again"])
     assert "trend.png" in {f.name for f in files}
-    assert "evalkit-fake mode=hit: 2 runs" in md
+    assert "evalkit-fake · chat: 2 runs" in md
     assert runs["bad"] not in page
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import shutil
 
 import duckdb
@@ -53,6 +54,8 @@ EXPECTED_TABLES = {
         "pid": "INTEGER",
         "pid_start": "VARCHAR",
         "heartbeat_at": "TIMESTAMP",
+        "model_name": "VARCHAR",
+        "kv_cache": "VARCHAR",
         "attention": "BOOLEAN",
         "attn_implementation": "VARCHAR",
     },
@@ -64,6 +67,8 @@ EXPECTED_TABLES = {
         "value": "DOUBLE",
         "stderr": "DOUBLE",
         "n": "INTEGER",
+        "ci_lo": "DOUBLE",
+        "ci_hi": "DOUBLE",
     },
     "samples": {
         "run_id": "VARCHAR",
@@ -95,6 +100,10 @@ EXPECTED_TABLES = {
         "needle_hint": "BOOLEAN",
         "needle_recall": "DOUBLE",
         "metrics": "VARCHAR",
+        "top1_prob": "DOUBLE",
+        "answer_hit": "DOUBLE",
+        "ft_answer_mismatch": "DOUBLE",
+        "answer": "VARCHAR",
         "sink_rate": "DOUBLE",
         "needle_attn": "DOUBLE",
         "question_attn": "DOUBLE",
@@ -116,6 +125,11 @@ EXPECTED_TABLES = {
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
     "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
+    "lead_indicators": {
+        "run_id": "VARCHAR", "task": "VARCHAR", "category": "VARCHAR", "signal": "VARCHAR", "auroc": "DOUBLE",
+        "ci_lo": "DOUBLE", "ci_hi": "DOUBLE", "n": "INTEGER", "n_right": "INTEGER", "base_rate": "DOUBLE",
+        "reason": "VARCHAR",
+    },
     "attention_layers": {
         "run_id": "VARCHAR",
         "task": "VARCHAR",
@@ -229,6 +243,35 @@ def test_partly_migrated_db_gets_only_the_rest(tmp_path):
         assert applied(con) == [m.__name__ for m in MIGRATIONS]
         assert con.execute("SELECT id FROM runs").fetchall() == [("r1",)]
         assert relations(con, "BASE TABLE") == set(EXPECTED_TABLES)
+
+
+def test_kv_cache_migration_marks_earlier_hf_runs_full(tmp_path):
+    """Runs of the hf backend from before --kv-cache ran with the full cache; others (vLLM, API,
+    fake) are NULL: evalkit did not control their cache. The leaderboard view gains the column."""
+    path = tmp_path / "old.duckdb"
+    con = older_db(path, MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__ == "m013_kv_cache")))
+    for run_id, model in (("r-hf", "hf"), ("r-vllm", "vllm"), ("r-none", None)):
+        config = json.dumps({"model": model, "tasks": ["firsttoken"]}) if model else None
+        con.execute("INSERT INTO runs (id, created_at, status, model, config) VALUES (?, now(), 'done', ?, ?)",
+                    [run_id, model or "x", config])
+    con.execute("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                "VALUES ('r-hf', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
+    con.close()
+    with open_writer(path) as con:
+        assert dict(con.execute("SELECT id, kv_cache FROM runs").fetchall()) == {
+            "r-hf": "full", "r-vllm": None, "r-none": None}
+        assert con.execute("SELECT kv_cache FROM leaderboard").fetchall() == [("full",)]
+
+
+def test_migrations_are_numbered_in_list_order_and_the_leaderboard_keeps_every_column(tmp_path):
+    """A migration's version is its place in MIGRATIONS (its name is what is recorded as applied), so a
+    number may be skipped; the names still ascend. No later migration drops a leaderboard column."""
+    numbers = [int(m.__name__[1:4]) for m in MIGRATIONS]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+    with open_writer(tmp_path / "lb.duckdb") as con:
+        cols = {r[0] for r in con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'leaderboard'").fetchall()}
+    assert {"run_id", "model_name", "quant", "kv_cache", "template", "metric", "value", "ci_lo", "ci_hi"} <= cols
 
 
 def test_read_only_open_needs_an_existing_db(tmp_path):

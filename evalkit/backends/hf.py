@@ -21,14 +21,16 @@ import math
 from typing import Any
 
 import torch
+import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from evalkit.backends import attention as attn
-from evalkit.backends import engine
+from evalkit.backends import engine, kvcache
 from evalkit.backends import quant as quantization
-from evalkit.backends.models import DEFAULT_TOLERANCE
+from evalkit.backends.convert import cached_args
+from evalkit.backends.models import DEFAULT_ANSWER_TOKENS, DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
@@ -40,13 +42,15 @@ from evalkit.scoring.text import drop_covered
 CONTENT_FREE = ("N/A", "", "…", "无")
 
 
-def content_free_prior(model, tokenizer, frame: str, top_k: int) -> dict[int, float]:
+def content_free_prior(model, tokenizer, frame: str, top_k: int,
+                       kv_policy: kvcache.KVPolicy | None = None) -> dict[int, float]:
     """The content-free prior (docs/metrics.md §1.3) of a prompt frame (the context with its prompt
     replaced by "\x00"): the mean first-step distribution over CONTENT_FREE inputs put in
-    the frame, as its top-k `token_id -> probability`."""
+    the frame, as its top-k `token_id -> probability`, under the run's KV-cache policy."""
     # under a template with no text around the prompt, "" leaves nothing to condition on
     contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
-    steps = engine.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts))
+    steps = engine.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts),
+                         kv_policy=kv_policy)
     mean = torch.stack([s.logprobs.exp() for s in steps]).mean(0)
     top = torch.topk(mean, top_k)
     return dict(zip(top.indices.tolist(), top.values.tolist()))
@@ -78,8 +82,9 @@ class EvalkitHFLM(HFLM):
     trie whose probabilities add up to at most this are not teacher-forced, so
     opener_mass falls short of exact by at most `tolerance` (a bound, not an
     estimate; 0 is exact; see `engine.probe`). The accepted answers are always
-    scored exactly: ft_hit_prob is exact. attention: read the prefill's attention
-    (docs/metrics.md §1.8) under eager attention."""
+    scored exactly: ft_hit_prob is exact. kv_cache: the KV-cache policy
+    (`kvcache.parse`; default full) every probe runs under, the content-free prior's included.
+    attention: read the prefill's attention (docs/metrics.md §1.8) under eager attention."""
 
     def __init__(
         self,
@@ -92,13 +97,21 @@ class EvalkitHFLM(HFLM):
         ban_openers: bool = False,
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
+        answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
+        kv_cache: str | None = None,
         device: str | None = None,
         attention: bool = False,
         **kwargs: Any,
     ) -> None:
+        policy = kvcache.parse(kv_cache)  # refused before the weights load
+        kvcache.check_available(policy)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        super().__init__(pretrained, device=device, **kwargs)
+        transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
+        # a GGUF is converted once, then read as safetensors (the run row keeps the GGUF's own args)
+        converted = cached_args({"pretrained": pretrained, **kwargs})
+        pretrained = converted.pop("pretrained")
+        super().__init__(pretrained, device=device, **converted)
         quantization.check(quant, in_process_hf=True, model_type="hf", device=str(self.device))
         self._model = quantization.apply(self._model, quant)
         self.attention = bool(attention)
@@ -114,10 +127,19 @@ class EvalkitHFLM(HFLM):
         self.ban_openers = bool(ban_openers)
         self.probe_seed = int(probe_seed)
         self.tolerance = float(tolerance)
+        self.answer_max_tokens = int(answer_max_tokens)
         if not 0 <= self.tolerance < 1:
             raise ValueError(f"evalkit-hf: tolerance must be in [0, 1), got {tolerance}")
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
+        self.set_kv_policy(policy)
+
+    def set_kv_policy(self, policy: kvcache.KVPolicy) -> None:
+        """Run every later probe under `policy` (a sweep reuses one loaded model for several)."""
+        if policy.rounds:
+            kvcache.new_cache(policy, self._model, [])  # a backend that cannot load fails here, with one line
+        self.kv_policy = policy
+        self._priors = {}  # the content-free prior is the policy's too
 
     # -- helpers ---------------------------------------------------------------
 
@@ -140,7 +162,7 @@ class EvalkitHFLM(HFLM):
             return None
         frame = context.replace(prompt, "\x00")
         if frame not in self._priors:
-            self._priors[frame] = content_free_prior(self.model, self.tokenizer, frame, self.top_k)
+            self._priors[frame] = content_free_prior(self.model, self.tokenizer, frame, self.top_k, self.kv_policy)
         return self._priors[frame]
 
     # -- lm-eval API -------------------------------------------------------------
@@ -150,6 +172,9 @@ class EvalkitHFLM(HFLM):
         if sampled:
             if len(sampled) != len(requests):
                 raise ValueError("evalkit-hf: cannot mix sampled and greedy requests in one call")
+            if not self.kv_policy.is_full:
+                raise BadInput(f"--kv-cache {self.kv_policy.spec}: sampled requests (do_sample) run through "
+                               "HFLM's generate, which evalkit's cache policies do not reach; use --kv-cache full")
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
         out: list[Any] = [None] * len(requests)
@@ -179,6 +204,8 @@ class EvalkitHFLM(HFLM):
                     seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
                     tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
                     attention=reads,
+                    answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
+                    kv_policy=self.kv_policy,
                 )
                 for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
                     out[i] = self._result(ctx, doc, cand, n_answer, step, until)
@@ -230,6 +257,7 @@ class EvalkitHFLM(HFLM):
         ]
         top3 = engine.top_mass(step.logprobs, 3, self.temperature)
         metrics: dict[str, float] = {
+            "top1_prob": math.exp(step.topk_logprobs[0]),
             "top3_mass": top3,
             "unstable": 1.0 if top3 < UNSTABLE_BELOW else 0.0,
             "entropy": step.entropy,
@@ -242,6 +270,7 @@ class EvalkitHFLM(HFLM):
             values, layers = self._attention_values(step.attention)
             metrics.update(values)
         first_id = step.response_ids[0] if step.response_ids else None
+        answer = self.tok_decode(step.answer_ids, skip_special_tokens=True) if step.answer_ids else None
         return FirstStepResult(
             text=text,
             first_token_id=first_id,
@@ -250,5 +279,6 @@ class EvalkitHFLM(HFLM):
             topk=topk,
             entropy=step.entropy,
             metrics=metrics,
+            answer_text=answer,
             layers=layers,
         )

@@ -54,6 +54,8 @@ def compare_command(run_a, run_b, db, fmt):
         click.echo(render(DELTA_COLUMNS, rows + deltas, "csv"))
         return
     click.echo(f"A = {c.run_a}   B = {c.run_b}   shared prompts: {c.n_shared}")
+    if c.dimensions:
+        click.echo("runs differ in: " + "; ".join(f"{k} {a} -> {b}" for k, (a, b) in c.dimensions.items()))
     click.echo()
     if c.drift:
         click.echo("first-token drift (A -> B)")

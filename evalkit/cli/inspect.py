@@ -41,6 +41,8 @@ def _pad(text: str, width: int) -> str:
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
 @click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--kv-cache", default=None,
+              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS.")
 @click.option("--top-k", type=int, default=10, show_default=True, help="First tokens to list.")
 @click.option("--model-args", default=None, help="pretrained=...,gguf_file=...,dtype=...; none: the embedded SmolLM2.")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
@@ -52,7 +54,7 @@ def _pad(text: str, width: int) -> str:
 @click.option("--attention-layers", type=int, default=4, show_default=True,
               help="With --attention: average the last N layers (and every head).")
 @format_option
-def inspect_command(prompt, template, templates_file, quant, top_k, model_args, temperature, task, device,
+def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, model_args, temperature, task, device,
                     attention, attention_layers, fmt):
     """Show the first-token distribution of one PROMPT, put through a template as a run would.
 
@@ -67,6 +69,7 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
       evalkit inspect "What is recursion?"
       evalkit inspect "什么是递归？" --template direct --top-k 20
       evalkit inspect "What is the capital of France?" --quant int8-dynamic
+      evalkit inspect "$(cat long_prompt.txt)" --kv-cache sinkwindow:4:256
       evalkit inspect "Hi" --model-args pretrained=/models/qwen --format json
       evalkit inspect --attention "The code is 4417. What is the code?" --attention-layers 8
     """
@@ -76,7 +79,7 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
 
     r = inspect_prompt(prompt, template=template, quant=quant, top_k=top_k, model_args=model_args,
                        temperature=temperature, templates_file=templates_file, task=task, device=device,
-                       attention=attention, attention_layers=attention_layers)
+                       kv_cache=kv_cache, attention=attention, attention_layers=attention_layers)
     if fmt == "json":
         click.echo(json.dumps(asdict(r), ensure_ascii=False, indent=2))
         return
@@ -90,7 +93,7 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
                               [[t.rank, t.position, t.token_id, t.token, t.weight] for t in r.attention], "csv"))
         return
     quant = f" ({r.quant})" if r.quant else ""
-    click.echo(f"model     {r.model}{quant}")
+    click.echo(f"model     {r.model}{quant}   kv cache {r.kv_cache}")
     click.echo(f"template  {r.template}   context {r.n_context_tokens} tokens: {r.context!r}")
     click.echo()
     width = max([len("token")] + [_cells(t.token) for t in r.tokens])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from evalkit.cli.options import db_option
-from evalkit.cli.output import table
+from evalkit.cli.output import lead_table, metric_table, next_steps
 from evalkit.prompts.presets import LENGTH_PRESETS
 
 
@@ -34,7 +34,13 @@ def _csv_list(kind, presets=None):
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
 @click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
-@click.option("--limit", type=int, default=None, help="At most N prompts per task.")
+@click.option("--kv-cache", default=None,
+              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS; "
+                   "a comma list runs one run per policy.")
+@click.option("--limit", type=int, default=None,
+              help="At most N prompts per first-token or needle_conflict task (conflict documents are listed "
+                   "pair by pair); the needle grid always runs whole: narrow it with --needle-lengths / "
+                   "--needle-depths.")
 @click.option("--seed", type=int, default=1234, show_default=True)
 @click.option("--batch-size", type=int, default=8, show_default=True)
 @click.option("--top-k", type=int, default=50, show_default=True, help="First-token candidates stored per prompt (>= 50).")
@@ -42,9 +48,10 @@ def _csv_list(kind, presets=None):
 @click.option("--first-temperature", type=float, default=None, help="Sample the first token at T1 (0: argmax).")
 @click.option("--ban-openers", is_flag=True, help="Mask opener-initial tokens at step 1 only.")
 @click.option("--needle-lengths", callback=_csv_list(int, LENGTH_PRESETS), default=None,
-              help="Needle and conflict prompt lengths in tokens, e.g. 256,512, or a preset: "
+              help="Needle and conflict prompt lengths in the model's tokens, e.g. 256,512, or a preset: "
                    + ", ".join(f"{k} ({','.join(map(str, v))})" for k, v in LENGTH_PRESETS.items()) + ".")
-@click.option("--needle-depths", callback=_csv_list(float), default=None, help="Needle depths in [0,1], e.g. 0,0.5,1.")
+@click.option("--needle-depths", callback=_csv_list(float), default=None,
+              help="Needle depths in [0,1], 0 = the first sentence [default: 0,0.1,...,1].")
 @click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
 @click.option("--attention", is_flag=True,
               help="Read the prefill's attention (hf backend, eager attention): sink_rate, needle_attn, question_attn.")
@@ -60,21 +67,35 @@ def run_command(**opts):
       evalkit run --tasks firsttoken
       evalkit run --tasks firsttoken_zh --template direct --limit 20
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
+      evalkit run --tasks needle_en --kv-cache full,window:256,sinkwindow:4:256,fp8
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
       evalkit run --tasks needle_en,needle_en_hint --needle-lengths long --needle-depths 0,0.5,1 --attention
       evalkit run --tasks needle_conflict --needle-lengths 256,512,1024
     """
-    from evalkit.runner.execute import RunConfig, execute
+    from evalkit import api
 
-    tasks = [t.strip() for t in (opts.pop("tasks") or "").split(",") if t.strip()]
-    cfg = RunConfig(tasks=tasks, **opts)
-    result = execute(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True))
-    click.echo(f"run {result.run_id}  {result.status}  {result.n_samples} samples  "
+    def started(rid: str) -> None:
+        click.echo(f"run {rid} started", err=True)
+
+    runs = api.run_all(opts.pop("tasks") or "", opts.pop("model"), on_start=started, on_done=_print_result, **opts)
+    if len(runs) > 1:
+        ids = " ".join(r.id for r in runs)
+        click.echo(f"{len(runs)} runs: {ids}")
+        click.echo(f"compare them: evalkit compare {ids}")
+
+
+def _print_result(result) -> None:
+    click.echo(f"run {result.id}  {result.status}  {result.n_samples} samples  "
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
-    rows = [(m["task"], m["metric"], m["value"], m["stderr"], m["n"]) for m in result.metrics]
-    if rows:
-        click.echo(table(["task", "metric", "value", "stderr", "n"], rows))
+    if result.metrics:
+        click.echo(metric_table(result.metrics))
+    lead = [r for r in result.lead if r["category"] == "*"]
+    if lead:
+        click.echo()
+        click.echo(lead_table(lead))
+    if result.metrics:
+        click.echo(next_steps(result.id))
 
 
 COMMANDS = [run_command]

@@ -73,12 +73,50 @@ def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
     lengths = [int(x) for x in metadata.get("needle_lengths") or needle.DEFAULT_LENGTHS]
     depths = [float(x) for x in metadata.get("needle_depths") or needle.DEFAULT_DEPTHS]
     check_lengths(lengths, metadata.get("max_length"))
-    count = token_counter(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"))
-    docs = needle.build_grid(count, langs=[lang], lengths=lengths, depths=depths, hint=hint,
-                             seed=int(metadata.get("seed", 1234)))
-    for d in docs:
-        d["kind"] = NEEDLE
+    docs = grid_docs(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"), lengths=lengths,
+                     depths=depths, seed=int(metadata.get("seed", 1234)), lang=lang, hint=hint)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
+
+
+# (tokenizer, template, grid, seed, lang, hint) -> documents: built once per process, so a run
+# can build them before its row is written (any length that cannot be met is bad input) and
+# lm-eval then loads the same documents
+_GRIDS: dict[tuple, list[dict]] = {}
+# needle task -> (lang, hint)
+TASK_GRIDS = {"needle_en": ("en", False), "needle_en_hint": ("en", True),
+              "needle_zh": ("zh", False), "needle_zh_hint": ("zh", True)}
+
+
+def grid_docs(tokenizer, *, chat: bool, system: str | None, lengths: list[int], depths: list[float], seed: int,
+              lang: str, hint: bool) -> list[dict]:
+    """The needle documents of one language and hint flag, counted in `tokenizer` (cached)."""
+    key = (id(tokenizer), chat, system, tuple(lengths), tuple(depths), seed, lang, hint)
+    if key not in _GRIDS:
+        count = token_counter(tokenizer, chat=chat, system=system)
+        docs = needle.build_grid(count, langs=[lang], lengths=lengths, depths=depths, hint=hint, seed=seed)
+        for d in docs:
+            d["kind"] = NEEDLE
+        _GRIDS[key] = docs
+    return _GRIDS[key]
+
+
+# conflict task -> lang
+TASK_CONFLICTS = {"needle_conflict_en": "en", "needle_conflict_zh": "zh"}
+
+
+def conflict_docs(tokenizer, *, chat: bool, system: str | None, lengths: list[int], pairs: int, seed: int,
+                  lang: str) -> list[dict]:
+    """The conflict documents of one language, counted in `tokenizer` (cached as `grid_docs`)."""
+    from evalkit.prompts import conflict
+
+    key = ("conflict", id(tokenizer), chat, system, tuple(lengths), pairs, seed, lang)
+    if key not in _GRIDS:
+        count = token_counter(tokenizer, chat=chat, system=system)
+        docs = conflict.build_conflict_grid(count, langs=[lang], lengths=lengths, pairs=pairs, seed=seed)
+        for d in docs:
+            d["kind"] = CONFLICT
+        _GRIDS[key] = docs
+    return _GRIDS[key]
 
 
 def load_conflict_docs(*, lang: str, **metadata) -> Any:
@@ -94,12 +132,9 @@ def load_conflict_docs(*, lang: str, **metadata) -> Any:
     tok = _tokenizer(metadata)
     lengths = [int(x) for x in metadata.get("needle_lengths") or needle.DEFAULT_LENGTHS]
     check_lengths(lengths, metadata.get("max_length"))
-    count = token_counter(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"))
-    docs = conflict.build_conflict_grid(count, langs=[lang], lengths=lengths,
-                                        pairs=int(metadata.get("conflict_pairs") or conflict.DEFAULT_PAIRS),
-                                        seed=int(metadata.get("seed", 1234)))
-    for d in docs:
-        d["kind"] = CONFLICT
+    docs = conflict_docs(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"), lengths=lengths,
+                         pairs=int(metadata.get("conflict_pairs") or conflict.DEFAULT_PAIRS),
+                         seed=int(metadata.get("seed", 1234)), lang=lang)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 

@@ -38,10 +38,10 @@ READ_PRAGMAS = frozenset({"table_info", "show_tables", "show_tables_expanded", "
 _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)", re.I)
 # the statement an EXPLAIN [ANALYZE] [(options)] wraps
 _EXPLAINED = re.compile(r"^\s*EXPLAIN\b(?:\s+ANALY[SZ]E\b)?(?:\s*\([^)]*\))?\s*(\S.*)$", re.I | re.S)
-# the tables of an evalkit DB that an export holds and a merged query unions
-TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags", "attention_layers")
-# tables an export from an older evalkit may lack: read as empty
-LATER_TABLES = frozenset({"attention_layers"})
+# the tables of an evalkit DB that an export holds and a merged query unions; an export made by an
+# older evalkit may lack the later ones (OPTIONAL): they read as empty tables
+TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags", "lead_indicators", "attention_layers")
+OPTIONAL = frozenset({"lead_indicators", "attention_layers"})
 
 
 def check_read_only(sql: str) -> None:
@@ -110,7 +110,7 @@ def _parquet_files(folder: Path) -> dict[str, Path]:
     """table -> Parquet file of one export folder; every table must be there."""
     if not folder.is_dir():
         raise BadInput(f"no evalkit export at {folder} (run `evalkit export --parquet {folder}`)")
-    missing = [t for t in TABLES if not (folder / f"{t}.parquet").is_file() and t not in LATER_TABLES]
+    missing = [t for t in TABLES if t not in OPTIONAL and not (folder / f"{t}.parquet").is_file()]
     if missing:
         raise BadInput(f"{folder} is not a complete evalkit export: {missing[0]}.parquet is missing")
     return {t: folder / f"{t}.parquet" for t in TABLES if (folder / f"{t}.parquet").is_file()}
@@ -172,12 +172,13 @@ def merged_query(
             for table in TABLES:
                 if table in files:
                     con.execute(f"CREATE TABLE evalkit_pq{j}_{table} AS SELECT * FROM read_parquet({_literal(files[table])})")
-                else:  # an older export without this table
+                else:  # an older export without this (OPTIONAL) table
                     con.execute(_empty_table_sql(table, f"evalkit_pq{j}_{table}"))
             sources.append({t: f"evalkit_pq{j}_{t}" for t in TABLES})
         for table in TABLES:
-            parts = [f"SELECT * FROM {src[table]}" for src in sources]
-            con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
+            parts = [f"SELECT * FROM {src[table]}" for src in sources if table in src]
+            if parts:
+                con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
         for definition in view_definitions():
             try:
                 con.execute(definition)

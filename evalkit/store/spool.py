@@ -34,7 +34,7 @@ def _fallback_dir(db: Path) -> Path:
     return Path(tempfile.gettempdir()) / "evalkit-spool" / Path(db).name
 
 
-def keep(db: Path, row: dict[str, Any], *, metrics, samples, topk, attention=()) -> Path:
+def keep(db: Path, row: dict[str, Any], *, metrics, samples, topk, lead=(), attention=()) -> Path:
     """Write one finished run (its complete `runs` row and its results) to a spool file; return its path.
 
     Written under a temporary name and renamed when complete, so a reader never takes a
@@ -44,13 +44,13 @@ def keep(db: Path, row: dict[str, Any], *, metrics, samples, topk, attention=())
     errors = []
     for folder in (spool_dir(db), _fallback_dir(db)):
         try:
-            return _write(folder, row, metrics=metrics, samples=samples, topk=topk, attention=attention)
+            return _write(folder, row, metrics=metrics, samples=samples, topk=topk, lead=lead, attention=attention)
         except (OSError, duckdb.Error) as exc:
             errors.append(f"{folder}: {str(exc).splitlines()[0]}")
     raise OSError("cannot keep the run's results anywhere (" + "; ".join(errors) + ")")
 
 
-def _write(folder: Path, row: dict[str, Any], *, metrics, samples, topk, attention=()) -> Path:
+def _write(folder: Path, row: dict[str, Any], *, metrics, samples, topk, lead=(), attention=()) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{row['id']}{SUFFIX}"
     partial = folder / f".{row['id']}{SUFFIX}.partial"
@@ -64,7 +64,8 @@ def _write(folder: Path, row: dict[str, Any], *, metrics, samples, topk, attenti
         runs.insert_rows(con, "metrics", runs.METRIC_COLUMNS, metrics)
         runs.insert_rows(con, "samples", runs.SAMPLE_COLUMNS, samples)
         runs.insert_rows(con, "first_token_topk", runs.TOPK_COLUMNS, topk)
-        runs.insert_rows(con, "attention_layers", runs.ATTENTION_COLUMNS, attention)
+        runs.insert_rows(con, "lead_indicators", runs.LEAD_COLUMNS, list(lead))
+        runs.insert_rows(con, "attention_layers", runs.ATTENTION_COLUMNS, list(attention))
         con.execute("CHECKPOINT")
     finally:
         con.close()
