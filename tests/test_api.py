@@ -38,3 +38,14 @@ def test_bad_input_raises(tmp_path):
     with pytest.raises(BadInput, match="no evalkit database"):
         evalkit.connect(tmp_path / "missing.duckdb")
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_needle_lengths_take_a_preset_name_as_the_cli_does():
+    from evalkit.api import _config
+    from evalkit.prompts.presets import LENGTH_PRESETS
+
+    assert _config("needle_en", "hf", None, {"needle_lengths": "long"}).needle_lengths == list(LENGTH_PRESETS["long"])
+    assert _config("needle_en", "hf", None, {"needle_lengths": "256, 512"}).needle_lengths == [256, 512]
+    assert _config("needle_en", "hf", None, {"needle_lengths": [1024]}).needle_lengths == [1024]
+    with pytest.raises(BadInput, match="needle_lengths: expected numbers or one of default, long, got 'longer'"):
+        _config("needle_en", "hf", None, {"needle_lengths": "longer"})

@@ -239,3 +239,12 @@ def test_the_views_read_the_run(attention_run):
     for pick, first, last, both, _ in picks:
         assert pick == {(1, 0, 0): "first", (0, 1, 0): "last", (0, 0, 1): "both", (0, 0, 0): "neither"}[
             (first, last, both)]
+
+
+def test_install_fixes_the_mmap_threshold_under_glibc():
+    """The blocks' large temporaries are given back when freed (glibc); elsewhere nothing is set."""
+    import platform
+    import sys
+
+    expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert attention.fix_mmap_threshold() is expected
