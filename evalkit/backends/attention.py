@@ -14,10 +14,11 @@ per-layer reduction of each block's weights to what evalkit keeps:
   needle sentence, the question), per head;
 - on request, the last position's whole attention row, mean over heads (`evalkit inspect`).
 
-`install(model)` switches a loaded model to `evalkit_eager`; `token_span` maps a
-character span of the prompt to its token positions. Does not: choose the spans (the
-backend does, from the doc), store anything, or touch the engine's masks (the engine
-builds them; this module only reads what it is handed).
+`install(model)` switches a loaded model to `evalkit_eager` (and fixes glibc's mmap
+threshold, so what the blocks free is given back); `token_span` maps a character span of
+the prompt to its token positions. Does not: choose the spans (the backend does, from the
+doc), store anything, or touch the engine's masks (the engine builds them; this module
+only reads what it is handed).
 """
 
 from __future__ import annotations
@@ -183,8 +184,9 @@ def register() -> None:
 def install(model) -> str:
     """Switch a loaded transformers model to `evalkit_eager`; return the implementation now set.
 
-    Raises ValueError when the model cannot switch (it does not use transformers'
-    AttentionInterface).
+    Also fixes glibc's mmap threshold for the process (`fix_mmap_threshold`), so the blocks'
+    temporaries do not stay resident. Raises ValueError when the model cannot switch (it does
+    not use transformers' AttentionInterface).
     """
     register()
     model.set_attn_implementation(IMPLEMENTATION)
