@@ -11,16 +11,18 @@ On the default SmolLM2-135M-Instruct (Q4_1 GGUF, fp32 compute on CPU):
   (2) peak RSS of two whole runs as child processes, each measured on its own:
       `evalkit run --tasks needle_en --needle-lengths 2048 --needle-depths 0,0.1,...,0.7`
       (8 prompts: one full batch at the default batch size, 8, the most a default run
-      holds at once) with and without `--attention`, against the 2 GB budget of the
-      default run (bench/peak_rss.py);
+      holds at once; `--rss-batch-size N` runs them N at a time) with and without
+      `--attention`, against the 2 GB budget of the default run (bench/peak_rss.py);
   (3) with `--long-grid`, the CPU cost of the `long` preset: one plain prompt at each of
       2048, 4096 and 7680 tokens (prefill and answer), to price the 33 prompts a task of
       the long grid holds (11 depths x 3 lengths).
 
     python bench/attention_cost.py [--length 2048] [--depths 0,0.5,1] [--rounds 2]
-                                   [--rss-depths 0,0.1,...,0.7] [--skip-rss] [--long-grid]
+                                   [--rss-depths 0,0.1,...,0.7] [--rss-batch-size N]
+                                   [--skip-rss] [--long-grid]
 
-Takes several minutes on a 2-core CPU (most of it in (2), two model loads and two runs).
+Takes about 25 minutes on a 2-core CPU at the defaults (half in (1), half in (2): two
+model loads and two runs); `--long-grid` adds about 4.
 """
 
 from __future__ import annotations
@@ -118,17 +120,18 @@ def child_peak(cmd: list[str]) -> tuple[int, float, int, str]:
     return int(peak), float(wall), int(rc), last
 
 
-def peak_rss(length: int, depths: list[float]) -> None:
+def peak_rss(length: int, depths: list[float], batch_size: int | None = None) -> None:
     script = Path(sys.executable).parent / "evalkit"
     exe = [str(script)] if script.exists() else [sys.executable, "-c", "from evalkit.cli import main; main()"]
+    batch = ["--batch-size", str(batch_size)] if batch_size else []
     print(f"(2) peak RSS of whole runs (child processes), needle_en at {length} tokens, depths {depths}:")
     with tempfile.TemporaryDirectory(prefix="evalkit-attn-") as tmp:
         for extra in ([], ["--attention"]):
             cmd = [*exe, "run", "--tasks", "needle_en", "--needle-lengths", str(length), "--needle-depths",
                    ",".join(f"{d:g}" for d in depths), "--device", "cpu", "--db", str(Path(tmp) / "runs.duckdb"),
-                   *extra]
+                   *batch, *extra]
             peak, wall, rc, last = child_peak(cmd)
-            shown = " ".join(["evalkit", *cmd[len(exe):-2 - len(extra)], *extra])
+            shown = " ".join(["evalkit", *cmd[len(exe):-2 - len(batch) - len(extra)], *batch, *extra])
             if rc != 0:
                 print(f"    `{shown}` failed (exit {rc}): {last}")
                 continue
@@ -154,6 +157,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rss-depths", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7",
                         help="depths of the whole runs of (2): 8 = one full default batch")
+    parser.add_argument("--rss-batch-size", type=int, default=None, help="--batch-size of the whole runs of (2)")
     parser.add_argument("--skip-rss", action="store_true", help="leave out (2), the two whole runs")
     parser.add_argument("--long-grid", action="store_true", help="also (3), the cost of the long preset")
     args = parser.parse_args()
@@ -167,7 +171,7 @@ def main() -> int:
         long_grid(lm)
     del lm
     if not args.skip_rss:
-        peak_rss(args.length, [float(d) for d in args.rss_depths.split(",")])
+        peak_rss(args.length, [float(d) for d in args.rss_depths.split(",")], args.rss_batch_size)
     print(f"this process: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     return 0
 
