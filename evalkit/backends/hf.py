@@ -26,6 +26,7 @@ from evalkit.backends import engine
 from evalkit.backends import quant as quantization
 from evalkit.backends.models import DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
+from evalkit.errors import BadInput
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
 from evalkit.scoring.lexicon import load_lexicon
@@ -65,6 +66,14 @@ def candidate_metrics(tokenizer, context: str, step: engine.FirstStep, answers: 
     return metrics
 
 
+def _skeleton(config):
+    """The model of `config` on the meta device (no memory, no weights): its layer shapes."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
 @register_model("evalkit-hf")
 class EvalkitHFLM(HFLM):
     """HFLM plus the exact first-step probe. Extra model args: quant, top_k,
@@ -91,10 +100,13 @@ class EvalkitHFLM(HFLM):
     ) -> None:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        super().__init__(pretrained, device=device, **kwargs)
-        quantization.check(quant, in_process_hf=True, model_type="hf", device=str(self.device))
-        self._model = quantization.apply(self._model, quant)
-        self.quant = quant
+        quantization.check(quant, in_process_hf=True, model_type="hf", device=str(device))
+        self.quant = quantization.parse(quant).text if quant else None
+        quantization.quiet_libraries()
+        with quantization.quiet_imports():
+            super().__init__(pretrained, device=device, **kwargs)  # calls _create_model (load-time variants)
+            self._model = quantization.apply(self._model, self.quant)
+        self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=self._gguf_path(pretrained, kwargs))
         self.top_k = int(top_k)
         self.temperature = float(temperature)
         self.first_temperature = None if first_temperature in (None, "", "none") else float(first_temperature)
@@ -105,6 +117,43 @@ class EvalkitHFLM(HFLM):
             raise ValueError(f"evalkit-hf: tolerance must be in [0, 1), got {tolerance}")
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
+
+    # -- loading ----------------------------------------------------------------
+
+    def _create_model(self, pretrained, *, gguf_file=None, quantization_config=None, **kwargs) -> None:
+        """HFLM's load, with a load-time `--quant` variant's quantization config given to
+        `from_pretrained`; a GGUF model (which transformers will not quantize on load) is
+        loaded first and rebuilt from its own weights with that config. A GPTQ / AWQ
+        checkpoint's own config is checked against the variant asked for."""
+        asked = quantization.load_config(self.quant)
+        if self.quant and quantization.parse(self.quant).quant.how == "checkpoint":
+            found = getattr(quantization_config, "quant_method", None) if quantization_config is not None else None
+            found = getattr(found, "value", found)
+            if str(found or "").lower() != quantization.parse(self.quant).name:
+                raise BadInput(f"--quant {self.quant}: {pretrained} is not a {self.quant.upper()} checkpoint "
+                               f"(its quantization_config says {found or 'nothing'})")
+        if asked is None:
+            return super()._create_model(pretrained, gguf_file=gguf_file, quantization_config=quantization_config,
+                                         **kwargs)
+        if quantization_config is not None:
+            raise BadInput(f"--quant {self.quant}: {pretrained} is already quantized "
+                           f"({getattr(quantization_config, 'quant_method', '?')}); load it without --quant")
+        kwargs.update(quantization.load_kwargs(self.quant, kwargs.get("dtype")))
+        if gguf_file:
+            super()._create_model(pretrained, gguf_file=gguf_file, **kwargs)
+            self._model = quantization.requantize(self._model, self.quant)
+            return None
+        quantization.check_groups(_skeleton(self.config), self.quant)
+        return super()._create_model(pretrained, quantization_config=asked, **kwargs)
+
+    @staticmethod
+    def _gguf_path(pretrained, kwargs) -> str | None:
+        gguf = kwargs.get("gguf_file")
+        if not gguf or not isinstance(pretrained, str):
+            return None
+        import os
+
+        return gguf if os.path.isabs(gguf) else os.path.join(pretrained, gguf)
 
     # -- helpers ---------------------------------------------------------------
 
