@@ -53,6 +53,7 @@ EXPECTED_TABLES = {
         "pid": "INTEGER",
         "pid_start": "VARCHAR",
         "heartbeat_at": "TIMESTAMP",
+        "quant_detail": "VARCHAR",
     },
     "metrics": {
         "run_id": "VARCHAR",

@@ -87,9 +87,10 @@ def is_main_rank() -> bool:
     return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
 
 
-def run_row(plan: RunPlan, run_id: str) -> dict[str, Any]:
-    """The `runs` row of a run as it starts."""
+def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
+    """The `runs` row of a run as it starts (`lm`: the loaded model, which says what `--quant` applied)."""
     cfg, model = plan.cfg, plan.model
+    detail = getattr(lm, "quant_detail", None)
     return {
         "id": run_id,
         "created_at": now(),
@@ -98,8 +99,9 @@ def run_row(plan: RunPlan, run_id: str) -> dict[str, Any]:
         "model": model.label if model.embedded else cfg.model,
         "model_args": json.dumps(model.args, sort_keys=True, default=str),
         "model_fingerprint": models.fingerprint(model.args),
-        "dtype": model.dtype,
+        "dtype": model.dtype or (detail or {}).get("compute_dtype"),
         "quant": model.quant,
+        "quant_detail": json.dumps(detail, sort_keys=True) if isinstance(detail, dict) else None,
         "template": plan.template.name,
         "template_text": json.dumps(plan.template.to_dict(), ensure_ascii=False),
         "system_prompt": plan.template.system,
@@ -136,7 +138,7 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
 
     writer = is_main_rank()
     run_id = new_run_id()
-    row = run_row(plan, run_id)
+    row = run_row(plan, run_id, lm)
     if writer:
         runs.insert_run(cfg.db, row)
     if on_start:

@@ -220,6 +220,25 @@ def m009_run_liveness(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN heartbeat_at TIMESTAMP")
 
 
+def m010_quant_detail(con: duckdb.DuckDBPyConnection) -> None:
+    # What `--quant` applied, as JSON (`quant.describe`): variant, library and version, scheme,
+    # bits, group size, compute dtype, the quantized modules as layer patterns with counts and
+    # the weight-holding modules left as they were. The leaderboard shows it beside `quant`.
+    con.execute("ALTER TABLE runs ADD COLUMN quant_detail VARCHAR")
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_fingerprint, r.quant, r.template,
+               r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               m.value - 1.96 * m.stderr AS ci_lo, m.value + 1.96 * m.stderr AS ci_hi,
+               r.quant_detail
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -230,4 +249,5 @@ MIGRATIONS: list[Migration] = [
     m007_create_run_drift_view,
     m008_create_meta,
     m009_run_liveness,
+    m010_quant_detail,
 ]

@@ -27,7 +27,7 @@ RUN_COLUMNS = (
     "tasks", "seed", "batch_size", "sample_limit", "top_k", "first_temperature",
     "ban_openers", "opener_lexicon_version", "evalkit_version", "lm_eval_version",
     "transformers_version", "torch_version", "git_commit", "host", "duration_s",
-    "config", "error", "pid", "pid_start", "heartbeat_at",
+    "config", "error", "pid", "pid_start", "heartbeat_at", "quant_detail",
 )
 SAMPLE_COLUMNS = (
     "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
