@@ -29,7 +29,9 @@ def _csv_list(kind):
 @click.option("--template", default="chat", show_default=True, help="Prompt template: chat, plain, direct, or yours.")
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
-@click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--quant", default=None,
+              help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic, int8-weight, int4-weight[:G], nf4, int8-llm, "
+                   "hqq4[:G], hqq8[:G], int4-tinygemm (GPU), gptq, awq; comma-separated: one run per variant.")
 @click.option("--limit", type=int, default=None, help="At most N prompts per task.")
 @click.option("--seed", type=int, default=1234, show_default=True)
 @click.option("--batch-size", type=int, default=8, show_default=True)
@@ -52,14 +54,24 @@ def run_command(**opts):
       evalkit run --tasks firsttoken
       evalkit run --tasks firsttoken_zh --template direct --limit 20
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
+      evalkit run --tasks firsttoken --quant bf16,int8-weight,int4-weight --limit 40
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
     """
-    from evalkit.runner.execute import RunConfig, execute
+    from evalkit.runner.execute import RunConfig
+    from evalkit.runner.sweep import execute_sweep
 
     tasks = [t.strip() for t in (opts.pop("tasks") or "").split(",") if t.strip()]
     cfg = RunConfig(tasks=tasks, **opts)
-    result = execute(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True))
+    results = execute_sweep(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True),
+                            on_done=_print_result)
+    if len(results) > 1:
+        ids = " ".join(r.run_id for r in results)
+        click.echo(f"sweep of {len(results)} runs ({cfg.quant}): {ids}")
+        click.echo(f"compare them: evalkit compare {ids}")
+
+
+def _print_result(result) -> None:
     click.echo(f"run {result.run_id}  {result.status}  {result.n_samples} samples  "
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
     rows = [(m["task"], m["metric"], m["value"], m["stderr"], m["n"]) for m in result.metrics]
