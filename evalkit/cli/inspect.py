@@ -39,7 +39,7 @@ def _pad(text: str, width: int) -> str:
 @click.option("--template", default="chat", show_default=True, help="Prompt template: chat, plain, direct, or yours.")
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
-@click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--quant", default=None, help="One --quant variant of `evalkit run` (q4_1, bf16, int8-weight, int4-weight, ...).")
 @click.option("--top-k", type=int, default=10, show_default=True, help="First tokens to list.")
 @click.option("--model-args", default=None, help="pretrained=...,gguf_file=...,dtype=...; none: the embedded SmolLM2.")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")

@@ -166,7 +166,7 @@ def _select_runs(con, refs: list[str]) -> list[str]:
 def _read(con, refs: list[str], prompts: int) -> _Data:
     ids = _select_runs(con, refs)
     runs = _rows(con, f"""
-        SELECT r.id, r.name, r.status, r.model, r.model_args, r.model_fingerprint, r.quant,
+        SELECT r.id, r.name, r.status, r.model, r.model_args, r.model_fingerprint, r.quant, r.quant_detail,
                r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
         FROM runs r
         LEFT JOIN (SELECT run_id, count(*) AS n FROM samples WHERE run_id IN {_IDS} GROUP BY run_id) s
@@ -276,6 +276,22 @@ def _label_runs(runs: list[dict]) -> None:
         r["label"] = b if base.count(b) == 1 or b == r["id"] else f"{b} · {r['id'][-6:]}"
         r["model_label"] = _model_label(r["model"], r["model_args"])
         r["model_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "")
+        r["quant_applied"] = _quant_applied(r.get("quant"), r.get("quant_detail"))
+
+
+def _quant_applied(quant: str | None, detail: str | None) -> str:
+    """What `--quant` applied (library, bits, group size, modules), from runs.quant_detail."""
+    import json
+
+    from evalkit.compare import quant_summary
+
+    try:
+        parsed = json.loads(detail) if detail else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return ""
+    return quant_summary(quant, parsed).split(": ", 1)[-1]
 
 
 # ------------------------------------------------------------------ sections
@@ -304,11 +320,11 @@ def _runs_section(data: _Data) -> Section:
     rows = []
     for r in data.runs:
         created = r["created_at"].strftime("%Y-%m-%d %H:%M:%S") if r["created_at"] else ""
-        rows.append([r["label"], r["id"], r["status"], r["model_label"], r["quant"] or "",
+        rows.append([r["label"], r["id"], r["status"], r["model_label"], r["quant"] or "", r["quant_applied"],
                      r["template"] or "", ",".join(r["tasks"] or []), created, str(r["n_samples"]),
                      _num(r["duration_s"], 1)])
-    table = Table(["run", "id", "status", "model", "quant", "template", "tasks", "created (UTC)",
-                   "samples", "duration s"], rows, numeric_from=8)
+    table = Table(["run", "id", "status", "model", "quant", "quant applied", "template", "tasks", "created (UTC)",
+                   "samples", "duration s"], rows, numeric_from=9)
     section = Section("runs", "Runs", tables=[table],
                       intro=f"{len(data.runs)} runs, {len(data.done)} of them done.")
     not_done = [r["label"] for r in data.runs if r["status"] != "done"]
