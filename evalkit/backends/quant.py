@@ -25,6 +25,7 @@ import importlib.util
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from evalkit.errors import BadInput
@@ -218,7 +219,6 @@ def check_model(name: str | None, *, embedded: bool, args: dict[str, Any]) -> No
 def checkpoint_method(pretrained) -> str | None:
     """The quant_method of a local checkpoint's config.json ('' when it has none; None when unknown)."""
     import json
-    from pathlib import Path
 
     if not isinstance(pretrained, str):
         return None
@@ -359,7 +359,9 @@ def requantize(model, name: str | None):
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     dtype_ = load_kwargs(name, None).get("dtype", model.dtype)
-    out = type(model).from_pretrained(None, config=config, state_dict=state, quantization_config=qc, dtype=dtype_)
+    device = str(next(model.parameters()).device)  # where HFLM loaded it (device_map {"": device})
+    out = type(model).from_pretrained(None, config=config, state_dict=state, quantization_config=qc, dtype=dtype_,
+                                      device_map={"": device})
     return out.eval()
 
 
@@ -490,7 +492,10 @@ def describe(model, name: str | None, *, gguf_file: str | None = None) -> dict[s
         detail["group_size"] = None
         detail["granularity"] = "per output channel"
     if spec and spec.name == "q4_1":
-        detail["group_size"] = 32
+        if gguf_file:
+            detail["group_size"] = 32
+        else:  # q4_1 means "as loaded": a model that is not a GGUF file is left as it is
+            detail.update(scheme="as loaded (not a GGUF file: nothing was dequantized)", bits=None)
     if spec and spec.quant.library == "bitsandbytes":
         if spec.name == "nf4":
             detail["group_size"] = _bnb_blocksize(model)
@@ -509,6 +514,8 @@ def describe(model, name: str | None, *, gguf_file: str | None = None) -> dict[s
                       group_size=qd.get("group_size"))
     detail.update(module_summary(model))
     if gguf_file:
+        # every variant of a GGUF model starts from the file's values, dequantized to float32
+        detail["source"] = f"GGUF file {Path(gguf_file).name}, dequantized to float32 by transformers"
         types = gguf_tensor_types(gguf_file)
         if types:
             detail["gguf_tensor_types"] = types
