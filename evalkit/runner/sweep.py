@@ -57,9 +57,10 @@ def _skeleton(args: dict):
 
     kwargs = {k: args[k] for k in ("gguf_file", "revision", "subfolder", "trust_remote_code") if k in args}
     try:
-        config = AutoConfig.from_pretrained(args["pretrained"], **kwargs)
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config)
+        with quant.quiet_imports():  # transformers may import torchao, which warns on import
+            config = AutoConfig.from_pretrained(args["pretrained"], **kwargs)
+            with torch.device("meta"):
+                return AutoModelForCausalLM.from_config(config)
     except Exception:  # noqa: BLE001  (no config to read here: each variant checks as it loads)
         return None
 
