@@ -29,6 +29,7 @@ class TokenProb:
     token: str  # readable label: repr of the text, or the raw bytes of a partial UTF-8 token
     prob: float
     cum: float  # mass of ranks 0..rank
+    unit: str = ""  # the first unit the token starts (a split character completed greedily)
 
 
 @dataclass
@@ -113,12 +114,13 @@ def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperat
     from evalkit.backends import engine
 
     step = engine.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
-                           stop=stop, batch_size=1, kv_policy=kv_policy)[0]
+                           stop=stop, batch_size=1, kv_policy=kv_policy, unit_ranks=top_k)[0]
     tokens, cum = [], 0.0
     for rank, (tid, lp) in enumerate(zip(step.topk_ids, step.topk_logprobs)):
         prob = math.exp(lp)
         cum += prob
-        tokens.append(TokenProb(rank, int(tid), token_label(tokenizer, int(tid)), prob, cum))
+        tokens.append(TokenProb(rank, int(tid), token_label(tokenizer, int(tid)), prob, cum,
+                                step.units.get(int(tid), "")))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     response = decode(step.response_ids)
     for text in stop:

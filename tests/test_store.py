@@ -111,6 +111,7 @@ EXPECTED_TABLES = {
         "token_id": "INTEGER",
         "token": "VARCHAR",
         "logprob": "DOUBLE",
+        "unit": "VARCHAR",
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
     "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
@@ -226,12 +227,13 @@ def test_kv_cache_migration_marks_earlier_hf_runs_full(tmp_path):
     """Runs of the hf backend from before --kv-cache ran with the full cache; others (vLLM, API,
     fake) are NULL: evalkit did not control their cache. The leaderboard view gains the column."""
     path = tmp_path / "old.duckdb"
-    con = older_db(path, MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__ == "m010_kv_cache")))
+    con = older_db(path, MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__ == "m013_kv_cache")))
     for run_id, model in (("r-hf", "hf"), ("r-vllm", "vllm"), ("r-none", None)):
         config = json.dumps({"model": model, "tasks": ["firsttoken"]}) if model else None
         con.execute("INSERT INTO runs (id, created_at, status, model, config) VALUES (?, now(), 'done', ?, ?)",
                     [run_id, model or "x", config])
-    con.execute("INSERT INTO metrics VALUES ('r-hf', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
+    con.execute("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                "VALUES ('r-hf', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
     con.close()
     with open_writer(path) as con:
         assert dict(con.execute("SELECT id, kv_cache FROM runs").fetchall()) == {
@@ -448,7 +450,8 @@ def test_finish_run_stores_every_row_as_given(tmp_path, monkeypatch):
     rows[5] = {"run_id": "r1", "task": "firsttoken_en", "doc_id": "d5"}
     rows[6]["not_a_column"] = "ignored"
     topk = [{"run_id": "r1", "task": "firsttoken_en", "doc_id": f"d{i // 3}", "rank": i % 3,
-             "token_id": 100 + i, "token": " tok", "logprob": -0.5 * i} for i in range(9)]
+             "token_id": 100 + i, "token": " tok", "logprob": -0.5 * i, "unit": "tok" if i % 3 == 0 else None}
+            for i in range(9)]
     metrics = [{"run_id": "r1", "task": "firsttoken_en", "metric": "ft_hit", "filter": "none",
                 "value": 0.5, "stderr": 0.1, "n": 11}]
     store.finish_run(db, "r1", metrics=metrics, samples=rows, topk=topk, status="done", duration_s=2.5)

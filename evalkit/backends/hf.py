@@ -191,7 +191,7 @@ class EvalkitHFLM(HFLM):
                     seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
                     tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
                     answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
-                    kv_policy=self.kv_policy,
+                    kv_policy=self.kv_policy, unit_ranks=engine.UNIT_RANKS,
                 )
                 for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
                     out[i] = self._result(ctx, doc, cand, n_answer, step, until)
@@ -239,4 +239,5 @@ class EvalkitHFLM(HFLM):
             entropy=step.entropy,
             metrics=metrics,
             answer_text=answer,
+            units=step.units,
         )

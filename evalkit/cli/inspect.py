@@ -74,8 +74,8 @@ def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, mo
     if fmt == "json":
         click.echo(json.dumps(asdict(r), ensure_ascii=False, indent=2))
         return
-    cols = ["rank", "token_id", "token", "prob", "cum"]
-    rows = [[t.rank, t.token_id, t.token, t.prob, t.cum] for t in r.tokens]
+    cols = ["rank", "token_id", "token", "unit", "prob", "cum"]
+    rows = [[t.rank, t.token_id, t.token, t.unit, t.prob, t.cum] for t in r.tokens]
     if fmt == "csv":
         click.echo(render(cols, rows, "csv"))
         return
@@ -84,10 +84,14 @@ def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, mo
     click.echo(f"template  {r.template}   context {r.n_context_tokens} tokens: {r.context!r}")
     click.echo()
     width = max([len("token")] + [_cells(t.token) for t in r.tokens])
-    click.echo(f"{'rank':>4}  {'id':>7}  {_pad('token', width)}  {'prob':>8}  {'':<{BAR_WIDTH}}  {'cum':>8}")
+    uwidth = max([len("unit")] + [_cells(t.unit) for t in r.tokens])
+    click.echo(f"{'rank':>4}  {'id':>7}  {_pad('token', width)}  {_pad('unit', uwidth)}  {'prob':>8}  "
+               f"{'':<{BAR_WIDTH}}  {'cum':>8}")
     for t in r.tokens:
-        click.echo(f"{t.rank:>4}  {t.token_id:>7}  {_pad(t.token, width)}  {t.prob:8.6f}  "
+        click.echo(f"{t.rank:>4}  {t.token_id:>7}  {_pad(t.token, width)}  {_pad(t.unit, uwidth)}  {t.prob:8.6f}  "
                    f"{bar(t.prob):<{BAR_WIDTH}}  {t.cum:8.6f}")
+    click.echo("unit: the first whole character or word the token starts (a byte of a split character is "
+               "completed greedily)")
     click.echo()
     unstable = "  unstable (< 0.70)" if r.top3_mass < 0.70 else ""
     click.echo(f"entropy            {r.entropy:.4f} nats")

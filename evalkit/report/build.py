@@ -261,7 +261,7 @@ def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
     wanted = "(SELECT unnest(?::VARCHAR[]) AS task, unnest(?::VARCHAR[]) AS doc_id)"
     dists = _rows(con, f"""
         SELECT t.run_id, t.task, t.doc_id, sum(exp(t.logprob)) AS mass,
-               list(struct_pack(rank := t.rank, token_id := t.token_id, token := t.token,
+               list(struct_pack(rank := t.rank, token_id := t.token_id, token := t.token, unit := t.unit,
                                 p := exp(t.logprob)) ORDER BY t.rank) AS tokens
         FROM first_token_topk t JOIN {wanted} w ON t.task = w.task AND t.doc_id = w.doc_id
         WHERE t.run_id IN {_IDS}
@@ -445,7 +445,8 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
         f"{len(data.ft_prompts)} prompts shared by {n_runs} of the {len(data.ft_runs)} runs with top-k rows, "
         "those whose most likely first tokens disagree most (distinct top-1 tokens, then the spread of "
         "the top-1 probability). Probabilities are exp(logprob) from first_token_topk; a token outside "
-        "a run's stored top-k shows as 0."
+        "a run's stored top-k shows as 0. A token marked * is only the first byte(s) of a character: it "
+        "shows as the first unit it starts, the character greedy decoding completes it to."
     )
     from evalkit.report.plots import first_token_plot, token_label
 
@@ -458,13 +459,13 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
             for tok in dist["tokens"][:TOKENS_PER_PROMPT]:
                 p = tok["p"]
                 if tok["token_id"] not in best or p > best[tok["token_id"]][0]:
-                    best[tok["token_id"]] = (p, tok["token"])
+                    best[tok["token_id"]] = (p, tok)
         token_ids = sorted(best, key=lambda t: -best[t][0])[:TOKENS_PER_PROMPT]
         probs = {}
         for run_id, dist in prompt["runs"].items():
             by_id = {t["token_id"]: t["p"] for t in dist["tokens"]}
             probs[runs[run_id]["label"]] = [by_id.get(t, 0.0) for t in token_ids]
-        panels.append({"title": title, "tokens": [token_label(best[t][1], t) for t in token_ids],
+        panels.append({"title": title, "tokens": [token_label(*_shown_token(best[t][1])) for t in token_ids],
                        "probs": probs})
 
         order = [i for i in data.ft_runs if i in prompt["runs"]]
@@ -487,8 +488,18 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
     return section
 
 
+def _shown_token(tok: dict) -> tuple[str | None, int, bool]:
+    """(text, id, completed) of a top-k token as the report shows it: a token that is only part
+    of a character (it decodes to U+FFFD alone) shows as the first unit it starts, completed."""
+    token, unit = tok["token"], tok.get("unit")
+    if token is not None and "\ufffd" in token and unit:
+        return unit, tok["token_id"], True
+    return token, tok["token_id"], False
+
+
 def _token_text(tok: dict) -> str:
-    return repr(tok["token"]) if tok["token"] is not None else f"#{tok['token_id']}"
+    text, token_id, completed = _shown_token(tok)
+    return (repr(text) + ("*" if completed else "")) if text is not None else f"#{token_id}"
 
 
 def _needle_section(data: _Data, out_dir: Path) -> Section:

@@ -307,6 +307,13 @@ def m013_kv_cache(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m016_topk_units(con: duckdb.DuckDBPyConnection) -> None:
+    # The first unit (docs/metrics.md §1.0) each of a prompt's likeliest first tokens starts:
+    # a byte of a split Chinese character decodes to "�" alone; its unit is the character
+    # greedy decoding completes it to. NULL past the ranks evalkit completes and before m016.
+    con.execute("ALTER TABLE first_token_topk ADD COLUMN unit VARCHAR")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -321,4 +328,5 @@ MIGRATIONS: list[Migration] = [
     m011_run_model_name,
     m012_answers_and_lead_indicators,
     m013_kv_cache,
+    m016_topk_units,
 ]

@@ -40,7 +40,7 @@ SAMPLE_COLUMNS = (
 # the samples columns that hold one numeric per-sample metric value each (the registry says which)
 SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()
 METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n", "ci_lo", "ci_hi")
-TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
+TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob", "unit")
 LEAD_COLUMNS = ("run_id", "task", "category", "signal", "auroc", "ci_lo", "ci_hi", "n", "n_right", "base_rate",
                 "reason")
 RESULT_TABLES = {"metrics": METRIC_COLUMNS, "samples": SAMPLE_COLUMNS, "first_token_topk": TOPK_COLUMNS,
