@@ -180,7 +180,7 @@ def test_needle_heatmap_when_needle_rows_exist(runs, tmp_path):
 
 def test_trend_needs_two_runs_of_one_configuration(runs, tmp_path):
     files, page, md = report(tmp_path / "rep", "--runs", f"{runs['base']},{runs['bad']}")
-    assert "Omitted: no configuration (model x quant x template) has two or more done runs" in page
+    assert "Omitted: no configuration (model x quant x KV cache x template) has two or more done runs" in page
     assert "trend.png" not in {f.name for f in files}
     files, page, md = report(tmp_path / "rep2", "--runs", runs["base"], "--runs", runs["again"])
     assert "trend.png" in {f.name for f in files}

@@ -90,12 +90,13 @@ def list_runs(path, limit: int = 50):
             """,
             [limit],
         )
-        cols = [d[0] for d in cur.description][:11]
+        shown = len(cur.description) - len(_LIVENESS.split(","))  # the columns before the liveness ones
+        cols = [d[0] for d in cur.description][:shown]
         rows = []
         for r in cur.fetchall():
             r = list(r)
-            r[2] = _shown(tuple(r[11:]), r[0], kept)
-            rows.append(tuple(r[:11]))
+            r[2] = _shown(tuple(r[shown:]), r[0], kept)
+            rows.append(tuple(r[:shown]))
         return cols, rows
 
     return _read(path, q)
