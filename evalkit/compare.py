@@ -31,6 +31,8 @@ from evalkit.store.queries import resolve_run
 from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
 
 ALL_TASKS = "all"  # the `task` of the overall rows
+# the runs columns that make a run dimension (what a comparison is usually across)
+DIMENSIONS = ("model", "model_fingerprint", "quant", "kv_cache", "template", "first_temperature", "ban_openers")
 TOP_N = 5  # top5_mass / top5_overlap
 N_BOOT = 2000
 SEED = 0
@@ -71,6 +73,7 @@ class Comparison:
     drift: list[DriftRow] = field(default_factory=list)  # per task, then ALL_TASKS; [] when omitted
     drift_note: str | None = None  # why the distribution part is missing or partial
     deltas: list[MetricDelta] = field(default_factory=list)  # per task, then ALL_TASKS
+    dimensions: dict[str, tuple] = field(default_factory=dict)  # run dimension -> (A's, B's), where they differ
 
 
 @dataclass(frozen=True)
@@ -126,21 +129,22 @@ def compare_many(db: str | os.PathLike | None, baseline: str, candidates: list[s
             keys, values = _paired_samples(con, base, b, metric_cols)
             if not keys:
                 raise BadInput(f"runs {base} and {b} share no prompts (same task and doc_id); nothing to compare")
-            pairs.append((b, keys, values, _paired_topk(con, base, b)))
+            pairs.append((b, keys, values, _paired_topk(con, base, b), _dimensions(con, base, b)))
         info = run_info(con, [base, *ids])
 
     comparisons = []
-    for b, keys, values, (topk_a, topk_b) in pairs:
+    for b, keys, values, (topk_a, topk_b), dims in pairs:
         drift, note = drift_rows(keys, topk_a, topk_b)
-        comparisons.append(Comparison(base, b, len(keys), drift, note, metric_deltas(keys, values, metric_cols)))
+        comparisons.append(Comparison(base, b, len(keys), drift, note, metric_deltas(keys, values, metric_cols),
+                                      dims))
     return MultiComparison(base, info, comparisons)
 
 
 def run_info(con, ids: list[str]) -> dict[str, RunInfo]:
     import json
 
-    rows = con.execute("SELECT id, name, model, quant, quant_detail FROM runs WHERE id IN (SELECT unnest(?))",
-                       [ids]).fetchall()
+    rows = con.execute("SELECT id, name, coalesce(model_name, model), quant, quant_detail FROM runs "
+                       "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()
     out = {}
     for run_id, name, model, quant, detail in rows:
         try:
@@ -174,6 +178,14 @@ def quant_summary(quant: str | None, detail: dict | None) -> str:
     if detail.get("compute_dtype"):
         parts.append(f"{detail['compute_dtype']} compute")
     return f"{quant or 'as loaded'}: {', '.join(parts)}"
+
+
+def _dimensions(con, a: str, b: str) -> dict[str, tuple]:
+    """The run dimensions (model, quant, kv_cache, template, ...) in which the two runs differ."""
+    cols = ", ".join(DIMENSIONS)
+    rows = dict(con.execute(f"SELECT id, struct_pack({cols}) FROM runs WHERE id IN (?, ?)", [a, b]).fetchall())
+    da, db_ = rows.get(a) or {}, rows.get(b) or {}
+    return {d: (da.get(d), db_.get(d)) for d in DIMENSIONS if da.get(d) != db_.get(d)}
 
 
 # --- SQL ---------------------------------------------------------------------

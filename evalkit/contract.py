@@ -30,6 +30,8 @@ class FirstStepResult:
     topk: list[tuple[int, str, float]] = field(default_factory=list)  # (token id, text, logprob), likeliest first
     entropy: float | None = None  # full-vocabulary entropy in nats; None when the backend cannot know it
     metrics: dict[str, float] = field(default_factory=dict)  # distribution-level values, registry names
+    answer_text: str | None = None  # the longer greedy continuation of a prompt with checkable answers
+    units: dict[int, str] = field(default_factory=dict)  # top token id -> the first unit it starts (§1.0)
 
 
 def doc_kind(doc: dict[str, Any]) -> str | None:

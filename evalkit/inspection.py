@@ -29,6 +29,7 @@ class TokenProb:
     token: str  # readable label: repr of the text, or the raw bytes of a partial UTF-8 token
     prob: float
     cum: float  # mass of ranks 0..rank
+    unit: str = ""  # the first unit the token starts (a split character completed greedily)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Inspection:
     first_unit: str = ""
     response: str = ""
     task: str = ""  # whose generation settings (until, max_gen_toks) the response used
+    kv_cache: str = "full"  # the KV-cache policy every forward pass ran under
 
 
 def inspect_prompt(
@@ -61,6 +63,7 @@ def inspect_prompt(
     templates_file: str | None = None,
     task: str = DEFAULT_TASK,
     device: str | None = None,
+    kv_cache: str | None = None,
 ) -> Inspection:
     """Validate everything, load the model as a run does, and inspect `prompt`'s first step.
 
@@ -68,8 +71,9 @@ def inspect_prompt(
     `evalkit run`, and the response is generated with the generation settings of
     `task` (its `until` and `max_gen_toks`), so the first step is a run's first step.
     Raises BadInput for an empty prompt, an unknown template, task or quant, bad model
-    args, `top_k < 1` or a temperature that is not a finite number > 0, before any
-    model is loaded.
+    args, `top_k < 1`, a temperature that is not a finite number > 0 or a `--kv-cache`
+    that is not one known policy (or whose backend package is missing), before any
+    model is loaded. The prompt's first step and response are computed under that policy.
     """
     from evalkit.backends import models
     from evalkit.prompts.catalog import generation_kwargs
@@ -88,31 +92,35 @@ def inspect_prompt(
         raise BadInput(f"the prompt holds text that does not encode as UTF-8 (position {exc.start})") from None
     tmpl = get_template(template, templates_file)
     gen = generation_kwargs(task)
-    plan = models.resolve("hf", model_args, quant_name=quant, device=device)
+    if kv_cache and "," in kv_cache:
+        raise BadInput(f"--kv-cache {kv_cache!r}: inspect takes one policy (a comma list is for evalkit run)")
+    plan = models.resolve("hf", model_args, quant_name=quant, device=device, kv_cache=kv_cache)
     check_device(plan.device)
     lm = models.load(plan, batch_size=1)
     context = render_prompt(lm.tokenizer, tmpl, prompt)
     until = gen.get("until") or []
     result = first_step_view(lm.model, lm.tokenizer, context, top_k=min(top_k, len(lm.tokenizer)),
                              temperature=temperature, max_new_tokens=int(gen.get("max_gen_toks", 16)),
-                             stop=[until] if isinstance(until, str) else list(until))
+                             stop=[until] if isinstance(until, str) else list(until), kv_policy=lm.kv_policy)
     result.prompt, result.template, result.model, result.quant = prompt, tmpl.name, plan.label, plan.quant
-    result.task = task
+    result.task, result.kv_cache = task, lm.kv_policy.spec
     return result
 
 
 def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,
-                    max_new_tokens: int = 16, stop: list[str] | tuple[str, ...] = ("\n\n",)) -> Inspection:
+                    max_new_tokens: int = 16, stop: list[str] | tuple[str, ...] = ("\n\n",),
+                    kv_policy=None) -> Inspection:
     """Probe `context` once and lay its first step out for reading (prompt/model fields empty)."""
     from evalkit.backends import engine
 
     step = engine.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
-                           stop=stop, batch_size=1)[0]
+                           stop=stop, batch_size=1, kv_policy=kv_policy, unit_ranks=top_k)[0]
     tokens, cum = [], 0.0
     for rank, (tid, lp) in enumerate(zip(step.topk_ids, step.topk_logprobs)):
         prob = math.exp(lp)
         cum += prob
-        tokens.append(TokenProb(rank, int(tid), token_label(tokenizer, int(tid)), prob, cum))
+        tokens.append(TokenProb(rank, int(tid), token_label(tokenizer, int(tid)), prob, cum,
+                                step.units.get(int(tid), "")))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     response = decode(step.response_ids)
     for text in stop:

@@ -109,13 +109,14 @@ def test_run_prints_id_and_metric_table(hit_run):
     assert hit_run.n_samples == 10
     assert f"run {hit_run.id} started" in hit_run.result.stderr
     lines = out.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split() == ["task", "metric", "value", "stderr", "n"])
+    header = next(i for i, line in enumerate(lines) if line.split() == ["task", "metric", "value", "95%", "CI", "n"])
     table = [line.split() for line in lines[header + 2 :]]
-    assert ["firsttoken_en", "ft_hit", "1.0000", "0.0000", "5"] in table
-    assert ["firsttoken_zh", "ft_hit", "1.0000", "0.0000", "5"] in table
-    assert ["firsttoken_en", "opener_rate", "0.0000", "0.0000", "5"] in table
-    assert ["firsttoken_zh", "opener_rate", "0.0000", "0.0000", "5"] in table
-    assert any(row[:3] == ["firsttoken", "ft_hit", "1.0000"] for row in table)  # the group
+    # direction arrows from the registry; Wilson intervals inside [0, 1] (5 of 5: [0.5655, 1]); n on every row
+    assert ["firsttoken_en", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
+    assert ["firsttoken_zh", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
+    assert ["firsttoken_en", "opener_rate", "↓", "0.0000", "[0.0000,", "0.4345]", "5"] in table
+    assert ["firsttoken", "ft_hit", "↑", "1.0000", "[0.7225,", "1.0000]", "10"] in table  # the group: both tasks
+    assert any("evalkit metrics" in line for line in lines) and any(line.startswith("next: ") for line in lines)
 
 
 def test_run_row(hit_run):
@@ -163,7 +164,8 @@ def test_run_samples(hit_run):
         assert s["prompt"].startswith("<user>") and s["prompt"].endswith("</user><assistant>")
         assert s["lang"] == s["task"][-2:]
         assert s["prompt_hash"]
-        assert json.loads(s["metrics"]) == {"ft_hit": 1.0, "opener_rate": 0.0}
+        checkable = {"answer_hit": 1.0} if s["answer_hit"] is not None else {}  # answers_full: the answer is in it
+        assert json.loads(s["metrics"]) == {"ft_hit": 1.0, "opener_rate": 0.0, **checkable}
     first = samples[0]
     assert first["prompt"] == "<user>What is recursion?</user><assistant>"
     assert first["first_unit"] == "recursion"
@@ -275,8 +277,8 @@ def test_show_by_prefix_and_latest(all_runs, db):
     assert re.search(r"^\s+template: chat$", out, re.M)
     assert re.search(rf"^\s*opener_lexicon_version: {re.escape(load_lexicon().version)}$", out, re.M)
     table = [line.split() for line in out.splitlines()]
-    assert ["firsttoken_en", "ft_hit", "1.0000", "0.0000", "5"] in table
-    assert ["firsttoken_zh", "opener_rate", "0.0000", "0.0000", "5"] in table
+    assert ["firsttoken_en", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
+    assert ["firsttoken_zh", "opener_rate", "↓", "0.0000", "[0.0000,", "0.4345]", "5"] in table
 
     latest = invoke("show", "latest", "--db", db)
     assert latest.exit_code == 0
@@ -296,15 +298,18 @@ def test_query_formats(all_runs, db):
     assert [line.split() for line in table.stdout.splitlines()] == [
         ["task", "metric", "value"],
         ["-------------", "-----------", "------"],
+        ["firsttoken_en", "answer_hit", "0.0000"],
         ["firsttoken_en", "ft_hit", "0.0000"],
         ["firsttoken_en", "opener_rate", "1.0000"],
     ]
     as_csv = invoke("query", sql, "--db", db, "--format", "csv")
     assert list(csv.reader(io.StringIO(as_csv.stdout))) == [
-        ["task", "metric", "value"], ["firsttoken_en", "ft_hit", "0.0"], ["firsttoken_en", "opener_rate", "1.0"],
+        ["task", "metric", "value"], ["firsttoken_en", "answer_hit", "0.0"], ["firsttoken_en", "ft_hit", "0.0"],
+        ["firsttoken_en", "opener_rate", "1.0"],
     ]
     as_json = invoke("query", sql, "--db", db, "--format", "json")
     assert json.loads(as_json.stdout) == [
+        {"task": "firsttoken_en", "metric": "answer_hit", "value": 0.0},
         {"task": "firsttoken_en", "metric": "ft_hit", "value": 0.0},
         {"task": "firsttoken_en", "metric": "opener_rate", "value": 1.0},
     ]

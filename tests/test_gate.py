@@ -1,4 +1,4 @@
-"""evalkit.gate: pure-logic tests of rules parsing, decide() and the verdict's renderings."""
+"""evalkit.release: pure-logic tests of rules parsing, decide() and the verdict's renderings."""
 
 import copy
 import xml.etree.ElementTree as ET
@@ -6,9 +6,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from evalkit.errors import BadInput
-from evalkit.gate.decide import RunData, decide
-from evalkit.gate.render import to_junit, to_markdown
-from evalkit.gate.rules import DEFAULT_RULES, HEADLINE_METRICS, Regression, Rules, Threshold, load_rules, parse_rules
+from evalkit.release.decide import RunData, decide
+from evalkit.release.render import to_junit, to_markdown
+from evalkit.release.rules import DEFAULT_RULES, HEADLINE_METRICS, Regression, Rules, Threshold, load_rules, parse_rules
 
 
 def make_run(run_id, per_task):

@@ -103,12 +103,15 @@ def test_a_run_gated_against_itself_passes(runs, who):
     assert "PASS" in res.stdout
 
 
-def test_example_rules_check_thresholds_and_regressions(runs):
-    rules = EXAMPLES / "gate-rules.yaml"
-    from evalkit.gate.rules import load_rules
+def test_rules_check_thresholds_and_regressions(runs, tmp_path):
+    """Text-level rules on the fake LM's runs (the shipped example is for a model with logprobs:
+    tests/test_integration_smollm2.py runs it on the default model)."""
+    from evalkit.release.rules import load_rules
 
-    loaded = load_rules(rules)
-    assert loaded.thresholds and loaded.regressions
+    assert load_rules(EXAMPLES / "gate-rules.yaml").regressions
+    rules = tmp_path / "rules.yaml"
+    rules.write_text('thresholds:\n  ft_hit: ">= 0.5"\n  firsttoken_zh/opener_rate: "<= 0.2"\n'
+                     "regressions:\n  ft_hit: 0.02\n  opener_rate: 0.02\n", encoding="utf-8")
     ok = invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], "--rules", rules)
     assert ok.exit_code == 0, ok.output
     assert "| pass | threshold | firsttoken_en | ft_hit |" in ok.stdout

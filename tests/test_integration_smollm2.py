@@ -212,3 +212,85 @@ def test_zh_probabilities_match_plain_softmax_product(run_db, reference):
     assert stored[0]["token_id"] == int(torch.argmax(probs))
     top = torch.topk(probs, K)
     assert sum(math.exp(r["logprob"]) for r in stored) == pytest.approx(float(top.values.sum()), abs=1e-4)
+
+
+def test_the_converted_model_cache_holds_the_same_model(reference, tmp_path, monkeypatch):
+    """The first load of a GGUF saves what transformers made of it; a later load from the cache
+    gives the same weights, the same tokenizer and the same logits as loading the GGUF."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from evalkit.backends.convert import DONE, cached_args
+    from evalkit.backends.models import default_model_args
+
+    model, tokenizer = reference
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    args = cached_args(default_model_args())
+    assert "gguf_file" not in args and (tmp_path / "cache" / "models").is_dir()
+    assert (tmp_path / "cache" / "models" / args["pretrained"].rsplit("/", 1)[-1] / DONE).is_file()
+    assert cached_args(default_model_args()) == args  # the second time reads the folder
+    cached = AutoModelForCausalLM.from_pretrained(args["pretrained"]).eval()
+    cached_tok = AutoTokenizer.from_pretrained(args["pretrained"])
+    assert cached_tok.get_vocab() == tokenizer.get_vocab()
+    assert cached_tok.chat_template == tokenizer.chat_template
+    ours, theirs = cached.state_dict(), model.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "什么是递归？"}], tokenize=False,
+                                         add_generation_prompt=True)
+    ids = torch.tensor([ids_of(tokenizer, text)])
+    assert ids_of(cached_tok, text) == ids[0].tolist()
+    with torch.no_grad():
+        assert torch.equal(cached(ids).logits, model(ids).logits)
+    monkeypatch.setenv("EVALKIT_CACHE", "none")
+    assert cached_args(default_model_args()) == default_model_args()
+
+
+def test_the_shipped_gate_example_passes_the_default_model_and_fails_its_int8_variant(
+        default_model_available, tmp_path):
+    """examples/ci-gate.yml's gate and promote steps, run as the workflow runs them with
+    examples/gate-rules.yaml: the first candidate becomes the baseline, the default model gated
+    against itself passes, and its int8-dynamic variant fails (exit 1)."""
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    steps = {s.get("name"): s.get("run") for s in
+             yaml.safe_load((root / "examples" / "ci-gate.yml").read_text())["jobs"]["gate"]["steps"]}
+    gate_step, promote_step = steps["Gate the candidate against production"], steps["Promote on pass"]
+    work = tmp_path / "repo"
+    shutil.copytree(root / "examples", work / "examples")
+    db = work / "reports" / "evalkit.duckdb"
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, "EVALKIT_DB": str(db), "GITHUB_STEP_SUMMARY": str(summary), "HF_HUB_OFFLINE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def step(script):
+        return subprocess.run(["bash", "-e", "-c", script], cwd=work, env=env, capture_output=True, text=True)
+
+    def candidate(*extra):
+        res = CliRunner().invoke(cli, ["run", "--tasks", "firsttoken", "--limit", "10", "--db", str(db), *extra],
+                                 catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        return re.search(r"^run (\S+)", res.stdout, re.M).group(1)
+
+    first = candidate("--name", "candidate")
+    out = step(gate_step)
+    assert out.returncode == 0 and "first baseline" in summary.read_text(), out.stdout + out.stderr
+    assert step(promote_step).returncode == 0
+
+    out = step(gate_step)  # the default model, gated against itself with the example rules
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS" in out.stdout and (work / "gate.xml").is_file()
+
+    worse = candidate("--name", "candidate", "--quant", "int8-dynamic")
+    out = step(gate_step)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"gate failed for candidate {worse}" in out.stderr and "prior_drift" in out.stdout
+    assert first != worse
+    print("\n" + out.stderr.strip().splitlines()[-1])

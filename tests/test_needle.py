@@ -18,7 +18,7 @@ from evalkit.prompts.needle import (
     question,
     split_sentences,
 )
-from evalkit.report.needle_plot import heatmap, recall_by_depth_plot
+from evalkit.report.needle_plot import heatmap, policy_depth_lines, policy_heatmaps, recall_by_depth_plot
 from evalkit.scoring.needle import middle_gap, needle_recall, normalize_key
 
 # the constant stands for the chat template's overhead
@@ -252,6 +252,17 @@ def test_recall_by_depth_plot_writes_png(tmp_path):
     assert path.read_bytes()[:8] == PNG_SIGNATURE
 
 
+def test_policy_figures_write_pngs(tmp_path):
+    """KV-cache comparison: heatmaps side by side (a column per policy) and one depth line per policy."""
+    rows = plot_rows()
+    evicted = [{**r, "recall": 0.0 if r["depth"] < 0.5 else r["recall"]} for r in rows]
+    groups = [("full", rows), ("window:256", evicted)]
+    assert policy_heatmaps(groups, tmp_path / "h.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert policy_depth_lines(groups, tmp_path / "d.png").read_bytes()[:8] == PNG_SIGNATURE
+    with pytest.raises(ValueError):
+        policy_heatmaps([], tmp_path / "x.png")
+
+
 def test_plots_reject_empty_rows(tmp_path):
     with pytest.raises(ValueError):
         heatmap([], tmp_path / "x.png")
@@ -284,3 +295,24 @@ def test_haystack_sizes():
 def test_split_sentences():
     assert split_sentences("A b. C d!\nE?  ", "en") == ["A b.", "C d!", "E?"]
     assert split_sentences("甲乙。丙丁！\n戊？", "zh") == ["甲乙。", "丙丁！", "戊？"]
+
+
+def test_limit_never_drops_a_needle_length_or_depth(tiny_model_dir, tmp_path):
+    """--limit caps the first-token prompts; the needle grid runs whole (every length x depth cell)."""
+    import duckdb
+    from click.testing import CliRunner
+
+    from evalkit.cli import cli
+
+    db = tmp_path / "n.duckdb"
+    res = CliRunner().invoke(cli, ["run", "--model-args", f"pretrained={tiny_model_dir}", "--device", "cpu",
+                                   "--tasks", "needle_en,firsttoken_en", "--needle-lengths", "128,160",
+                                   "--needle-depths", "0,0.5,1", "--limit", "2", "--db", str(db)],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    con = duckdb.connect(str(db), read_only=True)
+    cells = con.execute("SELECT needle_length, needle_depth FROM samples WHERE task = 'needle_en' ORDER BY ALL").fetchall()
+    n_first = con.execute("SELECT count(*) FROM samples WHERE task = 'firsttoken_en'").fetchone()[0]
+    con.close()
+    assert cells == [(length, depth) for length in (128, 160) for depth in (0.0, 0.5, 1.0)]
+    assert n_first == 2

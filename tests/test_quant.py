@@ -218,3 +218,30 @@ def test_sweep_runs_each_variant_on_the_same_prompts_and_compare_shows_a_row_eac
     # the two-run form is unchanged, with each run's quant beside it
     two = CliRunner().invoke(cli, ["compare", ids[0], ids[2], "--db", db], catch_exceptions=False).stdout
     assert f"A = {ids[0]}   B = {ids[2]}" in two and "B quant  int4-weight: torchao" in two
+    assert "runs differ in: quant fp32 -> int4-weight" in two
+
+
+def test_a_quant_sweep_runs_every_kv_cache_policy_of_each_variant(tiny_model_dir, tmp_path):
+    """`--quant A,B --kv-cache P,Q`: one model load per variant, every policy on it; the API says
+    the same (`run_all`), and `run` refuses a list."""
+    from click.testing import CliRunner
+
+    import evalkit
+    from evalkit.cli import cli
+
+    db = tmp_path / "grid.duckdb"
+    with pytest.raises(BadInput, match="run_all"):
+        evalkit.run(tasks="firsttoken_en", model_args=f"pretrained={tiny_model_dir}", quant="fp32,bf16", db=db)
+    assert not db.exists()
+    done = []
+    runs = evalkit.run_all(tasks="firsttoken_en", model_args=f"pretrained={tiny_model_dir}", limit=1,
+                           quant="fp32,bf16", kv_cache="full,window:8", name="grid", db=db, on_done=done.append)
+    assert [r.id for r in done] == [r.id for r in runs] and all(r.status == "done" for r in runs)
+    with evalkit.connect(db) as con:
+        rows = con.execute("SELECT name, quant, kv_cache, quant_detail IS NOT NULL FROM runs "
+                           "ORDER BY created_at, id").fetchall()
+    assert rows == [("grid-fp32 (full)", "fp32", "full", True), ("grid-fp32 (window:8)", "fp32", "window:8", True),
+                    ("grid-bf16 (full)", "bf16", "full", True), ("grid-bf16 (window:8)", "bf16", "window:8", True)]
+    res = CliRunner().invoke(cli, ["compare", *[r.id for r in runs], "--db", str(db)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    assert "differs from the baseline in: kv_cache full -> window:8" in res.stdout

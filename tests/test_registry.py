@@ -10,9 +10,9 @@ import yaml
 from click.testing import CliRunner
 
 from evalkit.cli import cli
-from evalkit.gate.decide import RunData, decide
-from evalkit.gate.rules import Regression, Rules
 from evalkit.prompts.catalog import tasks_path
+from evalkit.release.decide import RunData, decide
+from evalkit.release.rules import Regression, Rules
 from evalkit.scoring import registry
 from evalkit.store.db import migrate
 

@@ -62,7 +62,8 @@ def add_topk(ids):
     dists = {
         "base": {("firsttoken_en", "en-0001"): [(11, " Recursion", 0.7), (12, " Sure", 0.2)],
                  ("firsttoken_en", "en-0002"): [(21, " Paris", 0.9), (12, " Sure", 0.05)],
-                 ("firsttoken_zh", "zh-0001"): [(31, "递", 0.6), (32, "好", 0.3)]},
+                 ("firsttoken_zh", "zh-0001"): [(31, "递", 0.6), (32, "好", 0.3), (33, "\ufffd", 0.05, "归"),
+                                                (34, "\ufffd", 0.04, "当")]},
         "bad": {("firsttoken_en", "en-0001"): [(11, " Recursion", 0.5), (12, " Sure", 0.4)],
                 ("firsttoken_en", "en-0002"): [(12, " Sure", 0.8), (21, " Paris", 0.1)],
                 ("firsttoken_zh", "zh-0001"): [(31, "递", 0.55), (32, "好", 0.35)]},
@@ -70,9 +71,10 @@ def add_topk(ids):
     rows = []
     for who, prompts in dists.items():
         for (task, doc), toks in prompts.items():
-            rows += [(ids[who], task, doc, rank, tid, tok, math.log(p)) for rank, (tid, tok, p) in enumerate(toks)]
+            rows += [(ids[who], task, doc, rank, t[0], t[1], math.log(t[2]), t[3] if len(t) > 3 else None)
+                     for rank, t in enumerate(toks)]
     with transaction(None) as con:
-        con.executemany("INSERT INTO first_token_topk VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO first_token_topk VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
 
 def add_needle(run_id):
@@ -90,7 +92,8 @@ def add_needle(run_id):
     with transaction(None) as con:
         con.executemany("INSERT INTO samples (run_id, task, doc_id, lang, needle_depth, needle_length, "
                         "needle_tokens, needle_hint, needle_recall) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        con.executemany("INSERT INTO metrics VALUES (?, ?, ?, 'none', ?, ?, ?)",
+        con.executemany("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                        "VALUES (?, ?, ?, 'none', ?, ?, ?)",
                         [(run_id, "needle_en", "needle_recall", 0.917, 0.058, 12),
                          (run_id, "needle_en", "middle_gap", 0.5, None, 12)])
 
@@ -145,7 +148,7 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
     assert (tmp_path / "rep" / "first_token.png").read_bytes()[:8] == PNG
     assert "first_token.png" in {f.name for f in files}
     assert "Omitted: no first_token_topk" not in page
-    captions = re.findall(r'<p class="caption">(.*?)</p>', page)
+    captions = [c for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
     picked = [c.split(":")[0] for c in captions]
     # en-0002 is the only prompt whose top-1 tokens differ; next comes the widest top-1 spread
     assert picked == ["firsttoken_en / en-0002", "firsttoken_en / en-0001"]
@@ -154,6 +157,9 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
     # three prompts, CJK tokens shown as text in the page
     _, page3, _ = report(tmp_path / "rep3", "--prompts", 3)
     assert "&#x27;递&#x27; 0.600" in page3
+    # byte tokens of split characters show as the units they start, told apart, marked *
+    assert "&#x27;归&#x27;* 0.050" in page3 and "&#x27;当&#x27;* 0.040" in page3
+    assert "\ufffd" not in page3.split("First-token distributions", 1)[1].split("Needle", 1)[0]
 
 
 def test_prompts_zero_leaves_the_distributions_out(runs, tmp_path):
@@ -172,13 +178,13 @@ def test_needle_heatmap_when_needle_rows_exist(runs, tmp_path):
     assert "| baseline | needle_en | 0.917 [0.803, 1.031] | 0.500 |" in md
 
 
-def test_trend_needs_two_runs_of_one_model(runs, tmp_path):
+def test_trend_needs_two_runs_of_one_configuration(runs, tmp_path):
     files, page, md = report(tmp_path / "rep", "--runs", f"{runs['base']},{runs['bad']}")
-    assert "Omitted: no model has two or more done runs among the selected runs" in page
+    assert "Omitted: no configuration (model x quant x KV cache x template) has two or more done runs" in page
     assert "trend.png" not in {f.name for f in files}
     files, page, md = report(tmp_path / "rep2", "--runs", runs["base"], "--runs", runs["again"])
     assert "trend.png" in {f.name for f in files}
-    assert "evalkit-fake mode=hit: 2 runs" in md
+    assert "evalkit-fake · chat: 2 runs" in md
     assert runs["bad"] not in page
 
 

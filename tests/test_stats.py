@@ -234,15 +234,16 @@ def test_bootstrap_large_n_is_fast():
     # binary values take the exact grouped path
     hits_a = (rng.random(n) < 0.7).astype(float)
     hits_b = (rng.random(n) < 0.7).astype(float)
-    t0 = time.perf_counter()
+    # CPU time of this process, not wall time: other jobs on a shared box do not
+    # count, and the margins still catch a quadratic resampler (minutes at this n)
+    t0 = time.process_time()
     paired_bootstrap(hits_a, hits_b)
-    assert time.perf_counter() - t0 < 0.5
-    # continuous values resample indices; budget is 1 s on the reference machine,
-    # a margin here keeps the test stable on a busy CI box
+    assert time.process_time() - t0 < 2.0
+    # continuous values resample indices; budget is 1 s on the reference machine
     a, b = rng.random(n), rng.random(n)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     d = paired_bootstrap(a, b)
-    assert time.perf_counter() - t0 < 2.5
+    assert time.process_time() - t0 < 8.0
     assert d.n == n and d.lo < d.delta < d.hi
 
 
@@ -263,3 +264,35 @@ def test_module_docstring_examples():
 
     failures, _ = doctest.testmod(stats)
     assert failures == 0
+
+
+def test_interval_stays_inside_the_range():
+    from evalkit.scoring.stats import interval
+
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 10, 160):
+        for p in (0.0, 0.02, 0.5, 1.0):
+            values = (rng.random(n) < p).astype(float)
+            lo, hi = interval(values, binary=True)
+            assert 0.0 <= lo <= values.mean() <= hi <= 1.0
+        probs = rng.beta(0.3, 3.0, n)
+        lo, hi = interval(probs, binary=False)
+        assert probs.min() <= lo <= probs.mean() <= hi <= probs.max()
+    # Wilson against its formula: k = 1 of n = 3 at 95 %
+    z, k, n = 1.959963984540054, 1, 3
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    assert interval([1, 0, 0], binary=True) == pytest.approx((centre - half, centre + half), abs=1e-9)
+    assert interval([0.5], binary=False) is None
+    with pytest.raises(ValueError):
+        interval([0.5, 1.0], binary=True)
+
+
+def test_interval_covers_the_truth_at_about_the_nominal_rate():
+    from evalkit.scoring.stats import interval
+
+    rng = np.random.default_rng(11)
+    hits = sum(lo <= 0.1 <= hi for lo, hi in (interval((rng.random(60) < 0.1).astype(float), binary=True)
+                                               for _ in range(400)))
+    assert 0.90 <= hits / 400 <= 0.99

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import shutil
 
 import duckdb
@@ -53,6 +54,8 @@ EXPECTED_TABLES = {
         "pid": "INTEGER",
         "pid_start": "VARCHAR",
         "heartbeat_at": "TIMESTAMP",
+        "model_name": "VARCHAR",
+        "kv_cache": "VARCHAR",
         "quant_detail": "VARCHAR",
     },
     "metrics": {
@@ -63,6 +66,8 @@ EXPECTED_TABLES = {
         "value": "DOUBLE",
         "stderr": "DOUBLE",
         "n": "INTEGER",
+        "ci_lo": "DOUBLE",
+        "ci_hi": "DOUBLE",
     },
     "samples": {
         "run_id": "VARCHAR",
@@ -94,6 +99,10 @@ EXPECTED_TABLES = {
         "needle_hint": "BOOLEAN",
         "needle_recall": "DOUBLE",
         "metrics": "VARCHAR",
+        "top1_prob": "DOUBLE",
+        "answer_hit": "DOUBLE",
+        "ft_answer_mismatch": "DOUBLE",
+        "answer": "VARCHAR",
     },
     "first_token_topk": {
         "run_id": "VARCHAR",
@@ -103,9 +112,15 @@ EXPECTED_TABLES = {
         "token_id": "INTEGER",
         "token": "VARCHAR",
         "logprob": "DOUBLE",
+        "unit": "VARCHAR",
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
     "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
+    "lead_indicators": {
+        "run_id": "VARCHAR", "task": "VARCHAR", "category": "VARCHAR", "signal": "VARCHAR", "auroc": "DOUBLE",
+        "ci_lo": "DOUBLE", "ci_hi": "DOUBLE", "n": "INTEGER", "n_right": "INTEGER", "base_rate": "DOUBLE",
+        "reason": "VARCHAR",
+    },
 }
 SCHEMA_VERSION_DDL = (  # as store.migrate creates it
     "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)"
@@ -207,6 +222,47 @@ def test_partly_migrated_db_gets_only_the_rest(tmp_path):
         assert applied(con) == [m.__name__ for m in MIGRATIONS]
         assert con.execute("SELECT id FROM runs").fetchall() == [("r1",)]
         assert relations(con, "BASE TABLE") == set(EXPECTED_TABLES)
+
+
+def test_kv_cache_migration_marks_earlier_hf_runs_full(tmp_path):
+    """Runs of the hf backend from before --kv-cache ran with the full cache; others (vLLM, API,
+    fake) are NULL: evalkit did not control their cache. The leaderboard view gains the column."""
+    path = tmp_path / "old.duckdb"
+    con = older_db(path, MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__ == "m013_kv_cache")))
+    for run_id, model in (("r-hf", "hf"), ("r-vllm", "vllm"), ("r-none", None)):
+        config = json.dumps({"model": model, "tasks": ["firsttoken"]}) if model else None
+        con.execute("INSERT INTO runs (id, created_at, status, model, config) VALUES (?, now(), 'done', ?, ?)",
+                    [run_id, model or "x", config])
+    con.execute("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                "VALUES ('r-hf', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
+    con.close()
+    with open_writer(path) as con:
+        assert dict(con.execute("SELECT id, kv_cache FROM runs").fetchall()) == {
+            "r-hf": "full", "r-vllm": None, "r-none": None}
+        assert con.execute("SELECT kv_cache FROM leaderboard").fetchall() == [("full",)]
+
+
+def test_quant_detail_migration_keeps_every_leaderboard_column(tmp_path):
+    """m014 re-creates the leaderboard as m013 left it (intervals, model_name, kv_cache) and adds
+    quant_detail; a run stored before it has no detail. It comes after m016 in the list: a file
+    that already records m016 as version 14 takes m014 as version 15."""
+    names = [m.__name__ for m in MIGRATIONS]
+    assert names[-6:] == ["m010_metric_intervals", "m011_run_model_name", "m012_answers_and_lead_indicators",
+                          "m013_kv_cache", "m016_topk_units", "m014_quant_detail"]
+    path = tmp_path / "old.duckdb"
+    con = older_db(path, names.index("m014_quant_detail"))
+    before = [r[0] for r in con.execute("DESCRIBE leaderboard").fetchall()]
+    con.execute("INSERT INTO runs (id, created_at, status, model, quant) VALUES ('r1', now(), 'done', 'hf', 'bf16')")
+    con.execute("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                "VALUES ('r1', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
+    con.close()
+    with open_writer(path) as con:
+        after = [r[0] for r in con.execute("DESCRIBE leaderboard").fetchall()]
+        assert after == before + ["quant_detail"]
+        assert {"ci_lo", "ci_hi", "model_name", "kv_cache"} <= set(after)
+        assert con.execute("SELECT quant, quant_detail FROM leaderboard").fetchall() == [("bf16", None)]
+        assert con.execute("SELECT version, name FROM schema_version ORDER BY version DESC LIMIT 2").fetchall() == [
+            (15, "m014_quant_detail"), (14, "m016_topk_units")]
 
 
 def test_read_only_open_needs_an_existing_db(tmp_path):
@@ -418,7 +474,8 @@ def test_finish_run_stores_every_row_as_given(tmp_path, monkeypatch):
     rows[5] = {"run_id": "r1", "task": "firsttoken_en", "doc_id": "d5"}
     rows[6]["not_a_column"] = "ignored"
     topk = [{"run_id": "r1", "task": "firsttoken_en", "doc_id": f"d{i // 3}", "rank": i % 3,
-             "token_id": 100 + i, "token": " tok", "logprob": -0.5 * i} for i in range(9)]
+             "token_id": 100 + i, "token": " tok", "logprob": -0.5 * i, "unit": "tok" if i % 3 == 0 else None}
+            for i in range(9)]
     metrics = [{"run_id": "r1", "task": "firsttoken_en", "metric": "ft_hit", "filter": "none",
                 "value": 0.5, "stderr": 0.1, "n": 11}]
     store.finish_run(db, "r1", metrics=metrics, samples=rows, topk=topk, status="done", duration_s=2.5)

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalkit.backends.kvcache import FULL, KVPolicy, new_cache
+
 _SEED_STRIDE = 1_000_003
 
 
@@ -43,6 +45,8 @@ class FirstStep:
     unscored_mass: float = 0.0  # bound on how much any sum of candidate_probs falls short (<= tolerance)
     candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
     response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
+    answer_ids: list[int] = field(default_factory=list)  # the longer continuation asked for (answer_tokens), eos excluded
+    units: dict[int, str] = field(default_factory=dict)  # top token id -> its first unit (unit_ranks)
     first_token_id: int = -1  # the token chosen at step 1 (== response_ids[0] unless it was eos)
 
 
@@ -62,6 +66,9 @@ def probe(
     add_special_tokens: bool = False,
     tolerance: float = 0.0,
     exact_candidates: list[list[str]] | None = None,
+    answer_tokens: Sequence[int] | None = None,
+    kv_policy: KVPolicy | None = None,
+    unit_ranks: int = 0,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -82,6 +89,20 @@ def probe(
     at most the prompt's `unscored_mass` <= `tolerance`. 0, the default, is exact.
     `exact_candidates[i]` (also listed in `candidates[i]`) are never left out: their
     prefixes are always teacher-forced, whatever their probability.
+
+    `answer_tokens[i]` > 0 lets the greedy continuation of context i run on, past the stop
+    strings and `max_new_tokens`, to that many tokens (or eos): `answer_ids` is the whole
+    continuation and `response_ids` its prefix as it would have stopped — one generation,
+    from the same prefill and cache.
+    `unit_ranks` > 0 fills `units` for the that many likeliest first tokens: the first unit
+    (docs/metrics.md §1.0) each one starts, completed greedily where the token alone holds
+    no whole character (`_Engine.complete_units`), so a figure can show 递 where the token
+    decodes to "�".
+    `kv_policy` (`kvcache.KVPolicy`, default `full`) is applied to every forward pass —
+    the prefill, the candidate trie and decoding — so every number read here is computed
+    under it: evicted keys are masked out of every later query's attention (positions keep
+    their original indices), rounded caches store and read rounded keys and values. `full`
+    runs exactly the code path without a policy.
     """
     if candidates is not None and len(candidates) != len(contexts):
         raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
@@ -91,6 +112,8 @@ def probe(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+    if answer_tokens is not None and len(answer_tokens) != len(contexts):
+        raise ValueError(f"{len(answer_tokens)} answer lengths for {len(contexts)} contexts")
     if not contexts:
         return []
     context_ids = [_encode(tokenizer, c, add_special_tokens) for c in contexts]
@@ -98,7 +121,7 @@ def probe(
         if not ids:
             raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
     engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                     banned_first_ids, seed, add_special_tokens, tolerance)
+                     banned_first_ids, seed, add_special_tokens, tolerance, kv_policy, unit_ranks)
     # longest first, so a batch holds prompts of similar length (little padding)
     order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
     results: list[FirstStep | None] = [None] * len(contexts)
@@ -111,6 +134,7 @@ def probe(
                 [context_ids[i] for i in rows],
                 [list(candidates[i]) if candidates is not None else [] for i in rows],
                 [set(exact_candidates[i]) if exact_candidates is not None else set() for i in rows],
+                [int(answer_tokens[i]) if answer_tokens is not None else 0 for i in rows],
             )
             for i, step in zip(rows, steps):
                 results[i] = step
@@ -206,6 +230,9 @@ def first_unit_ids(decode: Callable[[list[int]], str], ids: Sequence[int]) -> tu
 
 # --- internals -------------------------------------------------------------------
 
+UNIT_RANKS = 10  # the likeliest first tokens whose first unit a run stores (first_token_topk.unit)
+UNIT_TOKENS = 4  # a first unit is completed over at most this many tokens (a UTF-8 character has <= 4 bytes)
+
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
@@ -237,7 +264,9 @@ def _truncate_cache(cache, length: int) -> None:
     """Keep the first `length` positions of every layer (`crop`'s meaning differs across
     transformers versions, so the layers are sliced directly)."""
     for layer in cache.layers:
-        if getattr(layer, "keys", None) is not None:
+        if hasattr(layer, "truncate"):  # a rounded layer (kvcache) keeps its residual count right
+            layer.truncate(length)
+        elif getattr(layer, "keys", None) is not None:
             layer.keys = layer.keys[..., :length, :]
             layer.values = layer.values[..., :length, :]
 
@@ -246,8 +275,10 @@ class _Engine:
     """One probe call's settings, and the forward passes for one batch of prompts."""
 
     def __init__(self, model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                 banned_first_ids, seed, add_special_tokens, tolerance=0.0):
+                 banned_first_ids, seed, add_special_tokens, tolerance=0.0, kv_policy=None, unit_ranks=0):
         self.model = model
+        self.unit_ranks = max(0, int(unit_ranks))
+        self.policy = kv_policy or FULL
         self.tolerance = float(tolerance)
         self.tokenizer = tokenizer
         self.top_k = top_k
@@ -288,7 +319,7 @@ class _Engine:
             new_cache = getattr(out, "past_key_values", None)
         return out.logits, new_cache
 
-    def run_batch(self, indices, contexts, ids_list, cand_lists, exact_sets=None) -> list[FirstStep]:
+    def run_batch(self, indices, contexts, ids_list, cand_lists, exact_sets=None, answer_lens=None) -> list[FirstStep]:
         """Prefill one batch together; `indices` are the prompts' places in `contexts` (seeds)."""
         B, P = len(ids_list), max(len(ids) for ids in ids_list)
         input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
@@ -298,7 +329,12 @@ class _Engine:
             mask[r, P - len(ids) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self.forward(input_ids, mask, position_ids, last_only=True)
+        cache = new_cache(self.policy, self.model, [P - len(ids) for ids in ids_list]) if self.policy.rounds else None
+        attn = mask
+        if self.policy.evicts:  # a query at position t reads only the keys the policy keeps at t
+            eye = torch.eye(P, dtype=torch.bool, device=self.device).unsqueeze(0)  # padding rows read themselves
+            attn = self.policy_mask(position_ids, position_ids, mask, also=eye)
+        logits, cache = self.forward(input_ids, attn, position_ids, cache=cache, last_only=True)
         logprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (B, V)
 
         steps = []
@@ -318,15 +354,41 @@ class _Engine:
             for step, (probs, unscored, positions, tokens) in zip(steps, scored):
                 step.candidate_probs, step.unscored_mass, step.candidate_positions = probs, unscored, positions
                 step.candidate_tokens = tokens
+        if self.unit_ranks:
+            ranks = min(self.unit_ranks, k)
+            for step, units in zip(steps, self.complete_units(cache, mask, [s.topk_ids[:ranks] for s in steps])):
+                step.units = units
 
         first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
         for r in range(B):
             steps[r].first_token_id = int(first[r])
-        if self.max_new_tokens > 0:
-            responses = self.generate(first.to(self.device), cache, mask, position_ids[:, -1])
+        answer_lens = list(answer_lens or [0] * B)
+        if self.max_new_tokens > 0 or any(answer_lens):
+            limits = [max(self.max_new_tokens, n) for n in answer_lens]
+            responses = self.generate(first.to(self.device), cache, mask, position_ids[:, -1], limits,
+                                      [n == 0 for n in answer_lens], position_ids)
             for r in range(B):
-                steps[r].response_ids = responses[r]
+                if answer_lens[r]:
+                    steps[r].answer_ids = responses[r]
+                    steps[r].response_ids = self.response_prefix(responses[r])
+                else:
+                    steps[r].response_ids = responses[r]
         return steps
+
+    def policy_mask(self, q_pos, k_pos, k_valid, also=None):
+        """The 4-D additive attention mask of the KV-cache policy: query i of row r may read
+        key column j when the column holds a real token (`k_valid`) the policy keeps visible
+        at the query's position (`KVPolicy.visible` on the original position indices), or
+        where `also` says so. (B, 1, Q, K) in the model's float dtype, 0 or its minimum."""
+        allow = k_valid.bool()[:, None, :] & self.policy.visible(q_pos[:, :, None], k_pos[:, None, :])
+        if also is not None:
+            allow = allow | also
+        return self.additive(allow)
+
+    def additive(self, allow: torch.Tensor) -> torch.Tensor:
+        """(B, Q, K) bool -> (B, 1, Q, K) additive float mask."""
+        neg = torch.finfo(self.float_dtype).min
+        return torch.zeros(allow.shape, dtype=self.float_dtype, device=allow.device).masked_fill(~allow, neg).unsqueeze(1)
 
     def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets=None):
         """Per prompt of the prefilled batch: ({candidate: P(response starts with it)},
@@ -342,7 +404,9 @@ class _Engine:
         its `tolerance` (see `probe`); prefixes of the prompt's exact candidates never are.
         """
         B, P = mask.shape
-        n_real = mask.sum(-1).tolist()
+        state = getattr(cache, "evalkit_state", None)
+        if state is not None:  # trie nodes are alternatives, never a sequence: no residual flush
+            state["hold"] = True
         toks_of: list[dict[str, list[int]]] = []
         for r in range(B):
             toks_of.append({
@@ -359,8 +423,6 @@ class _Engine:
         slot: dict[tuple[int, ...], int] = {}  # node -> its column after the prompt
         budget = [self.tolerance] * B  # probability each prompt may still leave unscored
         positions = [0] * B
-        dtype = self.float_dtype
-        neg = torch.finfo(dtype).min
         used = 0  # extension columns so far (the same for every row; short rows are padded)
         depth_max = max((len(tk) for d in toks_of for tk in d.values()), default=0) - 1
         try:
@@ -386,32 +448,19 @@ class _Engine:
                             level[r] += fresh[j:]
                             break
                         budget[r] -= p
-                Q = max(len(nodes) for nodes in level)
-                if Q == 0:
+                if not any(level):
                     break
-                inp = torch.full((B, Q), self.pad_id, dtype=torch.long)
-                pos = torch.zeros((B, Q), dtype=torch.long)
-                allow = torch.zeros((B, Q, P + used + Q), dtype=torch.bool)
-                allow[:, :, :P] = mask.bool().cpu().unsqueeze(1)
                 for r, nodes in enumerate(level):
                     positions[r] += len(nodes)
-                    for j, node in enumerate(nodes):
-                        inp[r, j] = node[-1]
-                        pos[r, j] = n_real[r] + depth - 1
-                        for k in range(2, len(node)):  # ancestors (row, t0), (row, t0, t1), ...
-                            allow[r, j, P + slot[node[:k]]] = True
-                        allow[r, j, P + used + j] = True
-                        slot[node] = used + j
-                attn = torch.zeros(allow.shape, dtype=dtype).masked_fill(~allow, neg).unsqueeze(1)
-                logits, _ = self.forward(inp.to(self.device), attn.to(self.device), pos.to(self.device), cache=cache)
-                lp = torch.log_softmax(logits.float(), dim=-1)  # (B, Q, V)
+                lp, used = self.forward_nodes(level, depth, slot, used, cache, mask)
                 for r, nodes in enumerate(level):
                     for j, node in enumerate(nodes):
                         node_lp[node] = lp[r, j]
-                used += Q
         finally:
             if used:
                 _truncate_cache(cache, P)
+            if state is not None:
+                state["hold"] = False
         out = []
         for r in range(B):
             probs = {}
@@ -427,6 +476,92 @@ class _Engine:
             out.append(({c: probs[c] for c in dict.fromkeys(cand_lists[r])}, self.tolerance - budget[r], positions[r],
                         toks_of[r]))
         return out
+
+    def forward_nodes(self, level, depth: int, slot: dict, used: int, cache, mask):
+        """Forward one level of token trees packed after the prompts: (log-probs (B, Q, V), columns used).
+
+        `level[r]` holds row r's nodes `(r, t0, ..., t{depth-1})`, each fed its last token at
+        position n_real + depth - 1 and attending to its prompt and its ancestors (whose
+        columns after the prompt `slot` records; the level's own columns are added to it),
+        under the KV-cache policy. The nodes are alternatives: the caller crops the cache back
+        to the prompt when its trees are done."""
+        B, P = mask.shape
+        n_real = mask.sum(-1).tolist()
+        evicts = self.policy.evicts
+        Q = max(len(nodes) for nodes in level)
+        inp = torch.full((B, Q), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((B, Q), dtype=torch.long)
+        allow = torch.zeros((B, Q, P + used + Q), dtype=torch.bool)
+        allow[:, :, :P] = mask.bool().cpu().unsqueeze(1)
+        for r, nodes in enumerate(level):
+            for j, node in enumerate(nodes):
+                inp[r, j] = node[-1]
+                pos[r, j] = n_real[r] + depth - 1
+                for k in range(2, len(node)):  # ancestors (row, t0), (row, t0, t1), ...
+                    # the ancestor node[:k] sits at position n_real + k - 2
+                    if not evicts or self.policy.visible(n_real[r] + depth - 1, n_real[r] + k - 2):
+                        allow[r, j, P + slot[node[:k]]] = True
+                allow[r, j, P + used + j] = True
+                slot[node] = used + j
+        if evicts:  # each node reads the prompt keys the policy keeps at its position
+            prompt_pos = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
+            allow[:, :, :P] &= self.policy.visible(pos[:, :, None], prompt_pos[:, None, :])
+        neg = torch.finfo(self.float_dtype).min
+        attn = torch.zeros(allow.shape, dtype=self.float_dtype).masked_fill(~allow, neg).unsqueeze(1)
+        logits, _ = self.forward(inp.to(self.device), attn.to(self.device), pos.to(self.device), cache=cache)
+        return torch.log_softmax(logits.float(), dim=-1), used + Q  # (B, Q, V)
+
+    def complete_units(self, cache, mask, top_ids: list[list[int]]) -> list[dict[int, str]]:
+        """Per prompt: {token id: its first unit} for the tokens of `top_ids[r]` that hold no
+        whole character alone (a byte of a split character, a bare space or newline).
+
+        The unit is docs/metrics.md's first unit of the greedy continuation after that token
+        (`first_unit_ids`), read from the prefilled cache one level of all rows' unfinished
+        tokens per forward, at most UNIT_TOKENS tokens deep; "" when none is whole by then.
+        Tokens that are whole alone map to their own stripped text. The cache is cropped back."""
+        B, P = mask.shape
+        decode = self.decode
+        out: list[dict[int, str]] = [{} for _ in range(B)]
+        open_: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
+        for r, ids in enumerate(top_ids):
+            for t in ids:
+                unit, n = first_unit_ids(decode, [t])
+                if unit:
+                    out[r][t] = unit
+                else:
+                    open_[r].append((r, t))
+        state = getattr(cache, "evalkit_state", None)
+        if state is not None:
+            state["hold"] = True
+        slot: dict[tuple[int, ...], int] = {}
+        used = 0
+        try:
+            for depth in range(1, UNIT_TOKENS):
+                if not any(open_):
+                    break
+                lp, used = self.forward_nodes(open_, depth, slot, used, cache, mask)
+                nxt: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
+                for r, nodes in enumerate(open_):
+                    for j, node in enumerate(nodes):
+                        child = (*node, int(torch.argmax(lp[r, j])))
+                        unit, _ = first_unit_ids(decode, list(child[1:]))
+                        if unit or child[-1] in self.eos:
+                            out[r][node[1]] = unit
+                        else:
+                            nxt[r].append(child)
+                open_ = nxt
+        finally:
+            if used:
+                _truncate_cache(cache, P)
+            if state is not None:
+                state["hold"] = False
+        for nodes in open_:
+            for node in nodes:
+                out[node[0]][node[1]] = ""
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def first_token(self, row_logprobs: torch.Tensor, index: int) -> int:
         """Step-1 token: argmax, or a seeded sample at `first_temperature`, bans applied."""
@@ -445,38 +580,58 @@ class _Engine:
         probs = torch.softmax(lp.float().cpu() / T, dim=-1)
         return int(torch.multinomial(probs, 1, generator=generator))
 
-    def generate(self, first: torch.Tensor, cache, mask, last_pos) -> list[list[int]]:
-        """Greedy continuation of each row after its step-1 token; rows finish independently.
+    def generate(self, first: torch.Tensor, cache, mask, last_pos, limits: list[int],
+                 stops: list[bool], key_pos=None) -> list[list[int]]:
+        """Greedy continuation of each row after its step-1 token, row r up to `limits[r]` tokens
+        (and its stop strings, where `stops[r]`); rows finish independently.
 
         Mutates `cache` (finished rows are dropped from it with `batch_select_indices`).
+        `key_pos` (B, P): the position of each prompt column, read when the policy evicts.
         """
+        evicts = self.policy.evicts
         B = first.shape[0]
         responses: list[list[int]] = [[] for _ in range(B)]
         rows = list(range(B))  # batch row of each cache row
         tokens = first  # (len(rows),) last token of each cache row
-        going = [self.accept(responses[r], int(t)) for r, t in zip(rows, tokens.tolist())]
+
+        def accept(r: int, token: int) -> bool:
+            return self.accept(responses[r], token, limits[r], stops[r])
+
+        going = [accept(r, int(t)) for r, t in zip(rows, tokens.tolist())]
         while any(going):
             if not all(going):
                 keep = torch.tensor([j for j, g in enumerate(going) if g], dtype=torch.long, device=self.device)
                 cache.batch_select_indices(keep)
                 rows = [rows[j] for j in keep.tolist()]
                 mask, last_pos, tokens = mask[keep], last_pos[keep], tokens[keep]
+                if evicts:
+                    key_pos = key_pos[keep]
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             last_pos = last_pos + 1
-            logits, cache = self.forward(tokens.unsqueeze(-1), mask, last_pos.unsqueeze(-1), cache, last_only=True)
+            attn = mask
+            if evicts:
+                key_pos = torch.cat([key_pos, last_pos.unsqueeze(-1)], dim=-1)
+                attn = self.policy_mask(last_pos.unsqueeze(-1), key_pos, mask)
+            logits, cache = self.forward(tokens.unsqueeze(-1), attn, last_pos.unsqueeze(-1), cache, last_only=True)
             tokens = torch.argmax(logits[:, -1, :], dim=-1)
-            going = [self.accept(responses[r], int(t)) for r, t in zip(rows, tokens.tolist())]
+            going = [accept(r, int(t)) for r, t in zip(rows, tokens.tolist())]
         return responses
 
-    def accept(self, response: list[int], token: int) -> bool:
+    def accept(self, response: list[int], token: int, limit: int, stop: bool = True) -> bool:
         """Append `token` to `response` unless it is eos; True while the row goes on."""
         if token in self.eos:
             return False
         response.append(token)
-        if len(response) >= self.max_new_tokens:
+        if len(response) >= limit:
             return False
-        if self.stop:
-            text = self.tokenizer.decode(response)
-            if any(s in text for s in self.stop):
-                return False
-        return True
+        return not (stop and self.stopped(response))
+
+    def stopped(self, ids: list[int]) -> bool:
+        return bool(self.stop) and any(s in self.tokenizer.decode(ids) for s in self.stop)
+
+    def response_prefix(self, ids: list[int]) -> list[int]:
+        """The tokens a generation with the stop strings and `max_new_tokens` would have kept."""
+        for k in range(1, min(len(ids), self.max_new_tokens) + 1):
+            if self.stopped(ids[:k]):
+                return ids[:k]
+        return ids[: self.max_new_tokens]

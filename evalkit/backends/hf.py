@@ -18,13 +18,15 @@ import math
 from typing import Any
 
 import torch
+import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
-from evalkit.backends import engine
+from evalkit.backends import engine, kvcache
 from evalkit.backends import quant as quantization
-from evalkit.backends.models import DEFAULT_TOLERANCE
+from evalkit.backends.convert import cached_args
+from evalkit.backends.models import DEFAULT_ANSWER_TOKENS, DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
@@ -36,13 +38,15 @@ from evalkit.scoring.text import drop_covered
 CONTENT_FREE = ("N/A", "", "…", "无")
 
 
-def content_free_prior(model, tokenizer, frame: str, top_k: int) -> dict[int, float]:
+def content_free_prior(model, tokenizer, frame: str, top_k: int,
+                       kv_policy: kvcache.KVPolicy | None = None) -> dict[int, float]:
     """The content-free prior (docs/metrics.md §1.3) of a prompt frame (the context with its prompt
     replaced by "\x00"): the mean first-step distribution over CONTENT_FREE inputs put in
-    the frame, as its top-k `token_id -> probability`."""
+    the frame, as its top-k `token_id -> probability`, under the run's KV-cache policy."""
     # under a template with no text around the prompt, "" leaves nothing to condition on
     contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
-    steps = engine.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts))
+    steps = engine.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts),
+                         kv_policy=kv_policy)
     mean = torch.stack([s.logprobs.exp() for s in steps]).mean(0)
     top = torch.topk(mean, top_k)
     return dict(zip(top.indices.tolist(), top.values.tolist()))
@@ -82,7 +86,8 @@ class EvalkitHFLM(HFLM):
     trie whose probabilities add up to at most this are not teacher-forced, so
     opener_mass falls short of exact by at most `tolerance` (a bound, not an
     estimate; 0 is exact; see `engine.probe`). The accepted answers are always
-    scored exactly: ft_hit_prob is exact."""
+    scored exactly: ft_hit_prob is exact. kv_cache: the KV-cache policy
+    (`kvcache.parse`; default full) every probe runs under, the content-free prior's included."""
 
     def __init__(
         self,
@@ -95,34 +100,53 @@ class EvalkitHFLM(HFLM):
         ban_openers: bool = False,
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
+        answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
+        kv_cache: str | None = None,
         device: str | None = None,
         **kwargs: Any,
     ) -> None:
+        policy = kvcache.parse(kv_cache)  # refused before the weights load
+        kvcache.check_available(policy)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         quantization.check(quant, in_process_hf=True, model_type="hf", device=str(device))
         self.quant = quantization.parse(quant).text if quant else None
+        transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
+        gguf_file = self._gguf_path(pretrained, kwargs)  # the file as asked, for quant_detail's source
+        # a GGUF is converted once, then read as safetensors (the run row keeps the GGUF's own args)
+        converted = cached_args({"pretrained": pretrained, **kwargs})
+        pretrained = converted.pop("pretrained")
         quantization.quiet_libraries()
         with quantization.quiet_imports():
-            super().__init__(pretrained, device=device, **kwargs)  # calls _create_model (load-time variants)
+            super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
             self._model = quantization.apply(self._model, self.quant)
-        self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=self._gguf_path(pretrained, kwargs))
+        self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=gguf_file)
         self.top_k = int(top_k)
         self.temperature = float(temperature)
         self.first_temperature = None if first_temperature in (None, "", "none") else float(first_temperature)
         self.ban_openers = bool(ban_openers)
         self.probe_seed = int(probe_seed)
         self.tolerance = float(tolerance)
+        self.answer_max_tokens = int(answer_max_tokens)
         if not 0 <= self.tolerance < 1:
             raise ValueError(f"evalkit-hf: tolerance must be in [0, 1), got {tolerance}")
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
+        self.set_kv_policy(policy)
+
+    def set_kv_policy(self, policy: kvcache.KVPolicy) -> None:
+        """Run every later probe under `policy` (a sweep reuses one loaded model for several)."""
+        if policy.rounds:
+            kvcache.new_cache(policy, self._model, [])  # a backend that cannot load fails here, with one line
+        self.kv_policy = policy
+        self._priors = {}  # the content-free prior is the policy's too
 
     # -- loading ----------------------------------------------------------------
 
     def _create_model(self, pretrained, *, gguf_file=None, quantization_config=None, **kwargs) -> None:
         """HFLM's load, with a load-time `--quant` variant's quantization config given to
-        `from_pretrained`; a GGUF model (which transformers will not quantize on load) is
+        `from_pretrained`; a GGUF model read as a GGUF (the converted-model cache off: else it
+        arrives here as its converted folder), which transformers will not quantize on load, is
         loaded first and rebuilt from its own weights with that config. A GPTQ / AWQ
         checkpoint's own config is checked against the variant asked for."""
         asked = quantization.load_config(self.quant)
@@ -176,7 +200,7 @@ class EvalkitHFLM(HFLM):
             return None
         frame = context.replace(prompt, "\x00")
         if frame not in self._priors:
-            self._priors[frame] = content_free_prior(self.model, self.tokenizer, frame, self.top_k)
+            self._priors[frame] = content_free_prior(self.model, self.tokenizer, frame, self.top_k, self.kv_policy)
         return self._priors[frame]
 
     # -- lm-eval API -------------------------------------------------------------
@@ -186,6 +210,9 @@ class EvalkitHFLM(HFLM):
         if sampled:
             if len(sampled) != len(requests):
                 raise ValueError("evalkit-hf: cannot mix sampled and greedy requests in one call")
+            if not self.kv_policy.is_full:
+                raise BadInput(f"--kv-cache {self.kv_policy.spec}: sampled requests (do_sample) run through "
+                               "HFLM's generate, which evalkit's cache policies do not reach; use --kv-cache full")
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
         out: list[Any] = [None] * len(requests)
@@ -213,6 +240,8 @@ class EvalkitHFLM(HFLM):
                     first_temperature=self.first_temperature, banned_first_ids=banned,
                     seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
                     tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
+                    answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
+                    kv_policy=self.kv_policy, unit_ranks=engine.UNIT_RANKS,
                 )
                 for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
                     out[i] = self._result(ctx, doc, cand, n_answer, step, until)
@@ -241,6 +270,7 @@ class EvalkitHFLM(HFLM):
         ]
         top3 = engine.top_mass(step.logprobs, 3, self.temperature)
         metrics: dict[str, float] = {
+            "top1_prob": math.exp(step.topk_logprobs[0]),
             "top3_mass": top3,
             "unstable": 1.0 if top3 < UNSTABLE_BELOW else 0.0,
             "entropy": step.entropy,
@@ -249,6 +279,7 @@ class EvalkitHFLM(HFLM):
             metrics.update(candidate_metrics(self.tokenizer, context, step, cands[:n_answer], cands[n_answer:],
                                              self._prior(context, doc)))
         first_id = step.response_ids[0] if step.response_ids else None
+        answer = self.tok_decode(step.answer_ids, skip_special_tokens=True) if step.answer_ids else None
         return FirstStepResult(
             text=text,
             first_token_id=first_id,
@@ -257,4 +288,6 @@ class EvalkitHFLM(HFLM):
             topk=topk,
             entropy=step.entropy,
             metrics=metrics,
+            answer_text=answer,
+            units=step.units,
         )

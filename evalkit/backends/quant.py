@@ -324,7 +324,7 @@ def check_groups(model, name: str | None) -> None:
     import torch
 
     bad = sorted({(n, m.in_features) for n, m in _decoder_linears(model, torch.nn.Linear)
-                  if m.in_features % spec.group_size}, key=lambda x: x[1])
+                  if m.in_features % spec.group_size}, key=lambda x: (x[1], x[0]))
     if bad:
         widths = sorted({w for _, w in bad})
         raise BadInput(f"--quant {spec.text}: group size {spec.group_size} does not divide the input width "

@@ -76,6 +76,8 @@ def _two(m, fmt) -> None:
         click.echo(render(DELTA_COLUMNS, rows + deltas, "csv"))
         return
     click.echo(f"A = {c.run_a}   B = {c.run_b}   shared prompts: {c.n_shared}")
+    if c.dimensions:
+        click.echo("runs differ in: " + _differ(c.dimensions))
     if (a and a.quant) or (b and b.quant):
         click.echo(f"A quant  {a.quant_summary if a else '-'}")
         click.echo(f"B quant  {b.quant_summary if b else '-'}")
@@ -112,6 +114,7 @@ def _sweep(m, fmt) -> None:
             "deltas": [dict(zip(SWEEP_DELTA_COLUMNS, row)) for row in deltas],
             "notes": {c.run_b: c.drift_note for c in m.comparisons if c.drift_note},
             "n_shared": {c.run_b: c.n_shared for c in m.comparisons},
+            "dimensions": {c.run_b: c.dimensions for c in m.comparisons},
         }
         click.echo(json.dumps(out, ensure_ascii=False, indent=2, default=str))
         return
@@ -127,6 +130,9 @@ def _sweep(m, fmt) -> None:
     for c in m.comparisons:
         info = m.runs.get(c.run_b)
         click.echo(f"run      {c.run_b}  {info.quant_summary if info else ''}  (shared prompts: {c.n_shared})")
+        others = {k: v for k, v in c.dimensions.items() if k != "quant"}
+        if others:
+            click.echo(f"         differs from the baseline in: {_differ(others)}")
     click.echo()
     click.echo("first-token drift against the baseline, a row per run and task")
     click.echo(render(SWEEP_DRIFT_COLUMNS, drift, "table"))
@@ -136,6 +142,11 @@ def _sweep(m, fmt) -> None:
     click.echo()
     click.echo("metric deltas run - baseline (paired bootstrap 95% CI)")
     click.echo(render(SWEEP_DELTA_COLUMNS, deltas, "table"))
+
+
+def _differ(dimensions: dict[str, tuple]) -> str:
+    """The run dimensions two runs differ in: "kv_cache full -> window:256; quant bf16 -> int8-weight"."""
+    return "; ".join(f"{k} {x} -> {y}" for k, (x, y) in dimensions.items())
 
 
 def _metric_rank(metric: str) -> int:

@@ -29,8 +29,8 @@ def gate_command(candidate, baseline, rules_file, junit_file, db):
       evalkit gate --candidate latest --baseline tag:prod
       evalkit gate --candidate 2612021005 --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml
     """
+    from evalkit import api
     from evalkit.errors import RunFailed
-    from evalkit.gate.db import gate_runs
     from evalkit.paths import check_output_file
     from evalkit.store.db import db_path
 
@@ -40,7 +40,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, db):
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         check_output_file(summary, "$GITHUB_STEP_SUMMARY", protect=[*inputs, junit_file])
-    result = gate_runs(db, candidate, baseline, rules_file)
+    result = api.gate(candidate, baseline, rules_file, db=db)
     click.echo(result.markdown, nl=False)
     if summary:
         with open(summary, "a", encoding="utf-8") as fh:
@@ -66,7 +66,7 @@ def promote_command(run, tag, db):
       evalkit promote latest --tag prod
       evalkit gate --candidate latest --baseline tag:prod && evalkit promote latest --tag prod
     """
-    from evalkit.gate.db import promote
+    from evalkit.release.db import promote
 
     run_id, added = promote(db, run, tag)
     click.echo(f"run {run_id} tagged {tag}" if added else f"run {run_id} already tagged {tag}")

@@ -40,6 +40,8 @@ def _pad(text: str, width: int) -> str:
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
 @click.option("--quant", default=None, help="One --quant variant of `evalkit run` (q4_1, bf16, int8-weight, int4-weight, ...).")
+@click.option("--kv-cache", default=None,
+              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS.")
 @click.option("--top-k", type=int, default=10, show_default=True, help="First tokens to list.")
 @click.option("--model-args", default=None, help="pretrained=...,gguf_file=...,dtype=...; none: the embedded SmolLM2.")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
@@ -47,7 +49,8 @@ def _pad(text: str, width: int) -> str:
               help="The task whose generation settings (stop strings, max tokens) the response uses.")
 @click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
 @format_option
-def inspect_command(prompt, template, templates_file, quant, top_k, model_args, temperature, task, device, fmt):
+def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, model_args, temperature, task, device,
+                    fmt):
     """Show the first-token distribution of one PROMPT, put through a template as a run would.
 
     Lists the top-k first tokens (rank, id, token, probability, bar, cumulative
@@ -58,6 +61,7 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
       evalkit inspect "What is recursion?"
       evalkit inspect "什么是递归？" --template direct --top-k 20
       evalkit inspect "What is the capital of France?" --quant int8-dynamic
+      evalkit inspect "$(cat long_prompt.txt)" --kv-cache sinkwindow:4:256
       evalkit inspect "Hi" --model-args pretrained=/models/qwen --format json
     """
     from dataclasses import asdict
@@ -65,24 +69,29 @@ def inspect_command(prompt, template, templates_file, quant, top_k, model_args, 
     from evalkit.inspection import inspect_prompt
 
     r = inspect_prompt(prompt, template=template, quant=quant, top_k=top_k, model_args=model_args,
-                       temperature=temperature, templates_file=templates_file, task=task, device=device)
+                       temperature=temperature, templates_file=templates_file, task=task, device=device,
+                       kv_cache=kv_cache)
     if fmt == "json":
         click.echo(json.dumps(asdict(r), ensure_ascii=False, indent=2))
         return
-    cols = ["rank", "token_id", "token", "prob", "cum"]
-    rows = [[t.rank, t.token_id, t.token, t.prob, t.cum] for t in r.tokens]
+    cols = ["rank", "token_id", "token", "unit", "prob", "cum"]
+    rows = [[t.rank, t.token_id, t.token, t.unit, t.prob, t.cum] for t in r.tokens]
     if fmt == "csv":
         click.echo(render(cols, rows, "csv"))
         return
     quant = f" ({r.quant})" if r.quant else ""
-    click.echo(f"model     {r.model}{quant}")
+    click.echo(f"model     {r.model}{quant}   kv cache {r.kv_cache}")
     click.echo(f"template  {r.template}   context {r.n_context_tokens} tokens: {r.context!r}")
     click.echo()
     width = max([len("token")] + [_cells(t.token) for t in r.tokens])
-    click.echo(f"{'rank':>4}  {'id':>7}  {_pad('token', width)}  {'prob':>8}  {'':<{BAR_WIDTH}}  {'cum':>8}")
+    uwidth = max([len("unit")] + [_cells(t.unit) for t in r.tokens])
+    click.echo(f"{'rank':>4}  {'id':>7}  {_pad('token', width)}  {_pad('unit', uwidth)}  {'prob':>8}  "
+               f"{'':<{BAR_WIDTH}}  {'cum':>8}")
     for t in r.tokens:
-        click.echo(f"{t.rank:>4}  {t.token_id:>7}  {_pad(t.token, width)}  {t.prob:8.6f}  "
+        click.echo(f"{t.rank:>4}  {t.token_id:>7}  {_pad(t.token, width)}  {_pad(t.unit, uwidth)}  {t.prob:8.6f}  "
                    f"{bar(t.prob):<{BAR_WIDTH}}  {t.cum:8.6f}")
+    click.echo("unit: the first whole character or word the token starts (a byte of a split character is "
+               "completed greedily)")
     click.echo()
     unstable = "  unstable (< 0.70)" if r.top3_mass < 0.70 else ""
     click.echo(f"entropy            {r.entropy:.4f} nats")

@@ -41,3 +41,51 @@ def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "ta
         w.writerows([[("" if v is None else v) for v in r] for r in rows])
         return buf.getvalue().rstrip("\n")
     return table(columns, rows, max_width)
+
+
+def _ci(lo: Any, hi: Any) -> str:
+    return "" if lo is None or hi is None else f"[{lo:.4f}, {hi:.4f}]"
+
+
+def metric_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A run's metrics for the terminal: task, metric with its direction (↑ / ↓ from the registry),
+    value, 95 % interval and n, in registry order within each task; then what it means and where
+    to look next."""
+    from evalkit.scoring import registry
+
+    ordered = sorted(rows, key=lambda r: (r["task"], registry.sort_key(r["metric"])))
+    body = []
+    for r in ordered:
+        better = registry.higher_is_better(r["metric"])
+        arrow = "" if better is None else (" ↑" if better else " ↓")
+        body.append([r["task"], r["metric"] + arrow, r["value"], _ci(r.get("ci_lo"), r.get("ci_hi")), r.get("n")])
+    lines = [table(["task", "metric", "value", "95% CI", "n"], body)]
+    lines.append("↑ higher is better, ↓ lower is better; what each metric means: `evalkit metrics` "
+                 "or docs/metrics.md")
+    if any(r["metric"] == "ft_hit" for r in rows):
+        lines.append("ft_hit counts a response only when its first word is an accepted start: "
+                     "\"The capital of France is Paris.\" misses \"Paris\" by design")
+    return "\n".join(lines)
+
+
+def next_steps(run_id: str) -> str:
+    return (f"next: `evalkit report` (HTML with plots) · `evalkit compare {run_id} <other run>` · "
+            f"`evalkit gate --candidate {run_id} --baseline tag:prod`")
+
+
+def lead_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The leading-indicator rows for the terminal: does the first token predict the answer?"""
+    body = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        if all(r["auroc"] is None for r in mine) and len({r["reason"] for r in mine}) == 1:  # one line says it
+            body.append([task, "lead_auroc.*", None, "", max(r["n"] for r in mine), mine[0]["base_rate"],
+                         mine[0]["reason"]])
+            continue
+        body += [[task, f"lead_auroc.{r['signal']}", r["auroc"], _ci(r["ci_lo"], r["ci_hi"]), r["n"],
+                  r["base_rate"], r["reason"] or ""] for r in mine]
+    return "\n".join([
+        "does the first token predict the answer? AUROC of each first-token signal against answer_hit "
+        "(0.5 = chance), over the checkable prompts",
+        table(["task", "signal", "auroc", "95% CI", "n", "right", "why undefined"], body, max_width=70),
+    ])

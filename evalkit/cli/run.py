@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from evalkit.cli.options import db_option
-from evalkit.cli.output import table
+from evalkit.cli.output import lead_table, metric_table, next_steps
 
 
 def _csv_list(kind):
@@ -32,15 +32,22 @@ def _csv_list(kind):
 @click.option("--quant", default=None,
               help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic, int8-weight, int4-weight[:G], nf4, int8-llm, "
                    "hqq4[:G], hqq8[:G], int4-tinygemm (GPU), gptq, awq; comma-separated: one run per variant.")
-@click.option("--limit", type=int, default=None, help="At most N prompts per task.")
+@click.option("--kv-cache", default=None,
+              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS; "
+                   "a comma list runs one run per policy.")
+@click.option("--limit", type=int, default=None,
+              help="At most N prompts per first-token task (the needle grid always runs whole: "
+                   "narrow it with --needle-lengths / --needle-depths).")
 @click.option("--seed", type=int, default=1234, show_default=True)
 @click.option("--batch-size", type=int, default=8, show_default=True)
 @click.option("--top-k", type=int, default=50, show_default=True, help="First-token candidates stored per prompt (>= 50).")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
 @click.option("--first-temperature", type=float, default=None, help="Sample the first token at T1 (0: argmax).")
 @click.option("--ban-openers", is_flag=True, help="Mask opener-initial tokens at step 1 only.")
-@click.option("--needle-lengths", callback=_csv_list(int), default=None, help="Needle prompt lengths in tokens, e.g. 256,512.")
-@click.option("--needle-depths", callback=_csv_list(float), default=None, help="Needle depths in [0,1], e.g. 0,0.5,1.")
+@click.option("--needle-lengths", callback=_csv_list(int), default=None,
+              help="Needle prompt lengths in the model's tokens [default: 256,512,1024,2048].")
+@click.option("--needle-depths", callback=_csv_list(float), default=None,
+              help="Needle depths in [0,1], 0 = the first sentence [default: 0,0.1,...,1].")
 @click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
 @click.option("--include-path", type=click.Path(file_okay=False, exists=True), default=None,
               help="Extra folder of lm-eval task YAMLs.")
@@ -55,28 +62,34 @@ def run_command(**opts):
       evalkit run --tasks firsttoken_zh --template direct --limit 20
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
       evalkit run --tasks firsttoken --quant bf16,int8-weight,int4-weight --limit 40
+      evalkit run --tasks needle_en --kv-cache full,window:256,sinkwindow:4:256,fp8
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
     """
-    from evalkit.runner.execute import RunConfig
-    from evalkit.runner.sweep import execute_sweep
+    from evalkit import api
 
-    tasks = [t.strip() for t in (opts.pop("tasks") or "").split(",") if t.strip()]
-    cfg = RunConfig(tasks=tasks, **opts)
-    results = execute_sweep(cfg, on_start=lambda rid: click.echo(f"run {rid} started", err=True),
-                            on_done=_print_result)
-    if len(results) > 1:
-        ids = " ".join(r.run_id for r in results)
-        click.echo(f"sweep of {len(results)} runs ({cfg.quant}): {ids}")
+    def started(rid: str) -> None:
+        click.echo(f"run {rid} started", err=True)
+
+    lists = [f"--{k.replace('_', '-')} {opts[k]}" for k in ("quant", "kv_cache") if "," in (opts.get(k) or "")]
+    runs = api.run_all(opts.pop("tasks") or "", opts.pop("model"), on_start=started, on_done=_print_result, **opts)
+    if len(runs) > 1:
+        ids = " ".join(r.id for r in runs)
+        click.echo(f"sweep of {len(runs)} runs ({', '.join(lists)}): {ids}")
         click.echo(f"compare them: evalkit compare {ids}")
 
 
 def _print_result(result) -> None:
-    click.echo(f"run {result.run_id}  {result.status}  {result.n_samples} samples  "
+    click.echo(f"run {result.id}  {result.status}  {result.n_samples} samples  "
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
-    rows = [(m["task"], m["metric"], m["value"], m["stderr"], m["n"]) for m in result.metrics]
-    if rows:
-        click.echo(table(["task", "metric", "value", "stderr", "n"], rows))
+    if result.metrics:
+        click.echo(metric_table(result.metrics))
+    lead = [r for r in result.lead if r["category"] == "*"]
+    if lead:
+        click.echo()
+        click.echo(lead_table(lead))
+    if result.metrics:
+        click.echo(next_steps(result.id))
 
 
 COMMANDS = [run_command]

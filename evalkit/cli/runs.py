@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from evalkit.cli.options import db_option, format_option
-from evalkit.cli.output import render
+from evalkit.cli.output import lead_table, metric_table, next_steps, render
 
 
 @click.command("runs")
@@ -44,14 +44,23 @@ def show_command(run, db, fmt):
       evalkit show latest
       evalkit show tag:prod --format json
     """
-    from evalkit.store.queries import run_summary
+    from evalkit.store.queries import lead_rows, run_summary
 
     info, cols, rows = run_summary(db, run)
-    if fmt == "table":
-        for k, v in info.items():
-            click.echo(f"{k:>22}: {'' if v is None else v}")
+    if fmt != "table":
+        click.echo(render(cols, rows, fmt))
+        return
+    for k, v in info.items():
+        click.echo(f"{k:>22}: {'' if v is None else v}")
+    click.echo()
+    if rows:
+        click.echo(metric_table([dict(zip(cols, r)) for r in rows]))
+    _, lead = lead_rows(db, info["id"])
+    if lead:
         click.echo()
-    click.echo(render(cols, rows, fmt))
+        click.echo(lead_table(lead))
+    if rows:
+        click.echo(next_steps(info["id"]))
 
 
 COMMANDS = [runs_command, show_command]

@@ -4,7 +4,9 @@ One JSON object per line:
     {"prompt": "What is recursion?", "answers": ["Recursion"], "lang": "en",
      "id": "my-001", "category": "definition"}
 `prompt`, `answers` (non-empty list of accepted answer starts) and `lang` are
-required; `id` (default: FILE-LINE) and `category` (default: "") are optional.
+required; `id` (default: FILE-LINE), `category` (default: "") and `answers_full`
+(strings any of which, found in the whole response, makes the answer right:
+docs/metrics.md §1.7) are optional.
 
 Owns: reading and validating such a file. Does not: score anything.
 """
@@ -66,9 +68,13 @@ def load_prompts(path: str | Path) -> list[dict]:
             raise BadInput(f"{where}: 'answers' must be a non-empty list of non-empty strings")
         if not isinstance(obj["lang"], str) or not obj["lang"].strip():
             raise BadInput(f"{where}: 'lang' must be a language code such as 'en' or 'zh'")
+        full = obj.get("answers_full")
+        if full is not None and (not isinstance(full, list) or not full
+                                 or not all(isinstance(a, str) and a.strip() for a in full)):
+            raise BadInput(f"{where}: 'answers_full' must be a non-empty list of non-empty strings")
         for key in ("prompt", "lang", "id", "category"):
             _check_encodes(where, key, obj.get(key))
-        for answer in answers:
+        for answer in [*answers, *(full or [])]:
             _check_encodes(where, "answers", answer)
         doc_id = str(obj.get("id") or f"{path.stem}-{lineno}")
         if doc_id in seen:
@@ -82,6 +88,8 @@ def load_prompts(path: str | Path) -> list[dict]:
                 "category": str(obj.get("category") or ""),
                 "prompt": obj["prompt"],
                 "answers": [a.strip() for a in answers],
+                # every doc carries the key (datasets takes its columns from the first row)
+                "answers_full": [a.strip() for a in full] if full else None,
             }
         )
     if not docs:

@@ -63,12 +63,31 @@ def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
     lengths = [int(x) for x in metadata.get("needle_lengths") or needle.DEFAULT_LENGTHS]
     depths = [float(x) for x in metadata.get("needle_depths") or needle.DEFAULT_DEPTHS]
     check_lengths(lengths, metadata.get("max_length"))
-    count = token_counter(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"))
-    docs = needle.build_grid(count, langs=[lang], lengths=lengths, depths=depths, hint=hint,
-                             seed=int(metadata.get("seed", 1234)))
-    for d in docs:
-        d["kind"] = NEEDLE
+    docs = grid_docs(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"), lengths=lengths,
+                     depths=depths, seed=int(metadata.get("seed", 1234)), lang=lang, hint=hint)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
+
+
+# (tokenizer, template, grid, seed, lang, hint) -> documents: built once per process, so a run
+# can build them before its row is written (any length that cannot be met is bad input) and
+# lm-eval then loads the same documents
+_GRIDS: dict[tuple, list[dict]] = {}
+# needle task -> (lang, hint)
+TASK_GRIDS = {"needle_en": ("en", False), "needle_en_hint": ("en", True),
+              "needle_zh": ("zh", False), "needle_zh_hint": ("zh", True)}
+
+
+def grid_docs(tokenizer, *, chat: bool, system: str | None, lengths: list[int], depths: list[float], seed: int,
+              lang: str, hint: bool) -> list[dict]:
+    """The needle documents of one language and hint flag, counted in `tokenizer` (cached)."""
+    key = (id(tokenizer), chat, system, tuple(lengths), tuple(depths), seed, lang, hint)
+    if key not in _GRIDS:
+        count = token_counter(tokenizer, chat=chat, system=system)
+        docs = needle.build_grid(count, langs=[lang], lengths=lengths, depths=depths, hint=hint, seed=seed)
+        for d in docs:
+            d["kind"] = NEEDLE
+        _GRIDS[key] = docs
+    return _GRIDS[key]
 
 
 def check_lengths(lengths, max_length: int | None) -> None:

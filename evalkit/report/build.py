@@ -33,8 +33,12 @@ MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
 MAX_HEATMAPS = 3  # needle heatmaps, newest runs first (each costs ~0.4 s of CPU)
 MAX_PROMPTS = 50  # --prompts: first-token prompts charted
 # every file a report may write into --out
-REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png",
-                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)))
+MAX_ROC_RUNS = 3  # ROC figures, newest runs with checkable answers first
+MAX_POLICY_RUNS = 6  # needle runs compared across KV-cache policies (one heatmap column each)
+REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png", "reliability.png",
+                *(f"roc_{k + 1}.png" for k in range(MAX_ROC_RUNS)),
+                *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)), "needle_kv_cache.png",
+                "needle_kv_cache_depth.png")
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
 TABLE_RANKS = 5  # ranks per run in the first-token tables
 _IDS = "(SELECT unnest(?::VARCHAR[]))"
@@ -114,6 +118,7 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
         _runs_section(data),
         _leaderboard_section(data, out_dir),
         _first_token_section(data, out_dir, prompts),
+        _lead_section(data, out_dir),
         _needle_section(data, out_dir),
         _trend_section(data, out_dir),
     ]
@@ -141,6 +146,9 @@ class _Data:
     ft_prompts: list[dict]
     needle_cells: list[dict]
     needle_summary: list[dict]
+    lead: list[dict]  # lead_indicators rows (category '*') of the done runs
+    answers: list[dict]  # per checkable prompt: run, task, answer_hit and the first-token signals
+    reliability: list[dict]  # per run and ft_hit_prob decile: mean ft_hit_prob, answer accuracy, n
     generated: dt.datetime
     db: str = ""
 
@@ -166,8 +174,9 @@ def _select_runs(con, refs: list[str]) -> list[str]:
 def _read(con, refs: list[str], prompts: int) -> _Data:
     ids = _select_runs(con, refs)
     runs = _rows(con, f"""
-        SELECT r.id, r.name, r.status, r.model, r.model_args, r.model_fingerprint, r.quant, r.quant_detail,
-               r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
+        SELECT r.id, r.name, r.status, r.model, r.model_name, r.model_args, r.model_fingerprint, r.quant,
+               r.quant_detail, r.kv_cache, r.template, r.tasks, r.created_at, r.duration_s,
+               coalesce(s.n, 0) AS n_samples
         FROM runs r
         LEFT JOIN (SELECT run_id, count(*) AS n FROM samples WHERE run_id IN {_IDS} GROUP BY run_id) s
           ON s.run_id = r.id
@@ -198,30 +207,54 @@ def _read(con, refs: list[str], prompts: int) -> _Data:
         FROM needle_heatmap WHERE run_id IN {_IDS}
         GROUP BY run_id, lang, hint ORDER BY run_id, lang, hint
     """, [done])
+    lead = _rows(con, f"""
+        SELECT run_id, task, signal, auroc, ci_lo, ci_hi, n, n_right, base_rate, reason
+        FROM lead_indicators WHERE run_id IN {_IDS} AND category = '*' ORDER BY run_id, task
+    """, [done])
+    from evalkit.scoring.lead import SIGNALS
+
+    answers = _rows(con, f"""
+        SELECT run_id, task, answer_hit, {', '.join(SIGNALS)} FROM samples
+        WHERE run_id IN {_IDS} AND answer_hit IS NOT NULL
+    """, [done])
+    reliability = _rows(con, f"""
+        WITH d AS (
+            SELECT run_id, ft_hit_prob, answer_hit,
+                   ntile(10) OVER (PARTITION BY run_id ORDER BY ft_hit_prob) AS decile
+            FROM samples WHERE run_id IN {_IDS} AND answer_hit IS NOT NULL AND ft_hit_prob IS NOT NULL
+        )
+        SELECT run_id, decile, avg(ft_hit_prob) AS ft_hit_prob, avg(answer_hit) AS accuracy, count(*) AS n
+        FROM d GROUP BY run_id, decile ORDER BY run_id, decile
+    """, [done])
     return _Data(runs=runs, done=done, leaderboard=leaderboard, ft_runs=ft_runs,
                  ft_prompts=ft_prompts, needle_cells=needle_cells, needle_summary=needle_summary,
+                 lead=lead, answers=answers, reliability=reliability,
                  generated=dt.datetime.now(dt.timezone.utc).replace(microsecond=0))
 
 
 def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
-    """The prompts shared by most runs where their top-1 first tokens disagree most, with each
-    run's whole stored top-k (probabilities exp(logprob)) and its top-k mass."""
+    """The prompts shared by most runs where their top-1 first tokens disagree most (first-token
+    prompts before needle documents), with each run's whole stored top-k (probabilities
+    exp(logprob)) and its top-k mass."""
     chosen = _rows(con, f"""
         WITH top1 AS (
             SELECT run_id, task, doc_id, arg_min(token_id, rank) AS token_id,
                    exp(arg_min(logprob, rank)) AS p
             FROM first_token_topk WHERE run_id IN {_IDS}
             GROUP BY run_id, task, doc_id
+        ), first_token AS (
+            SELECT DISTINCT task, doc_id FROM samples WHERE run_id IN {_IDS} AND ft_outcome IS NOT NULL
         ), per_prompt AS (
-            SELECT task, doc_id, count(*) AS n_runs, count(DISTINCT token_id) AS n_top1,
-                   max(p) - min(p) AS p_spread
-            FROM top1 GROUP BY task, doc_id
+            SELECT t.task, t.doc_id, count(*) AS n_runs, count(DISTINCT t.token_id) AS n_top1,
+                   max(t.p) - min(t.p) AS p_spread, any_value(f.task IS NOT NULL) AS is_first_token
+            FROM top1 t LEFT JOIN first_token f ON f.task = t.task AND f.doc_id = t.doc_id
+            GROUP BY t.task, t.doc_id
         )
         SELECT task, doc_id, n_runs, n_top1, p_spread FROM per_prompt
         WHERE n_runs = (SELECT max(n_runs) FROM per_prompt)
-        ORDER BY n_top1 DESC, p_spread DESC, task, doc_id
+        ORDER BY is_first_token DESC, n_top1 DESC, p_spread DESC, task, doc_id
         LIMIT ?
-    """, [run_ids, limit])
+    """, [run_ids, run_ids, limit])
     if not chosen:
         return []
     tasks = [c["task"] for c in chosen]
@@ -229,7 +262,7 @@ def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
     wanted = "(SELECT unnest(?::VARCHAR[]) AS task, unnest(?::VARCHAR[]) AS doc_id)"
     dists = _rows(con, f"""
         SELECT t.run_id, t.task, t.doc_id, sum(exp(t.logprob)) AS mass,
-               list(struct_pack(rank := t.rank, token_id := t.token_id, token := t.token,
+               list(struct_pack(rank := t.rank, token_id := t.token_id, token := t.token, unit := t.unit,
                                 p := exp(t.logprob)) ORDER BY t.rank) AS tokens
         FROM first_token_topk t JOIN {wanted} w ON t.task = w.task AND t.doc_id = w.doc_id
         WHERE t.run_id IN {_IDS}
@@ -274,8 +307,10 @@ def _label_runs(runs: list[dict]) -> None:
     base = [r["name"] or r["id"] for r in runs]
     for r, b in zip(runs, base):
         r["label"] = b if base.count(b) == 1 or b == r["id"] else f"{b} · {r['id'][-6:]}"
-        r["model_label"] = _model_label(r["model"], r["model_args"])
-        r["model_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "")
+        r["model_label"] = r["model_name"] or _model_label(r["model"], r["model_args"])
+        # one configuration: trend lines never join runs of another model, quant, KV cache or template
+        r["config_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "", r["quant"], r["kv_cache"],
+                           r["template"])
         r["quant_applied"] = _quant_applied(r.get("quant"), r.get("quant_detail"))
 
 
@@ -308,7 +343,7 @@ def _num(value: Any, digits: int = 3) -> str:
 def _with_ci(row: dict) -> str:
     text = _num(row["value"])
     if row.get("ci_lo") is not None and row.get("ci_hi") is not None:
-        text += f" [{_num(row['ci_lo'])}, {_num(row['ci_hi'])}]"
+        text += f"\n[{_num(row['ci_lo'])}, {_num(row['ci_hi'])}]"  # the interval under the value
     return text
 
 
@@ -320,11 +355,11 @@ def _runs_section(data: _Data) -> Section:
     rows = []
     for r in data.runs:
         created = r["created_at"].strftime("%Y-%m-%d %H:%M:%S") if r["created_at"] else ""
-        rows.append([r["label"], r["id"], r["status"], r["model_label"], r["quant"] or "", r["quant_applied"],
-                     r["template"] or "", ",".join(r["tasks"] or []), created, str(r["n_samples"]),
-                     _num(r["duration_s"], 1)])
-    table = Table(["run", "id", "status", "model", "quant", "quant applied", "template", "tasks", "created (UTC)",
-                   "samples", "duration s"], rows, numeric_from=9)
+        rows.append([r["id"], r["name"] or "", r["status"], r["model_label"], r["quant"] or "", r["quant_applied"],
+                     r["kv_cache"] or "", r["template"] or "", ", ".join(r["tasks"] or []), created,
+                     str(r["n_samples"]), _num(r["duration_s"], 1)])
+    table = Table(["id", "name", "status", "model", "quant", "quant applied", "kv cache", "template", "tasks",
+                   "created (UTC)", "samples", "duration s"], rows, numeric_from=10)
     section = Section("runs", "Runs", tables=[table],
                       intro=f"{len(data.runs)} runs, {len(data.done)} of them done.")
     not_done = [r["label"] for r in data.runs if r["status"] != "done"]
@@ -347,13 +382,15 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
     cells = {(r["task"], r["run_id"], r["metric"]): r for r in main}
     keys = sorted({(r["task"], r["run_id"]) for r in main},
                   key=lambda k: (k[0], runs[k[1]]["model_label"], runs[k[1]]["quant"] or "",
-                                 runs[k[1]]["template"] or "", runs[k[1]]["created_at"], k[1]))
+                                 runs[k[1]]["kv_cache"] or "", runs[k[1]]["template"] or "",
+                                 runs[k[1]]["created_at"], k[1]))
     arrows = {True: " ↑", False: " ↓", None: ""}
-    columns = ["task", "model", "quant", "template", "run"] + [m + arrows[registry.higher_is_better(m)] for m in metrics]
+    columns = ["task", "run", "model · quant · template"] + [m + arrows[registry.higher_is_better(m)] for m in metrics]
     rows, strong = [], set()
     for task, run_id in keys:
         run = runs[run_id]
-        row = [task, run["model_label"], run["quant"] or "", run["template"] or "", run["label"]]
+        config = " · ".join(x for x in (run["quant"], _kv_label(run["kv_cache"]), run["template"]) if x)
+        row = [task, run["label"], f"{run['model_label']}\n{config}"]
         row += [_with_ci(cells[(task, run_id, m)]) if (task, run_id, m) in cells else "" for m in metrics]
         rows.append(row)
     for j, metric in enumerate(metrics):
@@ -367,10 +404,11 @@ def _leaderboard_section(data: _Data, out_dir: Path) -> Section:
             if len(values) < 2 or len({v for _, v in values}) == 1:
                 continue
             best = max(v for _, v in values) if better else min(v for _, v in values)
-            strong |= {(i, 5 + j) for i, v in values if v == best}
-    section.intro = ("Each metric's value and 95 % CI (value ± 1.96 stderr) from the leaderboard view; "
-                     "↑ higher is better, ↓ lower is better; the best run per task is in bold.")
-    section.tables.append(Table(columns, rows, numeric_from=5, strong=strong))
+            strong |= {(i, 3 + j) for i, v in values if v == best}
+    section.intro = ("Each metric's value and its 95 % interval from the leaderboard view (Wilson for "
+                     "proportions, bootstrap percentile for other means, so it stays inside the metric's "
+                     "range); ↑ higher is better, ↓ lower is better; the best run per task is in bold.")
+    section.tables.append(Table(columns, rows, numeric_from=3, strong=strong))
     breakdowns = sorted({r["metric"] for r in data.leaderboard if _is_breakdown(r["metric"])})
     if breakdowns:
         section.notes.append(f"{len(breakdowns)} breakdown metrics (e.g. {breakdowns[0]}) are left out of this "
@@ -424,7 +462,8 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
         f"{len(data.ft_prompts)} prompts shared by {n_runs} of the {len(data.ft_runs)} runs with top-k rows, "
         "those whose most likely first tokens disagree most (distinct top-1 tokens, then the spread of "
         "the top-1 probability). Probabilities are exp(logprob) from first_token_topk; a token outside "
-        "a run's stored top-k shows as 0."
+        "a run's stored top-k shows as 0. A token marked * is only the first byte(s) of a character: it "
+        "shows as the first unit it starts, the character greedy decoding completes it to."
     )
     from evalkit.report.plots import first_token_plot, token_label
 
@@ -437,13 +476,13 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
             for tok in dist["tokens"][:TOKENS_PER_PROMPT]:
                 p = tok["p"]
                 if tok["token_id"] not in best or p > best[tok["token_id"]][0]:
-                    best[tok["token_id"]] = (p, tok["token"])
+                    best[tok["token_id"]] = (p, tok)
         token_ids = sorted(best, key=lambda t: -best[t][0])[:TOKENS_PER_PROMPT]
         probs = {}
         for run_id, dist in prompt["runs"].items():
             by_id = {t["token_id"]: t["p"] for t in dist["tokens"]}
             probs[runs[run_id]["label"]] = [by_id.get(t, 0.0) for t in token_ids]
-        panels.append({"title": title, "tokens": [token_label(best[t][1], t) for t in token_ids],
+        panels.append({"title": title, "tokens": [token_label(*_shown_token(best[t][1])) for t in token_ids],
                        "probs": probs})
 
         order = [i for i in data.ft_runs if i in prompt["runs"]]
@@ -466,8 +505,18 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
     return section
 
 
+def _shown_token(tok: dict) -> tuple[str | None, int, bool]:
+    """(text, id, completed) of a top-k token as the report shows it: a token that is only part
+    of a character (it decodes to U+FFFD alone) shows as the first unit it starts, completed."""
+    token, unit = tok["token"], tok.get("unit")
+    if token is not None and "\ufffd" in token and unit:
+        return unit, tok["token_id"], True
+    return token, tok["token_id"], False
+
+
 def _token_text(tok: dict) -> str:
-    return repr(tok["token"]) if tok["token"] is not None else f"#{tok['token_id']}"
+    text, token_id, completed = _shown_token(tok)
+    return (repr(text) + ("*" if completed else "")) if text is not None else f"#{token_id}"
 
 
 def _needle_section(data: _Data, out_dir: Path) -> Section:
@@ -492,6 +541,7 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
     if len(drawn) < len(with_rows):
         section.notes.append(f"Heatmaps of the {len(drawn)} newest of the {len(with_rows)} runs with needle rows; "
                              "the tables cover all of them.")
+    _kv_cache_figures(section, data, with_rows, out_dir)
     rows = [[runs[r["run_id"]]["label"], r["lang"] or "", "yes" if r["hint"] else "no", str(r["n"]),
              _num(r["recall"])] for r in data.needle_summary]
     section.tables.append(Table(["run", "lang", "hint", "n", "recall"], rows, numeric_from=3,
@@ -510,16 +560,95 @@ def _needle_section(data: _Data, out_dir: Path) -> Section:
     return section
 
 
+def _lead_section(data: _Data, out_dir: Path) -> Section:
+    """Does the first token predict the answer? ROC curves, the AUROC table, a reliability plot."""
+    from evalkit.scoring.lead import SIGNALS
+
+    section = Section("lead", "Does the first token predict the answer?")
+    if not data.answers:
+        section.omitted = ("no run among the selected has checkable answers (prompts with answers_full, "
+                           "e.g. the firsttoken tasks)")
+        return section
+    runs = {r["id"]: r for r in data.runs}
+    section.intro = (
+        "For the prompts whose whole answer can be checked (answers_full), how well does each first-token "
+        "signal tell a right answer from a wrong one? AUROC against answer_hit, 0.5 = chance, 1 = perfect; "
+        "signals that are better low (entropy, opener_mass, prior_drift) enter negated. Intervals: 95 % "
+        "bootstrap over prompts. An empty cell: the AUROC is undefined (every checkable answer right, or "
+        "every one wrong, or no values of the signal).")
+    with_answers = [i for i in data.done if any(a["run_id"] == i for a in data.answers)]
+    from evalkit.report.plots import reliability_plot, roc_plot
+
+    for k, run_id in enumerate(with_answers[-MAX_ROC_RUNS:]):
+        name = f"roc_{k + 1}.png"
+        mine = [a for a in data.answers if a["run_id"] == run_id]
+        section.images.append(Image(name, f"ROC curves of the first-token signals, run {runs[run_id]['label']}",
+                                    partial(roc_plot, mine, SIGNALS, out_dir / name,
+                                            title=f"ROC against answer_hit — {runs[run_id]['label']}")))
+    if data.reliability:
+        series = {runs[r]["label"]: [x for x in data.reliability if x["run_id"] == r]
+                  for r in with_answers if any(x["run_id"] == r for x in data.reliability)}
+        section.images.append(Image("reliability.png", "answer accuracy by ft_hit_prob decile, per run",
+                                    partial(reliability_plot, series, out_dir / "reliability.png")))
+    columns = ["run", "task", "n", "right"] + [f"lead_auroc.{s}" for s in SIGNALS]
+    keys = sorted({(r["run_id"], r["task"]) for r in data.lead}, key=lambda k: (data.done.index(k[0]), k[1]))
+    cells = {(r["run_id"], r["task"], r["signal"]): r for r in data.lead}
+    rows = []
+    for run_id, task in keys:
+        first = next(cells[(run_id, task, s)] for s in SIGNALS if (run_id, task, s) in cells)
+        row = [runs[run_id]["label"], task, str(first["n"]), _num(first["base_rate"])]
+        for s in SIGNALS:
+            c = cells.get((run_id, task, s))
+            row.append(_with_ci({"value": c["auroc"], "ci_lo": c["ci_lo"], "ci_hi": c["ci_hi"]})
+                       if c and c["auroc"] is not None else "")
+        rows.append(row)
+    section.tables.append(Table(columns, rows, numeric_from=2, caption="lead_auroc per run and task"))
+    undefined = sorted({r["reason"] for r in data.lead if r["auroc"] is None and r["reason"]})
+    if undefined:
+        section.notes.append("Undefined cells: " + "; ".join(undefined) + ".")
+    if len(with_answers) > MAX_ROC_RUNS:
+        section.notes.append(f"ROC curves of the {MAX_ROC_RUNS} newest of the {len(with_answers)} runs with "
+                             "checkable answers; the table covers all of them.")
+    return section
+
+
+def _kv_label(policy: str | None) -> str:
+    """A run's KV-cache policy in a configuration label: empty for the full cache (the default)."""
+    return "" if policy in (None, "full") else f"kv {policy}"
+
+
+def _kv_cache_figures(section: Section, data: _Data, with_rows: list[str], out_dir: Path) -> None:
+    """Where the needle runs differ in KV-cache policy: their heatmaps side by side, one column a
+    run, and their recall by depth, one line a run, on one axis (depth 0 is where eviction hurts)."""
+    from evalkit.report.needle_plot import policy_depth_lines, policy_heatmaps
+
+    runs = {r["id"]: r for r in data.runs}
+    if len({runs[i]["kv_cache"] for i in with_rows}) < 2:
+        return
+    chosen = with_rows[-MAX_POLICY_RUNS:]
+    names = [runs[i]["kv_cache"] or "(backend's own)" for i in chosen]
+    groups = [(name if names.count(name) == 1 else f"{name} · {runs[i]['label']}",
+               [c for c in data.needle_cells if c["run_id"] == i]) for i, name in zip(chosen, names)]
+    section.images.append(Image("needle_kv_cache.png", "needle recall heatmaps side by side, one column per "
+                                "KV-cache policy", partial(policy_heatmaps, groups, out_dir / "needle_kv_cache.png",
+                                                           title="needle recall per KV-cache policy")))
+    section.images.append(Image("needle_kv_cache_depth.png", "needle recall by depth, one line per KV-cache policy",
+                                partial(policy_depth_lines, groups, out_dir / "needle_kv_cache_depth.png")))
+    if len(chosen) < len(with_rows):
+        section.notes.append(f"KV-cache figures: the {len(chosen)} newest of the {len(with_rows)} runs with needle rows.")
+
+
 def _trend_section(data: _Data, out_dir: Path) -> Section:
-    section = Section("trend", "Trend across runs of one model")
+    section = Section("trend", "Trend across runs of one configuration")
     done = [r for r in data.runs if r["status"] == "done"]
     groups: dict[tuple, list[dict]] = {}
     for r in done:
-        groups.setdefault(r["model_key"], []).append(r)
+        groups.setdefault(r["config_key"], []).append(r)
     if not groups or max(len(g) for g in groups.values()) < 2:
-        section.omitted = "no model has two or more done runs among the selected runs"
+        section.omitted = ("no configuration (model x quant x KV cache x template) has two or more done runs among the "
+                           "selected runs")
         return section
-    # the model with the most runs; ties go to the one run most recently
+    # the configuration with the most runs; ties go to the one run most recently
     group = max(groups.values(), key=lambda g: (len(g), max(r["created_at"] for r in g)))
     ids = {r["id"]: r for r in group}
     series: dict[tuple[str, str], list] = {}
@@ -533,13 +662,14 @@ def _trend_section(data: _Data, out_dir: Path) -> Section:
     from evalkit.report.plots import trend_plot
 
     ordered = sorted(series.items(), key=lambda kv: (kv[0][0], registry.sort_key(kv[0][1])))
-    model = group[0]["model_label"]
+    model = " · ".join(x for x in (group[0]["model_label"], group[0]["quant"], group[0]["template"]) if x)
     first, last = min(r["created_at"] for r in group), max(r["created_at"] for r in group)
     draw = partial(trend_plot, [{"task": t, "metric": m, "points": pts} for (t, m), pts in ordered],
                    out_dir / "trend.png", title=f"{model}: {len(group)} runs")
     section.intro = (f"{model}: {len(group)} runs from {first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC "
-                     "(x = run start). One panel per task, one line per metric, whiskers = 95 % CI; "
-                     "metrics outside [0, 1] use the right-hand axis, dashed.")
+                     "(x = run start). Only runs of this one configuration are joined by lines. One panel "
+                     "per task, one line per metric, whiskers = 95 % CI; metrics outside [0, 1] use the "
+                     "right-hand axis, dashed.")
     section.images.append(Image("trend.png", f"metric trend across the runs of {model}", draw))
     return section
 
@@ -556,7 +686,7 @@ h1{font-size:1.6rem;margin:.2rem 0}h2{font-size:1.25rem;border-bottom:1px solid 
 .row .tbl{max-width:calc(50% - 1rem);min-width:320px}
 table{border-collapse:collapse;font-size:.85rem}
 .caption{font-weight:600;margin:0 0 .3rem;color:#424a53;font-size:.9rem}
-th,td{border:1px solid #d0d7de;padding:.25rem .55rem;white-space:nowrap;text-align:left}
+th,td{border:1px solid #d0d7de;padding:.25rem .55rem;white-space:pre-line;text-align:left}
 th{background:#f6f8fa}tr:nth-child(even) td{background:#fbfcfd}td.num{text-align:right;
  font-variant-numeric:tabular-nums}strong{color:#0a3069}
 img{max-width:100%;height:auto;border:1px solid #eaeef2;margin:.5rem 0}
@@ -571,7 +701,9 @@ def _html_table(t: Table) -> str:
     if t.caption:
         out.append(f'<p class="caption">{e(t.caption)}</p>')
     out.append("<table>")
-    out.append("<thead><tr>" + "".join(f"<th>{e(c)}</th>" for c in t.columns) + "</tr></thead><tbody>")
+    # a header may break after an underscore (ft_hit_prob), never inside a word
+    out.append("<thead><tr>" + "".join(f"<th>{e(c).replace('_', '_&#8203;')}</th>" for c in t.columns)
+               + "</tr></thead><tbody>")
     for i, row in enumerate(t.rows):
         cells = []
         for j, cell in enumerate(row):

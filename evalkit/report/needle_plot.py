@@ -1,4 +1,5 @@
-"""PNG plots of needle recall (docs/metrics.md §1.6): the depth x length heatmap and the recall-by-depth curve.
+"""PNG plots of needle recall (docs/metrics.md §1.6): the depth x length heatmap and the recall-by-depth
+curve, and both across KV-cache policies (heatmaps side by side, one line per policy).
 
 Owns: averaging recall rows per cell and drawing them with matplotlib's Agg
 backend. Does not: compute recall (``evalkit.prompts.needle``), read the store, or
@@ -69,34 +70,95 @@ def heatmap(rows: Iterable[dict], path: str | Path, title: str | None = None) ->
     depths = sorted({round(float(c[2]), 4) for c in cells})
     lengths = sorted({int(c[3]) for c in cells})
     grid = {(c[0], c[1], round(float(c[2]), 4), int(c[3])): v for c, v in cells.items()}
-
-    import numpy as np
-
-    fig = _figure(0.55 * len(depths) * len(hints) + 2.5, 0.45 * len(lengths) * len(langs) + 1.6)
+    # each panel at least 1.3 in tall, so the rotated axis label never reaches the panel below
+    fig = _figure(0.55 * len(depths) * len(hints) + 2.5, max(0.45 * len(lengths), 1.3) * len(langs) + 1.6)
     axes = fig.subplots(len(langs), len(hints), squeeze=False)
     image = None
     for i, lang in enumerate(langs):
         for j, hint in enumerate(hints):
-            ax = axes[i][j]
-            # rows: lengths (smallest at the bottom), columns: depths
-            values = np.full((len(lengths), len(depths)), np.nan)
-            for y, length in enumerate(lengths):
-                for x, depth in enumerate(depths):
-                    value = grid.get((lang, hint, depth, length))
-                    if value is not None:
-                        values[y, x] = value
-                        ax.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                                color="black" if value >= 0.5 else "white")
-            image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", vmin=0.0, vmax=1.0,
-                              origin="lower", aspect="auto")
-            ax.set_xticks(range(len(depths)), [_depth_tick(d) for d in depths], fontsize=7)
-            ax.set_yticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
-            ax.set_xlabel("needle depth")
-            ax.set_ylabel("length (tokens)")
-            ax.set_title(_panel_title(lang, hint))
+            image = _heatmap_panel(axes[i][j], grid, lang, hint, depths, lengths, _panel_title(lang, hint))
+            if i < len(langs) - 1:  # axis labels on the outer panels only
+                axes[i][j].set_xlabel("")
+            if j > 0:
+                axes[i][j].set_ylabel("")
     fig.colorbar(image, ax=axes.ravel().tolist(), label="recall")
     if title:
         fig.suptitle(title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _heatmap_panel(ax, grid: dict, lang: str, hint: bool, depths: list, lengths: list, title: str):
+    """One depth x length panel; rows: lengths (smallest at the bottom), columns: depths."""
+    import numpy as np
+
+    values = np.full((len(lengths), len(depths)), np.nan)
+    for y, length in enumerate(lengths):
+        for x, depth in enumerate(depths):
+            value = grid.get((lang, hint, depth, length))
+            if value is not None:
+                values[y, x] = value
+                ax.text(x, y, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="black" if value >= 0.5 else "white")
+    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", vmin=0.0, vmax=1.0,
+                      origin="lower", aspect="auto")
+    ax.set_xticks(range(len(depths)), [_depth_tick(d) for d in depths], fontsize=7)
+    ax.set_yticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
+    ax.set_xlabel("needle depth")
+    ax.set_ylabel("length (tokens)")
+    ax.set_title(title, fontsize=9)
+    return image
+
+
+def policy_heatmaps(groups: list[tuple[str, Iterable[dict]]], path: str | Path, title: str | None = None) -> Path:
+    """Heatmaps side by side: one column per group (a run, named by its KV-cache policy), one
+    row per (lang, hint) any group has, on one 0-1 colour scale; return the PNG's path."""
+    if not groups:
+        raise ValueError("no needle rows to plot")
+    grids = []
+    for name, rows in groups:
+        cells = _mean_cells(rows, ("lang", "hint", "depth", "length"))
+        grids.append((name, {(c[0], c[1], round(float(c[2]), 4), int(c[3])): v for c, v in cells.items()}))
+    keys = [k for _, grid in grids for k in grid]
+    panels = sorted({(k[0], k[1]) for k in keys}, key=lambda p: (_LANG_ORDER.get(p[0], 99), p[0], p[1]))
+    depths = sorted({k[2] for k in keys})
+    lengths = sorted({k[3] for k in keys})
+    fig = _figure(0.45 * len(depths) * len(grids) + 2.5, 0.45 * len(lengths) * len(panels) + 1.8)
+    axes = fig.subplots(len(panels), len(grids), squeeze=False)
+    image = None
+    for i, (lang, hint) in enumerate(panels):
+        for j, (name, grid) in enumerate(grids):
+            image = _heatmap_panel(axes[i][j], grid, lang, hint, depths, lengths,
+                                   f"{name}\n{_panel_title(lang, hint)}")
+    fig.colorbar(image, ax=axes.ravel().tolist(), label="recall")
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def policy_depth_lines(groups: list[tuple[str, Iterable[dict]]], path: str | Path, title: str | None = None) -> Path:
+    """Recall by depth, one line per group (a run, named by its KV-cache policy) on one axis,
+    each the mean over its languages, hint variants and lengths; return the PNG's path."""
+    if not groups:
+        raise ValueError("no needle rows to plot")
+    fig = _figure(6.4, 4.0)
+    ax = fig.subplots()
+    for name, rows in groups:
+        cells = _mean_cells(rows, ("depth",))  # a plain mean over the view's cells of each depth
+        points = sorted((float(c[0]), v) for c, v in cells.items())
+        ax.plot([d for d, _ in points], [v for _, v in points], marker="o", label=name)
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("needle depth (0 = the first sentence)")
+    ax.set_ylabel("recall")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title or "needle recall by depth, per KV-cache policy")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -109,11 +109,12 @@ def plot_label(text: str, max_len: int = 40) -> str:
     return joined if len(joined) <= max_len else joined[: max_len - 1] + "…"
 
 
-def token_label(token: str | None, token_id: int | None = None) -> str:
-    """A first-token label with its spaces visible: repr-quoted, or #id when the text is missing."""
+def token_label(token: str | None, token_id: int | None = None, completed: bool = False) -> str:
+    """A first-token label with its spaces visible: repr-quoted, or #id when the text is missing;
+    `completed`: the text is the unit a partial token starts, marked with a *."""
     if token is None:
         return f"#{token_id}"
-    return plot_label(repr(token), 24)
+    return plot_label(repr(token), 24) + ("*" if completed else "")
 
 
 def run_colors(n: int) -> list:
@@ -189,11 +190,12 @@ def leaderboard_plot(entries: Sequence[dict], runs: Sequence[str], path: str | P
         ax.set_title(plot_label(metric), fontsize=10)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
-    _legend(fig, runs, colors)
+    _legend(fig, [r for r in runs if any(e["run"] == r for e in entries)], colors)
     return _save(fig, path)
 
 
 def _legend(fig, labels: Sequence[str], colors: dict) -> None:
+    """One legend entry per run drawn in this figure (runs without data in it are not listed)."""
     from matplotlib.patches import Patch
 
     handles = [Patch(color=colors[r], label=plot_label(r, 32)) for r in labels]
@@ -229,7 +231,7 @@ def first_token_plot(prompts: Sequence[dict], runs: Sequence[str], path: str | P
         ax.set_title(plot_label(prompt["title"], 60), fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
-    _legend(fig, runs, colors)
+    _legend(fig, [r for r in runs if any(r in p["probs"] for p in prompts)], colors)
     return _save(fig, path)
 
 
@@ -279,4 +281,54 @@ def trend_plot(series: Sequence[dict], path: str | Path, title: str) -> Path:
     fig.legend(handles=handles, loc="lower center", ncols=min(4, len(metrics)), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(plot_label(title, 90), fontsize=11)
+    return _save(fig, path)
+
+
+def roc_plot(samples: Sequence[dict], signals: Sequence[str], path: str | Path, title: str) -> Path:
+    """ROC curves of first-token signals against answer_hit (scikit-learn's roc_curve), one line per
+    signal that has values and both classes; lower-is-better signals enter negated."""
+    import numpy as np
+    from sklearn.metrics import roc_curve
+
+    from evalkit.scoring import registry
+
+    fig, axes = _grid(1, 1, 4.6, 3.6, left=0.7, right=2.2, foot=0.0)
+    ax = axes[0]
+    cmap = run_colors(len(signals))
+    for color, signal in zip(cmap, signals):
+        pairs = [(float(s[signal]), float(s["answer_hit"])) for s in samples if s.get(signal) is not None]
+        labels = np.array([y for _, y in pairs])
+        if len(pairs) < 2 or labels.min() == labels.max():
+            continue
+        sign = -1.0 if registry.higher_is_better(signal) is False else 1.0
+        fpr, tpr, _ = roc_curve(labels, sign * np.array([x for x, _ in pairs]))
+        ax.plot(fpr, tpr, color=color, linewidth=1.2, label=plot_label(("−" if sign < 0 else "") + signal))
+    ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("false positive rate (wrong answers flagged right)", fontsize=8)
+    ax.set_ylabel("true positive rate", fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title(plot_label(title, 70), fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    return _save(fig, path)
+
+
+def reliability_plot(series: dict[str, Sequence[dict]], path: str | Path) -> Path:
+    """Answer accuracy by ft_hit_prob decile: one line per run (x = the decile's mean ft_hit_prob)."""
+    fig, axes = _grid(1, 1, 4.6, 3.4, left=0.7, right=2.2, foot=0.0)
+    ax = axes[0]
+    for color, (label, points) in zip(run_colors(len(series)), series.items()):
+        pts = sorted(points, key=lambda p: p["decile"])
+        ax.plot([p["ft_hit_prob"] for p in pts], [p["accuracy"] for p in pts], marker="o", markersize=3,
+                color=color, label=plot_label(label, 32))
+    ax.set_xlabel("mean ft_hit_prob of the decile", fontsize=8)
+    ax.set_ylabel("answer_hit (share right)", fontsize=8)
+    ax.set_ylim(-0.03, 1.03)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title("answer accuracy by ft_hit_prob decile", fontsize=9)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     return _save(fig, path)

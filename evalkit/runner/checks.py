@@ -59,17 +59,38 @@ def check_prompts_fit(plan: RunPlan, tokenizer, max_length: int) -> None:
     """Refuse first-token prompts whose templated tokens plus the answer exceed the context."""
     from evalkit.prompts.templates import render_prompt
 
-    answer = int(catalog.generation_kwargs("firsttoken_en").get("max_gen_toks", 0))
+    response = int(catalog.generation_kwargs("firsttoken_en").get("max_gen_toks", 0))
+    longer = int(plan.model.args.get("answer_max_tokens") or 0)  # prompts with checkable answers go on
     too_long = []
     for doc in _firsttoken_docs(plan):
         context = render_prompt(tokenizer, plan.template, doc["prompt"])
         n = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+        answer = max(response, longer) if doc.get("answers_full") else response
         if n + answer > max_length:
             too_long.append(f"{doc['id']} ({n} tokens)")
     if too_long:
         more = f" and {len(too_long) - SHOWN_IDS} more" if len(too_long) > SHOWN_IDS else ""
         raise BadInput(f"{len(too_long)} prompts do not fit the model's context of {max_length} tokens with "
-                       f"{answer} to answer: {', '.join(too_long[:SHOWN_IDS])}{more} (nothing is truncated)")
+                       f"room to answer: {', '.join(too_long[:SHOWN_IDS])}{more} (nothing is truncated)")
+
+
+def check_needle_grid(plan: RunPlan, tokenizer, max_length: int | None) -> None:
+    """Refuse needle lengths the context cannot hold, and build the run's needle documents now, so
+    that a length no document can meet (too short for the needle and the question) is bad input
+    too; lm-eval then loads these same documents (`needle_task.grid_docs` keeps them)."""
+    from evalkit.prompts import needle
+    from evalkit.prompts.needle_task import TASK_GRIDS, check_lengths, grid_docs
+
+    cfg = plan.cfg
+    lengths = cfg.needle_lengths or list(needle.DEFAULT_LENGTHS)
+    check_lengths(lengths, max_length)
+    if tokenizer is None:
+        raise BadInput(f"needle tasks need the model's tokenizer; model type {cfg.model!r} exposes none")
+    for task in catalog.expand(plan.tasks):
+        if task in TASK_GRIDS:
+            lang, hint = TASK_GRIDS[task]
+            grid_docs(tokenizer, chat=plan.template.chat, system=plan.template.system, lengths=lengths,
+                      depths=cfg.needle_depths or list(needle.DEFAULT_DEPTHS), seed=cfg.seed, lang=lang, hint=hint)
 
 
 def check_against_model(plan: RunPlan, lm: Any) -> None:
@@ -78,11 +99,8 @@ def check_against_model(plan: RunPlan, lm: Any) -> None:
     if vocab is not None and plan.model.top_k is not None and plan.cfg.top_k > vocab:
         raise BadInput(f"--top-k {plan.cfg.top_k} is more than the model's vocabulary of {vocab} tokens")
     max_length = context_length(lm)
-    if plan.has_needle:
-        from evalkit.prompts import needle
-        from evalkit.prompts.needle_task import check_lengths
-
-        check_lengths(plan.cfg.needle_lengths or list(needle.DEFAULT_LENGTHS), max_length)
     tokenizer = getattr(lm, "tokenizer", None)
+    if plan.has_needle:
+        check_needle_grid(plan, tokenizer, max_length)
     if max_length is not None and tokenizer is not None and callable(tokenizer):
         check_prompts_fit(plan, tokenizer, max_length)

@@ -97,14 +97,45 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                 "needle_hint": doc.get("hint") if needle else None,
                 "metrics": json.dumps({k: v for k, v in values.items() if k in s.get("metrics", [])},
                                       sort_keys=True),
+                "answer": fields.get("answer"),
             }
             for m in SAMPLE_METRIC_COLUMNS:
                 row[m] = values.get(m)
             samples.append(row)
+            units = {int(k): v for k, v in (fields.get("units") or {}).items()}
             for rank, (token_id, token, logprob) in enumerate(fields.get("topk") or []):
                 topk.append({
                     "run_id": run_id, "task": task, "doc_id": doc_id, "rank": rank,
                     "token_id": int(token_id), "token": token, "logprob": float(logprob),
+                    "unit": units.get(int(token_id)),
                 })
     samples.sort(key=lambda r: (r["task"], r["doc_id"]))
     return metrics, samples, topk
+
+
+def add_intervals(metric_rows: list[dict], sample_rows: list[dict], group_subtasks: dict[str, list[str]]) -> None:
+    """Give each aggregate of a per-sample metric its interval (`stats.interval`: Wilson for
+    proportions, bootstrap percentile otherwise) from the prompts' values, and a group's row
+    (e.g. `firsttoken`, over `firsttoken_en` and `firsttoken_zh`) its prompt count; in place."""
+    from evalkit.scoring import registry
+    from evalkit.scoring.stats import interval
+
+    by_task: dict[str, list[dict]] = {}
+    for s in sample_rows:
+        by_task.setdefault(s["task"], []).append(s)
+
+    def members(task: str) -> list[str]:
+        subs = group_subtasks.get(task)
+        return [t for sub in subs for t in members(sub)] if subs else [task]
+
+    for row in metric_rows:
+        spec = registry.get(row["metric"])
+        if spec is None or not spec.per_sample or row.get("ci_lo") is not None:
+            continue
+        values = [s[row["metric"]] for t in members(row["task"]) for s in by_task.get(t, [])
+                  if s.get(row["metric"]) is not None]
+        if row.get("n") is None and values:
+            row["n"] = len(values)
+        ci = interval(values, binary=spec.binary) if values else None
+        if ci:
+            row["ci_lo"], row["ci_hi"] = ci

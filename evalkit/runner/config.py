@@ -54,6 +54,7 @@ class RunConfig:
     needle_depths: list[float] | None = None
     device: str | None = None
     include_path: str | None = None
+    kv_cache: str | None = None  # one KV-cache policy (`execute_all` splits a comma list into runs)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
@@ -188,7 +189,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
         prompts = load_prompts(cfg.prompts_file)
     model = resolve(cfg.model, cfg.model_args, quant_name=cfg.quant, device=cfg.device, top_k=cfg.top_k,
                     temperature=cfg.temperature, first_temperature=cfg.first_temperature,
-                    ban_openers=cfg.ban_openers, seed=cfg.seed)
+                    ban_openers=cfg.ban_openers, seed=cfg.seed, kv_cache=cfg.kv_cache)
     check_device(cfg.device)
     check_writable(cfg.db)
     return RunPlan(cfg=cfg, model=model, template=template, lexicon=lexicon, tasks=tasks, prompts=prompts)

@@ -20,7 +20,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from evalkit.runner.liveness import Heartbeat, exit_on_signals
 from evalkit.store import runs, spool
 from evalkit.store.db import db_path, now
 
-__all__ = ["RunConfig", "RunResult", "execute"]
+__all__ = ["RunConfig", "RunResult", "execute", "execute_all"]
 
 
 @dataclass
@@ -48,11 +48,23 @@ class RunResult:
     load_s: float = 0.0
     eval_s: float = 0.0
     duration_s: float = 0.0
+    lead: list[dict[str, Any]] = field(default_factory=list)  # the leading-indicator rows
 
 
 def _quiet_lm_eval() -> None:
+    """lm-eval's logging down to errors, a label on its one unlabelled progress bar (building a
+    task's requests), and its git lookup silenced (it prints "fatal: not a git repository" to the
+    terminal outside a checkout; the run row records evalkit's own commit)."""
+    import functools
+
+    import lm_eval.api.task
+    import lm_eval.evaluator
+    from tqdm import tqdm
+
     for name in ("lm-eval", "lm_eval", "lm_eval.api.task", "lm_eval.evaluator", "lm_eval.models.huggingface"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    lm_eval.api.task.tqdm = functools.partial(tqdm, desc="building requests", leave=False)
+    lm_eval.evaluator.get_git_commit_hash = _git_commit
 
 
 def _git_commit() -> str | None:
@@ -97,11 +109,13 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "status": "running",
         "name": cfg.name,
         "model": model.label if model.embedded else cfg.model,
+        "model_name": model.label,
         "model_args": json.dumps(model.args, sort_keys=True, default=str),
         "model_fingerprint": models.fingerprint(model.args),
         "dtype": model.dtype or (detail or {}).get("compute_dtype"),
         "quant": model.quant,
         "quant_detail": json.dumps(detail, sort_keys=True) if isinstance(detail, dict) else None,
+        "kv_cache": model.kv_cache,
         "template": plan.template.name,
         "template_text": json.dumps(plan.template.to_dict(), ensure_ascii=False),
         "system_prompt": plan.template.system,
@@ -127,13 +141,58 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     Raises BadInput before anything is written when the configuration is invalid (the
     checks against the model come after the model loads, still before the run row),
     RunFailed when the run fails at run time (the run row is then `failed`), and
-    ResultsKept when it finished but its results wait in a spool file.
+    ResultsKept when it finished but its results wait in a spool file. `cfg.kv_cache`
+    names one policy here; `execute_all` runs a comma list of them.
+    """
+    results = execute_all(cfg, on_start=on_start)
+    if len(results) != 1:
+        raise BadInput("execute runs one --kv-cache policy; use execute_all for a list")
+    return results[0]
+
+
+def sweep_configs(cfg: RunConfig) -> list[RunConfig]:
+    """One configuration per `--kv-cache` policy of a comma list (the same prompts and seed);
+    with several, a `--name` gets the policy appended, "NAME (POLICY)". One policy (or
+    none): `cfg` itself."""
+    from evalkit.backends import kvcache
+
+    policies = kvcache.parse_list(cfg.kv_cache)
+    if len(policies) == 1:
+        return [cfg]
+    return [replace(cfg, kv_cache=p.spec, name=f"{cfg.name.strip()} ({p.spec})" if cfg.name else None)
+            for p in policies]
+
+
+def execute_all(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None,
+                on_done: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """`execute` for each `--kv-cache` policy of `cfg` in turn, one stored run each.
+
+    Every configuration is checked (`plan_run`) before the model loads, so a bad policy
+    anywhere in the list writes nothing; the model is loaded once and its policy switched
+    between runs. Stops at the first run that fails (its exception propagates).
     """
     t0 = time.monotonic()
-    plan = plan_run(cfg)
-    _quiet_lm_eval()
-    lm = models.load(plan.model, batch_size=cfg.batch_size)
+    plans = [plan_run(c) for c in sweep_configs(cfg)]
+    lm = models.load(plans[0].model, batch_size=cfg.batch_size)
     load_s = time.monotonic() - t0
+    out = []
+    for i, plan in enumerate(plans):
+        if i:
+            from evalkit.backends import kvcache
+
+            lm.set_kv_policy(kvcache.parse(plan.cfg.kv_cache))
+            t0, load_s = time.monotonic(), 0.0
+        result = _execute_plan(plan, lm, t0, load_s, on_start)
+        out.append(result)
+        if on_done:
+            on_done(result)
+    return out
+
+
+def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
+                  on_start: Callable[[str], None] | None) -> RunResult:
+    """One run of a loaded model: the checks against it, the run row, lm-eval, the results."""
+    cfg = plan.cfg
     check_against_model(plan, lm)
 
     writer = is_main_rank()
@@ -184,6 +243,7 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     """lm-eval over the run's tasks; (RunResult, (metrics, samples, topk) rows or None off rank 0)."""
     import lm_eval
 
+    _quiet_lm_eval()
     cfg, template = plan.cfg, plan.template
     metadata: dict[str, Any] = {"template": template.name}
     if cfg.prompts_file:
@@ -194,46 +254,70 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
         metadata.update(needle_metadata(cfg, template, lm))
     tm = task_manager(cfg.include_path, metadata)
     t_eval = time.monotonic()
-    results = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=plan.tasks,
-        task_manager=tm,
-        limit=cfg.limit,
-        log_samples=True,
-        apply_chat_template=template.chat,
-        system_instruction=template.system,
-        random_seed=cfg.seed,
-        numpy_random_seed=cfg.seed,
-        torch_random_seed=cfg.seed,
-        fewshot_random_seed=cfg.seed,
-        bootstrap_iters=1000,  # means get an analytic stderr; nothing is resampled
-        metadata=metadata,
-    )
+    # --limit caps the prompts of a first-token task; the needle grid runs whole (one document
+    # per length x depth x hint cell), so lm-eval sees the needle tasks in a call of their own
+    needle_tasks = [t for t in plan.tasks if t.startswith("needle")]
+    calls = [(needle_tasks, None), ([t for t in plan.tasks if t not in needle_tasks], cfg.limit)]
+    parts = []
+    for tasks, limit in calls:
+        if not tasks:
+            continue
+        parts.append(lm_eval.simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            task_manager=tm,
+            limit=limit,
+            log_samples=True,
+            apply_chat_template=template.chat,
+            system_instruction=template.system,
+            random_seed=cfg.seed,
+            numpy_random_seed=cfg.seed,
+            torch_random_seed=cfg.seed,
+            fewshot_random_seed=cfg.seed,
+            bootstrap_iters=1000,  # means get an analytic stderr; nothing is resampled
+            metadata=metadata,
+        ))
+    results = merge_results(parts)
     eval_s = time.monotonic() - t_eval
     if results is None:  # non-zero ranks under accelerate get None
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0), None
-    from evalkit.runner.collect import collect
+    from evalkit.runner.collect import add_intervals, collect
+    from evalkit.scoring.lead import lead_table
 
     metric_rows, sample_rows, topk_rows = collect(run_id, results)
     if any(s.get("needle_depth") is not None for s in sample_rows):
         from evalkit.scoring.needle import derived_metrics
 
         metric_rows += derived_metrics(run_id, sample_rows)
-    result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0)
-    return result, (metric_rows, sample_rows, topk_rows)
+    add_intervals(metric_rows, sample_rows, results.get("group_subtasks") or {})
+    lead_rows = lead_table(run_id, sample_rows, results.get("group_subtasks") or {})
+    result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0,
+                       lead_rows)
+    return result, (metric_rows, sample_rows, topk_rows, lead_rows)
+
+
+def merge_results(parts: list[dict | None]) -> dict | None:
+    """lm-eval results of several `simple_evaluate` calls as one (None on non-zero ranks)."""
+    if not parts or any(p is None for p in parts):
+        return None
+    merged: dict = {}
+    for part in parts:
+        for key in ("results", "samples", "n-samples", "group_subtasks"):
+            merged.setdefault(key, {}).update(part.get(key) or {})
+    return merged
 
 
 def _store(db, row: dict[str, Any], rows) -> None:
     """Write a finished run in one transaction; when the DB cannot take it, keep it in a spool file."""
-    metrics, samples, topk = rows
+    metrics, samples, topk, lead = rows
     final = {k: row[k] for k in ("status", "finished_at", "duration_s")}
     try:
-        runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, **final)
+        runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, lead=lead, **final)
         return
     except (DatabaseBusy, duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0]
     try:
-        kept = spool.keep(db_path(db), row, metrics=metrics, samples=samples, topk=topk)
+        kept = spool.keep(db_path(db), row, metrics=metrics, samples=samples, topk=topk, lead=lead)
     except OSError as exc:
         raise RunFailed(f"run {row['id']} finished but its results could not be written ({reason}) "
                         f"nor kept ({exc})") from exc

@@ -4,8 +4,10 @@ Owns: turning one `RunConfig` whose `quant` names several variants into one conf
 variant (same tasks, prompts, seed and every other setting; a `--name` gets the
 variant appended), checking all of them before any model is loaded or anything is
 written (the group sizes against the model's layer widths too), then executing them
-one after another, one model load per variant. Does not: run a single variant
-(`execute` does) or compare the runs (`evalkit compare BASELINE CAND ...` does).
+one after another, one model load per variant. A `--kv-cache` comma list runs inside
+each variant (`execute_all`: its policies share the variant's loaded model), so
+`--quant A,B --kv-cache P,Q` stores A/P, A/Q, B/P, B/Q. Does not: run a single
+variant (`execute_all` does) or compare the runs (`evalkit compare BASELINE CAND ...` does).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from evalkit.backends import quant
 from evalkit.errors import BadInput, RunFailed
 from evalkit.runner.config import RunConfig, RunPlan, check_text, plan_run
-from evalkit.runner.execute import RunResult, execute
+from evalkit.runner.execute import RunResult, execute_all, sweep_configs
 
 
 def variant_configs(cfg: RunConfig) -> list[RunConfig]:
@@ -28,10 +30,15 @@ def variant_configs(cfg: RunConfig) -> list[RunConfig]:
     return [dataclasses.replace(cfg, quant=v, name=f"{name}-{v}" if name else None) for v in variants]
 
 
+def all_configs(cfg: RunConfig) -> list[RunConfig]:
+    """Every run the command asks for: each `--quant` variant under each `--kv-cache` policy."""
+    return [c for v in variant_configs(cfg) for c in sweep_configs(v)]
+
+
 def plan_sweep(cfg: RunConfig) -> list[RunPlan]:
-    """Check every variant of a sweep as `plan_run` checks one run; raises BadInput, writes nothing."""
-    plans = [plan_run(c) for c in variant_configs(cfg)]
-    if len(plans) > 1:
+    """Check every run of a sweep as `plan_run` checks one; raises BadInput, writes nothing."""
+    plans = [plan_run(c) for c in all_configs(cfg)]
+    if len(quant.parse_sweep(cfg.quant)) > 1:
         check_group_sizes(plans)
     return plans
 
@@ -67,25 +74,27 @@ def _skeleton(args: dict):
 
 def execute_sweep(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None,
                   on_done: Callable[[RunResult], None] | None = None) -> list[RunResult]:
-    """Run every variant of `cfg.quant` in order, after checking all of them; return their results.
+    """Run every variant of `cfg.quant` in order (each under every `--kv-cache` policy), after
+    checking all of them; return their results.
 
     A variant that fails stops the sweep (RunFailed, naming the runs already stored)."""
-    if len(quant.parse_sweep(cfg.quant)) == 1:  # one run: `execute` checks it
-        result = execute(cfg, on_start=on_start)
-        if on_done:
-            on_done(result)
-        return [result]
-    plans = plan_sweep(cfg)
+    variants = variant_configs(cfg)
+    if len(variants) == 1:  # one variant: `execute_all` checks its runs
+        return execute_all(cfg, on_start=on_start, on_done=on_done)
+    plan_sweep(cfg)
     results: list[RunResult] = []
-    for plan in plans:
-        try:
-            result = execute(plan.cfg, on_start=on_start)
-        except (BadInput, RunFailed) as exc:
-            if not results:
-                raise
-            done = ", ".join(r.run_id for r in results)
-            raise RunFailed(f"sweep stopped at --quant {plan.cfg.quant} ({exc}); runs stored: {done}") from exc
+
+    def done(result: RunResult) -> None:
         results.append(result)
         if on_done:
             on_done(result)
+
+    for variant in variants:
+        try:
+            execute_all(variant, on_start=on_start, on_done=done)
+        except (BadInput, RunFailed) as exc:
+            if not results:
+                raise
+            stored = ", ".join(r.run_id for r in results)
+            raise RunFailed(f"sweep stopped at --quant {variant.quant} ({exc}); runs stored: {stored}") from exc
     return results

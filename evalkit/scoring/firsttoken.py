@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from evalkit.contract import FirstStepResult, response_text
+from evalkit.scoring.answers import answer_hit
 from evalkit.scoring.text import first_word, is_cjk, matched_start
 
 UNSTABLE_BELOW = 0.70
@@ -112,6 +113,11 @@ def score(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> dict[str, f
         values["unstable"] = 1.0 if share < UNSTABLE_BELOW else 0.0
     if isinstance(resp, FirstStepResult):
         values.update({k: float(v) for k, v in resp.metrics.items() if v is not None})
+    if doc.get("answers_full"):  # docs/metrics.md §1.7: is the whole answer right?
+        answer = resp.answer_text if isinstance(resp, FirstStepResult) and resp.answer_text is not None else text
+        values["answer_hit"] = answer_hit(answer, doc["answers_full"])
+        if "ft_token_hit" in values:
+            values["ft_answer_mismatch"] = float(values["ft_token_hit"] != values["answer_hit"])
     return values
 
 
@@ -124,5 +130,5 @@ def stored_fields(resp: Any) -> dict[str, Any]:
     text = response_text(resp)
     if isinstance(resp, FirstStepResult):
         return {"response": text, "first_unit": resp.first_unit, "first_token": resp.first_token,
-                "first_token_id": resp.first_token_id, "topk": resp.topk}
+                "first_token_id": resp.first_token_id, "topk": resp.topk, "units": resp.units, "answer": resp.answer_text}
     return {"response": text, "first_unit": first_unit_text(text)}

@@ -12,7 +12,7 @@ import re
 import unicodedata
 from collections import defaultdict
 
-from evalkit.scoring.stats import mean_stderr
+from evalkit.scoring.stats import interval, mean_stderr
 
 # Separators that may sit between the digits of a key: horizontal whitespace,
 # underscore, and dashes (hyphen, the Unicode dashes, minus sign, wave dash).
@@ -101,10 +101,11 @@ def derived_metrics(run_id: str, samples: list[dict]) -> list[dict]:
     rows = []
     for task, items in sorted(by_task.items()):
         def add(metric, values, task=task):
-
             mean, se = mean_stderr(values)
+            ci = interval(values, binary=True)
             rows.append({"run_id": run_id, "task": task, "metric": metric, "filter": "none",
-                         "value": mean, "stderr": se, "n": len(values)})
+                         "value": mean, "stderr": se, "n": len(values),
+                         "ci_lo": ci[0] if ci else None, "ci_hi": ci[1] if ci else None})
 
         depth_groups: dict[float, list[float]] = defaultdict(list)
         length_groups: dict[int, list[float]] = defaultdict(list)

@@ -32,7 +32,7 @@ class Metric:
     level: str  # one of LEVELS
     higher_is_better: bool  # the direction the gate and the report's arrows use
     meaning: str  # one line a user reads in `evalkit metrics`
-    unit: str = "share"  # share (of prompts, 0..1) | probability | nats | bits | difference
+    unit: str = "share"  # share (of prompts, 0..1) | probability | nats | bits | difference | auroc
     per_sample: bool = False  # a `samples` column of the same name holds the per-prompt value
     binary: bool = False  # per-prompt values are 0 or 1 (an interval on the mean is a proportion's)
     aggregation: str = "mean"  # mean over prompts | difference of means | mean over prompt pairs
@@ -77,6 +77,17 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            per_sample=True, binary=True),
     Metric("entropy", "distribution", False, "entropy of the whole first-token distribution",
            unit="nats", per_sample=True, hi=None),
+    Metric("top1_prob", "distribution", True, "probability of the most likely first token", unit="probability",
+           per_sample=True),
+    Metric("answer_hit", "text", True,
+           "the whole answer is right: a checkable answer (answers_full) occurs in the greedy continuation",
+           per_sample=True, binary=True),
+    Metric("ft_answer_mismatch", "distribution", False,
+           "the first token and the whole answer disagree: ft_token_hit differs from answer_hit",
+           per_sample=True, binary=True),
+    Metric("lead_auroc.{S}", "derived", True,
+           "AUROC of first-token signal S against answer_hit over the checkable prompts: does the first "
+           "token predict the answer? (0.5 = no better than chance)", unit="auroc", aggregation="auroc"),
     Metric("needle_recall", "needle", True,
            "the needle's key appears in the response (digits, separators, width and case normalised)",
            per_sample=True, binary=True),
@@ -97,17 +108,39 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
 _FAMILIES = {m.family: m for m in _METRICS if m.family}
 
+# first-token signals whose AUROC against answer_hit is reported (lead_auroc.{S}), in table order
+LEAD_SIGNALS = ("ft_hit_prob", "top1_prob", "entropy", "top3_mass", "opener_mass", "prior_drift", "ft_hit")
+
+
+def _number(text: str, kind=float, lo: float = 0.0, hi: float = float("inf")) -> bool:
+    try:
+        return lo <= kind(text) <= hi
+    except ValueError:
+        return False
+
+
+# what may stand for a family's placeholder: needle_recall@depth0.5 names a metric,
+# needle_recall@depthX or lead_auroc.ft_hitt does not
+_MEMBERS = {
+    "{D}": lambda s: _number(s, float, 0.0, 1.0),
+    "{L}": lambda s: _number(s, int, 1),
+    "{S}": lambda s: s in LEAD_SIGNALS,
+}
+assert all(m.name[len(m.family):] in _MEMBERS for m in _FAMILIES.values()), "a family without a member check"
+
 
 def get(name: str) -> Metric | None:
     """The metric called `name` (a family member such as needle_recall@depth0.5 included), or None.
 
     >>> get("ft_hit").level, get("needle_recall@depth0.5").name, get("ft_hitt")
     ('text', 'needle_recall@depth{D}', None)
+    >>> get("lead_auroc.entropy").name, get("lead_auroc.entropyy"), get("needle_recall@depth2")
+    ('lead_auroc.{S}', None, None)
     """
     if name in METRICS:
         return METRICS[name]
     for prefix, metric in _FAMILIES.items():
-        if name.startswith(prefix) and len(name) > len(prefix):
+        if name.startswith(prefix) and _MEMBERS[metric.name[len(prefix):]](name[len(prefix):]):
             return metric
     return None
 

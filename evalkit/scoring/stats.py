@@ -3,7 +3,7 @@ top-k overlap, the paired bootstrap and mean/stderr.
 
 Owns: the maths behind prior drift (docs/metrics.md §1.3), drift between runs (1.5) and the
 gate's regression test (2, ``gate``). Does not: read the DB, know about tasks or
-runs, or decide pass/fail (that is ``evalkit.gate.decide``).
+runs, or decide pass/fail (that is ``evalkit.release.decide``).
 
 Every function takes plain Python / numpy values, guards the empty case with a
 ``ValueError`` (never a silent 0) and is deterministic.
@@ -21,6 +21,7 @@ import numpy as np
 
 __all__ = [
     "Delta",
+    "interval",
     "jsd",
     "mean_stderr",
     "paired_bootstrap",
@@ -278,3 +279,37 @@ def mean_stderr(values: Sequence[float]) -> tuple[float, float | None]:
     if arr.size < 2:
         return mean, None
     return mean, float(arr.std(ddof=1) / math.sqrt(arr.size))
+
+
+def interval(values: Sequence[float], *, binary: bool, confidence: float = 0.95,
+             n_boot: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """A confidence interval for the mean of per-prompt values that stays inside their range.
+
+    0/1 values (`binary`): the Wilson score interval of the proportion
+    (`scipy.stats.binomtest(...).proportion_ci`); others: the bootstrap percentile interval
+    (`scipy.stats.bootstrap`), which never leaves [min, max] of the values. None for
+    fewer than two values (no interval to give).
+
+    Example::
+
+        >>> lo, hi = interval([1, 0, 0, 0, 0, 0, 0, 0, 0, 0], binary=True)
+        >>> round(lo, 4), round(hi, 4)   # mean 0.1 ± 1.96·stderr would reach below 0
+        (0.0179, 0.4042)
+    """
+    arr = _finite_array(values, "interval")
+    if arr.size < 2:
+        return None
+    if binary:
+        if not np.all((arr == 0) | (arr == 1)):
+            raise ValueError("interval: binary=True needs values that are 0 or 1")
+        from scipy.stats import binomtest
+
+        ci = binomtest(int(arr.sum()), int(arr.size)).proportion_ci(confidence_level=confidence, method="wilson")
+        return float(ci.low), float(ci.high)
+    if np.all(arr == arr[0]):
+        return float(arr[0]), float(arr[0])
+    from scipy.stats import bootstrap
+
+    res = bootstrap((arr,), np.mean, n_resamples=n_boot, confidence_level=confidence, method="percentile",
+                    random_state=seed, vectorized=True)
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)

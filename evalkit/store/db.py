@@ -159,22 +159,29 @@ def _connect_reader(path: Path, config: dict | None) -> duckdb.DuckDBPyConnectio
     return open_waiting(path, lambda: duckdb.connect(str(path), read_only=True, config=dict(config or {})))
 
 
-@contextlib.contextmanager
-def open_reader(path: str | os.PathLike | None = None, *, sandbox: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A read-only connection to an evalkit DB at the current schema, closed on exit.
+def reader_connection(path: str | os.PathLike | None = None, *, sandbox: bool = False) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to an evalkit DB at the current schema; the caller closes it.
 
     Never creates, migrates or writes anything. Refuses (BadInput, one line) a missing
     file, a file that is not DuckDB, an empty DuckDB file, another program's DuckDB
     file, and an evalkit DB of another schema (naming `evalkit migrate` for an older
-    one). `sandbox` adds DuckDB's external-access lock (for user SQL). Keep the block
-    short: while it is open no other process can write the file.
+    one). `sandbox` adds DuckDB's external-access lock (for user SQL). While it is open
+    no other process can write the file.
     """
     path = db_path(path)
     con = _connect_reader(path, SANDBOX_CONFIG if sandbox else None)
+    problem = refusal(path, inspect_con(con), writer=False)
+    if problem:
+        con.close()
+        raise BadInput(problem)
+    return con
+
+
+@contextlib.contextmanager
+def open_reader(path: str | os.PathLike | None = None, *, sandbox: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """`reader_connection` for one short block, closed on exit."""
+    con = reader_connection(path, sandbox=sandbox)
     try:
-        problem = refusal(path, inspect_con(con), writer=False)
-        if problem:
-            raise BadInput(problem)
         yield con
     finally:
         con.close()

@@ -220,23 +220,119 @@ def m009_run_liveness(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN heartbeat_at TIMESTAMP")
 
 
-def m010_quant_detail(con: duckdb.DuckDBPyConnection) -> None:
+def m010_metric_intervals(con: duckdb.DuckDBPyConnection) -> None:
+    # A 95 % interval per aggregate that stays inside the metric's range (Wilson for
+    # proportions, bootstrap percentile for bounded means), computed from the per-prompt
+    # values when the run is stored; the leaderboard shows it, and value ± 1.96 stderr only
+    # for rows stored before evalkit kept intervals.
+    con.execute("ALTER TABLE metrics ADD COLUMN ci_lo DOUBLE")
+    con.execute("ALTER TABLE metrics ADD COLUMN ci_hi DOUBLE")
+    con.execute("DROP VIEW leaderboard")
+    con.execute(
+        """
+        CREATE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_fingerprint, r.quant, r.template,
+               r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               coalesce(m.ci_lo, m.value - 1.96 * m.stderr) AS ci_lo,
+               coalesce(m.ci_hi, m.value + 1.96 * m.stderr) AS ci_hi
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
+def m011_run_model_name(con: duckdb.DuckDBPyConnection) -> None:
+    # The model's name as every command shows it (the embedded model's name, or the last part
+    # of `pretrained`, with the GGUF file), beside the lm-eval model type in `model`.
+    con.execute("ALTER TABLE runs ADD COLUMN model_name VARCHAR")
+
+
+def m012_answers_and_lead_indicators(con: duckdb.DuckDBPyConnection) -> None:
+    # Does the first token predict the answer? Per prompt: the longer greedy continuation of a
+    # prompt with checkable answers, whether it holds one (answer_hit), whether the first token
+    # and the answer disagree, and the most likely first token's probability; per run x task x
+    # category x signal: the AUROC of the signal against answer_hit, with its bootstrap interval.
+    for column, kind in (("top1_prob", "DOUBLE"), ("answer_hit", "DOUBLE"), ("ft_answer_mismatch", "DOUBLE"),
+                         ("answer", "VARCHAR")):
+        con.execute(f"ALTER TABLE samples ADD COLUMN {column} {kind}")
+    con.execute(
+        """
+        CREATE TABLE lead_indicators (
+            run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            category VARCHAR NOT NULL,        -- '*': all of the task's checkable prompts
+            signal VARCHAR NOT NULL,          -- a metric name, oriented by its direction
+            auroc DOUBLE,                     -- NULL when undefined (see reason)
+            ci_lo DOUBLE,
+            ci_hi DOUBLE,
+            n INTEGER,                        -- checkable prompts with a value of the signal
+            n_right INTEGER,                  -- of them, answer_hit = 1
+            base_rate DOUBLE,                 -- share of the checkable prompts answered right
+            reason VARCHAR
+        )
+        """
+    )
+
+
+def m013_kv_cache(con: duckdb.DuckDBPyConnection) -> None:
+    # The KV-cache policy a run ran under (`--kv-cache`: full, window:W, sinkwindow:S:W, fp8,
+    # quantized:BACKEND:BITS), a run dimension like quant and template. NULL where evalkit does
+    # not control the cache (vLLM, API models). Runs of the hf backend from before the option
+    # ran with the full cache, and say so.
+    import json
+
+    con.execute("ALTER TABLE runs ADD COLUMN kv_cache VARCHAR")
+    full = []
+    for run_id, config in con.execute("SELECT id, config FROM runs").fetchall():
+        try:
+            model = json.loads(config or "{}").get("model")
+        except (ValueError, AttributeError):
+            continue
+        if model == "hf":
+            full.append(run_id)
+    if full:
+        con.execute("UPDATE runs SET kv_cache = 'full' WHERE id IN (SELECT unnest(?::VARCHAR[]))", [full])
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_name, r.model_fingerprint, r.quant, r.template,
+               r.kv_cache, r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               coalesce(m.ci_lo, m.value - 1.96 * m.stderr) AS ci_lo,
+               coalesce(m.ci_hi, m.value + 1.96 * m.stderr) AS ci_hi
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
+def m014_quant_detail(con: duckdb.DuckDBPyConnection) -> None:
     # What `--quant` applied, as JSON (`quant.describe`): variant, library and version, scheme,
     # bits, group size, compute dtype, the quantized modules as layer patterns with counts and
-    # the weight-holding modules left as they were. The leaderboard shows it beside `quant`.
+    # the weight-holding modules left as they were. The leaderboard keeps every column m013 gave
+    # it and ends with this one.
     con.execute("ALTER TABLE runs ADD COLUMN quant_detail VARCHAR")
     con.execute(
         """
         CREATE OR REPLACE VIEW leaderboard AS
-        SELECT r.id AS run_id, r.name, r.model, r.model_fingerprint, r.quant, r.template,
-               r.first_temperature, r.ban_openers, r.created_at,
+        SELECT r.id AS run_id, r.name, r.model, r.model_name, r.model_fingerprint, r.quant, r.template,
+               r.kv_cache, r.first_temperature, r.ban_openers, r.created_at,
                m.task, m.metric, m.value, m.stderr, m.n,
-               m.value - 1.96 * m.stderr AS ci_lo, m.value + 1.96 * m.stderr AS ci_hi,
+               coalesce(m.ci_lo, m.value - 1.96 * m.stderr) AS ci_lo,
+               coalesce(m.ci_hi, m.value + 1.96 * m.stderr) AS ci_hi,
                r.quant_detail
         FROM runs r JOIN metrics m ON m.run_id = r.id
         WHERE r.status = 'done'
         """
     )
+
+
+def m016_topk_units(con: duckdb.DuckDBPyConnection) -> None:
+    # The first unit (docs/metrics.md §1.0) each of a prompt's likeliest first tokens starts:
+    # a byte of a split Chinese character decodes to "�" alone; its unit is the character
+    # greedy decoding completes it to. NULL past the ranks evalkit completes and before m016.
+    con.execute("ALTER TABLE first_token_topk ADD COLUMN unit VARCHAR")
 
 
 MIGRATIONS: list[Migration] = [
@@ -249,5 +345,12 @@ MIGRATIONS: list[Migration] = [
     m007_create_run_drift_view,
     m008_create_meta,
     m009_run_liveness,
-    m010_quant_detail,
+    m010_metric_intervals,
+    m011_run_model_name,
+    m012_answers_and_lead_indicators,
+    m013_kv_cache,
+    m016_topk_units,
+    # applied after m016: the list is the order of application and each entry's place its
+    # schema_version number, so a migration is appended even when its name's number is lower
+    m014_quant_detail,
 ]

@@ -13,6 +13,7 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
+from evalkit.scoring.lead import SIGNALS as LEAD_SIGNALS
 from evalkit.store.db import db_path, open_reader
 from evalkit.store.runs import is_abandoned
 from evalkit.store.spool import pending_ids
@@ -83,19 +84,36 @@ def list_runs(path, limit: int = 50):
     def q(con):
         cur = con.execute(
             f"""
-            SELECT id, created_at, status, name, model, quant, template, tasks,
+            SELECT id, created_at, status, name, coalesce(model_name, model) AS model, quant, template, kv_cache, tasks,
                    round(duration_s, 1) AS duration_s, {_LIVENESS}
             FROM runs ORDER BY created_at DESC, id DESC LIMIT ?
             """,
             [limit],
         )
-        cols = [d[0] for d in cur.description][:9]
+        shown = len(cur.description) - len(_LIVENESS.split(","))  # the columns before the liveness ones
+        cols = [d[0] for d in cur.description][:shown]
         rows = []
         for r in cur.fetchall():
             r = list(r)
-            r[2] = _shown(tuple(r[9:]), r[0], kept)
-            rows.append(tuple(r[:9]))
+            r[2] = _shown(tuple(r[shown:]), r[0], kept)
+            rows.append(tuple(r[:shown]))
         return cols, rows
+
+    return _read(path, q)
+
+
+def lead_rows(path, ref: str, category: str = "*") -> tuple[str, list[dict[str, Any]]]:
+    """(run id, the run's leading-indicator rows of one category, `*` = all checkable prompts)."""
+
+    def q(con):
+        run_id = resolve_run(con, ref)
+        cur = con.execute(
+            "SELECT task, signal, auroc, ci_lo, ci_hi, n, n_right, base_rate, reason FROM lead_indicators "
+            "WHERE run_id = ? AND category = ? ORDER BY task, list_position(?, signal)",
+            [run_id, category, list(LEAD_SIGNALS)],
+        )
+        cols = [d[0] for d in cur.description]
+        return run_id, [dict(zip(cols, r)) for r in cur.fetchall()]
 
     return _read(path, q)
 
@@ -104,16 +122,17 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
     def q(con):
         run_id = resolve_run(con, ref)
         cur = con.execute(
-            "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model, "
-            "quant, dtype, template, system_prompt, tasks, seed, sample_limit, first_temperature, ban_openers, "
-            "opener_lexicon_version, model_fingerprint, lm_eval_version, git_commit, error FROM runs WHERE id = ?",
+            "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
+            "quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, first_temperature, ban_openers, "
+            "opener_lexicon_version, model_fingerprint, lm_eval_version, git_commit, host, pid, error FROM runs WHERE id = ?",
             [run_id],
         )
         cols = [d[0] for d in cur.description]
         info = dict(zip(cols, cur.fetchone()))
         info["status"] = shown_status(con, run_id, pending_ids(db_path(path)))
         cur = con.execute(
-            "SELECT task, metric, value, stderr, n FROM metrics WHERE run_id = ? ORDER BY task, metric", [run_id]
+            "SELECT task, metric, value, stderr, ci_lo, ci_hi, n FROM metrics WHERE run_id = ? ORDER BY task, metric",
+            [run_id]
         )
         return info, [d[0] for d in cur.description], cur.fetchall()
 

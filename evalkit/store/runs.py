@@ -27,7 +27,7 @@ RUN_COLUMNS = (
     "tasks", "seed", "batch_size", "sample_limit", "top_k", "first_temperature",
     "ban_openers", "opener_lexicon_version", "evalkit_version", "lm_eval_version",
     "transformers_version", "torch_version", "git_commit", "host", "duration_s",
-    "config", "error", "pid", "pid_start", "heartbeat_at", "quant_detail",
+    "config", "error", "pid", "pid_start", "heartbeat_at", "model_name", "kv_cache", "quant_detail",
 )
 SAMPLE_COLUMNS = (
     "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
@@ -35,12 +35,16 @@ SAMPLE_COLUMNS = (
     "ft_hit", "ft_token_hit", "ft_hit_prob", "opener_rate", "opener_mass",
     "prior_drift", "top3_mass", "top3_share", "unstable", "entropy", "needle_depth",
     "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
+    "top1_prob", "answer_hit", "ft_answer_mismatch", "answer",
 )
 # the samples columns that hold one numeric per-sample metric value each (the registry says which)
 SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()
-METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n")
-TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
-RESULT_TABLES = {"metrics": METRIC_COLUMNS, "samples": SAMPLE_COLUMNS, "first_token_topk": TOPK_COLUMNS}
+METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n", "ci_lo", "ci_hi")
+TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob", "unit")
+LEAD_COLUMNS = ("run_id", "task", "category", "signal", "auroc", "ci_lo", "ci_hi", "n", "n_right", "base_rate",
+                "reason")
+RESULT_TABLES = {"metrics": METRIC_COLUMNS, "samples": SAMPLE_COLUMNS, "first_token_topk": TOPK_COLUMNS,
+                 "lead_indicators": LEAD_COLUMNS}
 
 # a run on another host is taken for abandoned when its heartbeat is older than this
 STALE_AFTER = dt.timedelta(minutes=10)
@@ -89,19 +93,20 @@ def heartbeat(path, run_id: str) -> None:
         con.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ? AND status = 'running'", [now(), run_id])
 
 
-def write_results(con, run_id: str, *, metrics, samples, topk, **fields: Any) -> None:
+def write_results(con, run_id: str, *, metrics, samples, topk, lead=(), **fields: Any) -> None:
     """Insert a run's results and set its final columns, inside the caller's transaction."""
     _check_columns(fields)
     insert_rows(con, "metrics", METRIC_COLUMNS, metrics)
     insert_rows(con, "samples", SAMPLE_COLUMNS, samples)
     insert_rows(con, "first_token_topk", TOPK_COLUMNS, topk)
+    insert_rows(con, "lead_indicators", LEAD_COLUMNS, list(lead))
     _update(con, run_id, fields)
 
 
-def finish_run(path, run_id: str, *, metrics, samples, topk, **fields: Any) -> None:
+def finish_run(path, run_id: str, *, metrics, samples, topk, lead=(), **fields: Any) -> None:
     """Write a run's results and mark it finished, all in one transaction."""
     with transaction(path) as con:
-        write_results(con, run_id, metrics=metrics, samples=samples, topk=topk, **fields)
+        write_results(con, run_id, metrics=metrics, samples=samples, topk=topk, lead=lead, **fields)
 
 
 # ---- bulk insert --------------------------------------------------------------------------

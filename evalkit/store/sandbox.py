@@ -38,8 +38,10 @@ READ_PRAGMAS = frozenset({"table_info", "show_tables", "show_tables_expanded", "
 _PRAGMA = re.compile(r"^\s*PRAGMA\s+(\w+)", re.I)
 # the statement an EXPLAIN [ANALYZE] [(options)] wraps
 _EXPLAINED = re.compile(r"^\s*EXPLAIN\b(?:\s+ANALY[SZ]E\b)?(?:\s*\([^)]*\))?\s*(\S.*)$", re.I | re.S)
-# the tables of an evalkit DB that an export holds and a merged query unions
-TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags")
+# the tables of an evalkit DB that an export holds and a merged query unions; an export made by an
+# older evalkit may lack the later ones (OPTIONAL)
+TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags", "lead_indicators")
+OPTIONAL = frozenset({"lead_indicators"})
 
 
 def check_read_only(sql: str) -> None:
@@ -108,10 +110,10 @@ def _parquet_files(folder: Path) -> dict[str, Path]:
     """table -> Parquet file of one export folder; every table must be there."""
     if not folder.is_dir():
         raise BadInput(f"no evalkit export at {folder} (run `evalkit export --parquet {folder}`)")
-    missing = [t for t in TABLES if not (folder / f"{t}.parquet").is_file()]
+    missing = [t for t in TABLES if t not in OPTIONAL and not (folder / f"{t}.parquet").is_file()]
     if missing:
         raise BadInput(f"{folder} is not a complete evalkit export: {missing[0]}.parquet is missing")
-    return {t: folder / f"{t}.parquet" for t in TABLES}
+    return {t: folder / f"{t}.parquet" for t in TABLES if (folder / f"{t}.parquet").is_file()}
 
 
 def view_definitions() -> list[str]:
@@ -157,10 +159,11 @@ def merged_query(
             files = _parquet_files(folder)
             for table, file in files.items():
                 con.execute(f"CREATE TABLE evalkit_pq{j}_{table} AS SELECT * FROM read_parquet({_literal(file)})")
-            sources.append({t: f"evalkit_pq{j}_{t}" for t in TABLES})
+            sources.append({t: f"evalkit_pq{j}_{t}" for t in files})
         for table in TABLES:
-            parts = [f"SELECT * FROM {src[table]}" for src in sources]
-            con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
+            parts = [f"SELECT * FROM {src[table]}" for src in sources if table in src]
+            if parts:
+                con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
         for definition in view_definitions():
             try:
                 con.execute(definition)

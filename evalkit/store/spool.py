@@ -34,7 +34,7 @@ def _fallback_dir(db: Path) -> Path:
     return Path(tempfile.gettempdir()) / "evalkit-spool" / Path(db).name
 
 
-def keep(db: Path, row: dict[str, Any], *, metrics, samples, topk) -> Path:
+def keep(db: Path, row: dict[str, Any], *, metrics, samples, topk, lead=()) -> Path:
     """Write one finished run (its complete `runs` row and its results) to a spool file; return its path.
 
     Written under a temporary name and renamed when complete, so a reader never takes a
@@ -44,13 +44,13 @@ def keep(db: Path, row: dict[str, Any], *, metrics, samples, topk) -> Path:
     errors = []
     for folder in (spool_dir(db), _fallback_dir(db)):
         try:
-            return _write(folder, row, metrics=metrics, samples=samples, topk=topk)
+            return _write(folder, row, metrics=metrics, samples=samples, topk=topk, lead=lead)
         except (OSError, duckdb.Error) as exc:
             errors.append(f"{folder}: {str(exc).splitlines()[0]}")
     raise OSError("cannot keep the run's results anywhere (" + "; ".join(errors) + ")")
 
 
-def _write(folder: Path, row: dict[str, Any], *, metrics, samples, topk) -> Path:
+def _write(folder: Path, row: dict[str, Any], *, metrics, samples, topk, lead=()) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{row['id']}{SUFFIX}"
     partial = folder / f".{row['id']}{SUFFIX}.partial"
@@ -64,6 +64,7 @@ def _write(folder: Path, row: dict[str, Any], *, metrics, samples, topk) -> Path
         runs.insert_rows(con, "metrics", runs.METRIC_COLUMNS, metrics)
         runs.insert_rows(con, "samples", runs.SAMPLE_COLUMNS, samples)
         runs.insert_rows(con, "first_token_topk", runs.TOPK_COLUMNS, topk)
+        runs.insert_rows(con, "lead_indicators", runs.LEAD_COLUMNS, list(lead))
         con.execute("CHECKPOINT")
     finally:
         con.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from evalkit.gate.decide import Verdict, VerdictRow, fmt
+from evalkit.release.decide import Verdict, VerdictRow, fmt
 
 
 def _limit_text(row: VerdictRow) -> str:

@@ -19,8 +19,8 @@ from evalkit.store.db import db_path, now, open_reader, transaction
 from evalkit.store.queries import resolve_run, shown_status
 from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
 
-if TYPE_CHECKING:  # evalkit.gate.decide imports numpy and yaml: loaded when a gate runs
-    from evalkit.gate.decide import Verdict
+if TYPE_CHECKING:  # evalkit.release.decide imports numpy and yaml: loaded when a gate runs
+    from evalkit.release.decide import Verdict
 
 _TAG_RE = re.compile(r"[\w.\-]+")
 
@@ -53,7 +53,7 @@ def load_run_data(con, run_id: str):
     Aggregates take the ``none`` filter where a metric has several; per-sample
     values are the numeric ``samples`` columns (SAMPLE_METRIC_COLUMNS), nulls left out.
     """
-    from evalkit.gate.decide import RunData
+    from evalkit.release.decide import RunData
 
     metrics: dict[tuple[str, str], float] = {}
     for task, metric, value in con.execute(
@@ -62,6 +62,11 @@ def load_run_data(con, run_id: str):
         [run_id],
     ).fetchall():
         metrics[(task, metric)] = value
+    # does the first token predict the answer: lead_auroc.<signal> per task, over all its categories
+    for task, signal, value in con.execute(
+        "SELECT task, signal, auroc FROM lead_indicators WHERE run_id = ? AND category = '*'", [run_id]
+    ).fetchall():
+        metrics[(task, f"lead_auroc.{signal}")] = value
 
     samples: dict[tuple[str, str], dict[str, float]] = {}
     cols = ", ".join(SAMPLE_METRIC_COLUMNS)
@@ -78,9 +83,9 @@ def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
     Raises BadInput for an invalid rules file, an unknown or unfinished run, or
     two runs that share no prompt.
     """
-    from evalkit.gate.decide import check_names, check_verdict, decide
-    from evalkit.gate.render import to_junit, to_markdown
-    from evalkit.gate.rules import load_rules
+    from evalkit.release.decide import check_names, check_verdict, decide
+    from evalkit.release.render import to_junit, to_markdown
+    from evalkit.release.rules import load_rules
 
     rules = load_rules(rules_path)
     with open_reader(db) as con:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evalkit.errors import BadInput
-from evalkit.gate.rules import OPS, Regression, Rules, Threshold
+from evalkit.release.rules import OPS, Regression, Rules, Threshold
 from evalkit.scoring import registry, stats
 
 

@@ -1,0 +1,118 @@
+"""The Python API, for notebooks and scripts: `run` (`run_all`), `connect`, `gate` (the CLI is built on it).
+
+    >>> import evalkit
+    >>> r = evalkit.run(tasks="firsttoken", limit=20)          # doctest: +SKIP
+    >>> r.metrics_frame()                                       # doctest: +SKIP
+    >>> con = evalkit.connect()                                 # doctest: +SKIP
+    >>> con.sql("SELECT * FROM leaderboard").df()               # doctest: +SKIP
+    >>> evalkit.gate(r.id, "tag:prod").passed                   # doctest: +SKIP
+
+Owns: the three entry points and the `Run` they return. Errors are evalkit's own
+(`evalkit.errors.BadInput` for bad input, `RunFailed` when a run fails), raised, never
+printed. Does not: do anything the library modules do not (`runner`, `store`, `gate`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Run:
+    """A stored run: its id, status, size and aggregate metrics (one dict per task × metric)."""
+
+    id: str
+    status: str
+    n_samples: int
+    duration_s: float
+    db: Path
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    load_s: float = 0.0  # seconds spent loading the model
+    eval_s: float = 0.0  # seconds spent evaluating
+    lead: list[dict[str, Any]] = field(default_factory=list)  # does the first token predict the answer?
+
+    def metrics_frame(self):
+        """The metrics as a pandas DataFrame (task, metric, value, ci_lo, ci_hi, n, ...)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.metrics)
+
+    def samples_frame(self):
+        """This run's per-prompt rows (the `samples` table) as a pandas DataFrame."""
+        con = connect(self.db)
+        try:
+            return con.execute("SELECT * FROM samples WHERE run_id = ? ORDER BY task, doc_id", [self.id]).df()
+        finally:
+            con.close()
+
+
+def run(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.PathLike | None = None,
+        on_start: Callable[[str], None] | None = None, **options: Any) -> Run:
+    """Evaluate a model and store the run, as `evalkit run` does; return the stored `Run`.
+
+    `tasks` is a name, a comma list or a sequence ("firsttoken", ["firsttoken_en", "needle"]);
+    every other option is a `RunConfig` field under its own name (model_args, template, quant,
+    kv_cache, limit, seed, batch_size, name, prompts_file, top_k, temperature, needle_lengths, ...).
+    One configuration only: a comma list of policies or variants is `run_all`.
+    """
+    from evalkit.errors import BadInput
+
+    cfg = _config(tasks, model, db, options)
+    from evalkit.runner.sweep import all_configs
+
+    if len(all_configs(cfg)) != 1:
+        raise BadInput("evalkit.run runs one configuration; a comma list (--kv-cache, --quant) is evalkit.run_all")
+    return run_all(tasks, model, db=db, on_start=on_start, **options)[0]
+
+
+def run_all(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.PathLike | None = None,
+            on_start: Callable[[str], None] | None = None, on_done: Callable[[Run], None] | None = None,
+            **options: Any) -> list[Run]:
+    """`run` for every configuration of a sweep: one stored run per `quant` variant (a comma list,
+    e.g. "bf16,int8-weight,int4-weight": one model load each) and `kv_cache` policy (a comma list:
+    the policies share the variant's loaded model), all checked before anything is written."""
+    from evalkit.runner.sweep import execute_sweep
+    from evalkit.store.db import db_path
+
+    cfg = _config(tasks, model, db, options)
+    path = db_path(cfg.db)
+
+    def as_run(result) -> Run:
+        return Run(result.run_id, result.status, result.n_samples, result.duration_s, path, result.metrics,
+                   result.load_s, result.eval_s, result.lead)
+
+    done = (lambda result: on_done(as_run(result))) if on_done else None
+    return [as_run(r) for r in execute_sweep(cfg, on_start=on_start, on_done=done)]
+
+
+def _config(tasks, model, db, options):
+    from evalkit.errors import BadInput
+    from evalkit.runner.config import RunConfig
+
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks) if t and t.strip()]
+    fields = set(RunConfig.__dataclass_fields__) - {"tasks", "model", "db"}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise BadInput(f"unknown run option {unknown[0]!r} (known: {', '.join(sorted(fields))})")
+    return RunConfig(tasks=names, model=model, db=str(db) if db is not None else None, **options)
+
+
+def connect(db: str | os.PathLike | None = None):
+    """A read-only DuckDB connection to the evalkit DB (close it when done: while it is open, no
+    other process can write the file). Refuses a file that is not an evalkit DB at this schema."""
+    from evalkit.store.db import reader_connection
+
+    return reader_connection(db)
+
+
+def gate(candidate: str, baseline: str, rules: str | os.PathLike | None = None, *,
+         db: str | os.PathLike | None = None):
+    """Gate run `candidate` against `baseline` (ids, prefixes, latest, tag:NAME, run names), as
+    `evalkit gate` does; return its `GateResult` (`.passed`, `.verdict.rows`, `.markdown`, `.junit`)."""
+    from evalkit.release.db import gate_runs
+
+    return gate_runs(db, candidate, baseline, rules)

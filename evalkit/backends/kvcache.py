@@ -1,0 +1,348 @@
+"""KV-cache policies (`--kv-cache`): which cached keys a query may read, and how keys and values are stored.
+
+Owns: parsing and checking a policy (`parse`, `parse_list`, `check_available`), its
+visibility rule (`KVPolicy.visible`, read by the first-step engine's attention masks)
+and the rounded cache of the quantized policies (`new_cache`). Does not: run the model
+or build the masks (`engine` does, in one place, for the prefill, the candidate trie and
+decoding).
+
+Policies (docs/metrics.md §1.7):
+
+- `full` — every earlier key is visible; the engine runs exactly as without a policy.
+- `window:W` — a query at position t sees the keys at positions t−W+1 … t (itself and
+  the W−1 before it): the others are evicted.
+- `sinkwindow:S:W` — the same window, plus the first S positions of the prompt (the
+  attention sinks of StreamingLLM) kept for ever.
+- `fp8` — keys and values stored as float8 e4m3 with a per-tensor scale (amax / 448)
+  per prompt and layer, calibrated on the prompt and then frozen, as transformers'
+  `Fp8QuantizedLayer` does; no extra package.
+- `quantized:BACKEND:BITS` — the prompt's keys and values quantized group-wise by
+  transformers' `QuantoQuantizedLayer` (optimum-quanto, 2 or 4 bits) or
+  `HQQQuantizedLayer` (hqq, 1, 2, 3, 4 or 8 bits), with their defaults (axis 0, groups
+  of 64 values: one head's key or value vector of one token when the head dimension is
+  64; a head vector a group when it does not divide by 64); tokens after the prompt stay in full precision in the residual buffer until
+  it holds `RESIDUAL` (128) of them, then they are quantized too. `quantized:fp8:8` is `fp8`.
+
+Positions keep their original indices under eviction: a key evicted from the window
+leaves a gap, and the query at position t still sees the sinks at distance t. StreamingLLM
+instead re-indexes the cache (sinks at 0 … S−1, the window right after them), so the
+distances the model sees never exceed S + W; evalkit keeps the distances of the full
+prompt, i.e. the positions a model serving a sliding window with absolute positions uses.
+
+Eviction is causal and per query, exactly what a cache that drops a key once no later
+query may read it gives, token by token: a key evicted for the question may still have
+been read, in lower layers, by tokens that the question does see, so a token's
+information can reach a query from up to L·(W−1) positions back through L layers (the
+receptive field of sliding-window attention). Only tokens beyond that (and not sinks)
+cannot change a query's output; `tests/test_kvcache.py` checks both sides of that bound.
+
+Rounded caches are rounded when written, and every query reads them as stored, its own
+key included, in the prefill too: the question reads the rounded keys of the first
+sentence. (transformers' `QuantizedCache` returns the prefill's own keys unrounded, so
+under `generate` the prompt's first-step distribution would not change at all.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+from evalkit.errors import BadInput
+
+FULL_SPEC = "full"
+GROUP = 64  # transformers' QuantizedCache q_group_size default
+RESIDUAL = 128  # transformers' QuantizedCache residual_length default: newest tokens kept in full precision
+MAX_WINDOW = 2**31 - 1
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+# backend -> (pip package that provides it, import name, allowed bits, transformers layer class)
+BACKENDS = {
+    "quanto": ("optimum-quanto", "optimum.quanto", (2, 4), "QuantoQuantizedLayer"),
+    "hqq": ("hqq", "hqq", (1, 2, 3, 4, 8), "HQQQuantizedLayer"),
+}
+KVQUANT_PIP = "pip install 'evalkit[kvquant]'"
+POLICY_HELP = "full, window:W, sinkwindow:S:W, fp8, quantized:quanto:2|4, quantized:hqq:1|2|3|4|8"
+
+
+@dataclass(frozen=True)
+class KVPolicy:
+    """One KV-cache policy; `spec` is its canonical text, stored in `runs.kv_cache`."""
+
+    kind: str  # full / window / sinkwindow / fp8 / quantized
+    window: int | None = None  # W: the newest positions a query sees, itself included
+    sinks: int = 0  # S: the first positions kept for ever
+    backend: str | None = None  # quanto / hqq (quantized)
+    bits: int | None = None
+
+    @property
+    def spec(self) -> str:
+        if self.kind == "window":
+            return f"window:{self.window}"
+        if self.kind == "sinkwindow":
+            return f"sinkwindow:{self.sinks}:{self.window}"
+        if self.kind == "quantized":
+            return f"quantized:{self.backend}:{self.bits}"
+        return self.kind
+
+    @property
+    def is_full(self) -> bool:
+        return self.kind == "full"
+
+    @property
+    def evicts(self) -> bool:
+        """Keys become invisible to later queries (the engine builds custom attention masks)."""
+        return self.kind in ("window", "sinkwindow")
+
+    @property
+    def rounds(self) -> bool:
+        """Keys and values are stored rounded (the engine uses `new_cache`)."""
+        return self.kind in ("fp8", "quantized")
+
+    def visible(self, q_pos, k_pos):
+        """Whether a query at position `q_pos` may read the key at `k_pos` (broadcasting tensors).
+
+        >>> import torch
+        >>> q, k = torch.tensor(10), torch.arange(12)
+        >>> parse("window:3").visible(q, k).nonzero().flatten().tolist()
+        [8, 9, 10]
+        >>> parse("sinkwindow:2:3").visible(q, k).nonzero().flatten().tolist()
+        [0, 1, 8, 9, 10]
+        >>> parse("full").visible(q, k).nonzero().flatten().tolist()
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+        """
+        causal = k_pos <= q_pos
+        if not self.evicts:
+            return causal
+        keep = (q_pos - k_pos) < self.window
+        if self.sinks:
+            keep = keep | (k_pos < self.sinks)
+        return causal & keep
+
+
+FULL = KVPolicy("full")
+
+
+def _int(text: str, what: str, spec: str, lo: int) -> int:
+    if not text.isdigit() or not lo <= int(text) <= MAX_WINDOW:
+        raise BadInput(f"--kv-cache {spec!r}: {what} must be a whole number from {lo} to {MAX_WINDOW}, got {text!r}")
+    return int(text)
+
+
+def parse(text: str | None) -> KVPolicy:
+    """A policy from its text; None or "" is `full`. Raises BadInput with the forms known.
+
+    >>> parse("window:256").spec, parse(" SinkWindow:4:256 ").spec, parse("quantized:fp8:8").spec
+    ('window:256', 'sinkwindow:4:256', 'fp8')
+    """
+    if text is None or not text.strip():
+        return FULL
+    spec = text.strip().lower()
+    kind, *parts = spec.split(":")
+    if kind in ("full", "fp8") and not parts:
+        return KVPolicy(kind)
+    if kind == "window" and len(parts) == 1:
+        return KVPolicy("window", window=_int(parts[0], "W (the window)", spec, 1))
+    if kind == "sinkwindow" and len(parts) == 2:
+        sinks = _int(parts[0], "S (the sinks)", spec, 1)
+        return KVPolicy("sinkwindow", window=_int(parts[1], "W (the window)", spec, 1), sinks=sinks)
+    if kind == "quantized" and len(parts) == 2:
+        backend, bits_text = parts
+        if backend == "fp8":
+            if bits_text != "8":
+                raise BadInput(f"--kv-cache {spec!r}: the fp8 backend has 8 bits")
+            return KVPolicy("fp8")
+        if backend not in BACKENDS:
+            raise BadInput(f"--kv-cache {spec!r}: unknown backend {backend!r} (known: fp8, {', '.join(BACKENDS)})")
+        bits = _int(bits_text, "BITS", spec, 1)
+        allowed = BACKENDS[backend][2]
+        if bits not in allowed:
+            raise BadInput(f"--kv-cache {spec!r}: the {backend} backend takes {', '.join(map(str, allowed))} bits")
+        return KVPolicy("quantized", backend=backend, bits=bits)
+    raise BadInput(f"unknown --kv-cache {text.strip()!r} (known: {POLICY_HELP})")
+
+
+def parse_list(text: str | None) -> list[KVPolicy]:
+    """A comma list of policies (one run each), in order; a policy named twice is refused.
+
+    >>> [p.spec for p in parse_list("full,window:256, fp8")]
+    ['full', 'window:256', 'fp8']
+    """
+    if text is None or not text.strip():
+        return [FULL]
+    policies = [parse(part) for part in text.split(",") if part.strip()]
+    if not policies:
+        raise BadInput(f"--kv-cache {text!r} names no policy (known: {POLICY_HELP})")
+    specs = [p.spec for p in policies]
+    twice = next((s for s in specs if specs.count(s) > 1), None)
+    if twice:
+        raise BadInput(f"--kv-cache names {twice!r} twice")
+    return policies
+
+
+def check_available(policy: KVPolicy) -> None:
+    """Refuse a quantized policy whose backend package is not installed (no import, no torch)."""
+    if policy.kind != "quantized":
+        return
+    package, module, _, _ = BACKENDS[policy.backend]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise BadInput(f"--kv-cache {policy.spec} needs the {package} package: {KVQUANT_PIP} (or pip install {package})")
+
+
+# --- rounded caches ------------------------------------------------------------------
+
+
+class _Rounder:
+    """Rounds one prompt's (one batch row's) keys or values as the policy stores them."""
+
+    def __init__(self, policy: KVPolicy):
+        self.policy = policy
+        self.helper = None
+        if policy.kind == "quantized":
+            import transformers.cache_utils as cu
+
+            cls = getattr(cu, BACKENDS[policy.backend][3], None)
+            if cls is None:
+                raise BadInput(f"--kv-cache {policy.spec}: this transformers has no {BACKENDS[policy.backend][3]}")
+            try:
+                self.helper = cls(nbits=policy.bits)
+            except ImportError as exc:
+                package = BACKENDS[policy.backend][0]
+                raise BadInput(f"--kv-cache {policy.spec} needs the {package} package: {KVQUANT_PIP} "
+                               f"({str(exc).splitlines()[0]})") from None
+
+    def fp8_scale(self, t):
+        import torch
+
+        return (t.abs().amax().float() / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+
+    def fp8(self, t, scale):
+        import torch
+
+        return (t.float() / scale).to(torch.float8_e4m3fn).float().mul(scale).to(t.dtype)
+
+    def groupwise(self, t, axis: int):
+        """transformers' quantize then dequantize of one row's chunk, as its QuantizedLayer would."""
+        h = self.helper
+        h.keys = t  # HQQ reads the device and compute dtype off the layer's keys
+        # groups of 64 as transformers' default, which span whole head vectors when the head
+        # dimension is a multiple of 64; otherwise (tiny test models) one head vector a group
+        h.q_group_size = GROUP if t.shape[-1] % GROUP == 0 else t.shape[-1]
+        return h._dequantize(h._quantize(t.contiguous(), axis=axis)).to(t.dtype)
+
+
+class RoundedLayer:
+    """Factory of the cache layer class: a transformers `DynamicLayer` whose stored keys and
+    values are rounded when written (built lazily so importing this module needs no torch)."""
+
+    _cls = None
+
+    @classmethod
+    def make(cls, rounder: _Rounder, state: dict):
+        if cls._cls is None:
+            cls._cls = _define_layer()
+        return cls._cls(rounder, state)
+
+
+def _define_layer():
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    class _RoundedLayer(DynamicLayer):
+        """Keys and values stored as dequantize(quantize(x)): numerically what a quantized cache
+        returns, kept in the compute dtype so slicing, batch selection and masks work as for a
+        plain dynamic layer. Rounded per batch row (over its real prompt tokens only), so a
+        prompt's result does not depend on the others in its batch."""
+
+        def __init__(self, rounder, state):
+            super().__init__()
+            self.rounder, self.state = rounder, state
+            self.scales = None  # fp8: (B, 2) per-row key / value scales, frozen after the prompt
+            self.tail = 0  # group-wise: unrounded columns at the end (the residual buffer)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                key_states, value_states = self._round_prompt(key_states, value_states)
+            elif self.rounder.policy.kind == "fp8":
+                key_states = self._round_rows(key_states, 0)
+                value_states = self._round_rows(value_states, 1)
+            else:
+                self.tail += key_states.shape[-2]
+            self.keys = torch.cat([self.keys, key_states], dim=-2)
+            self.values = torch.cat([self.values, value_states], dim=-2)
+            if self.tail >= RESIDUAL and not self.state.get("hold"):
+                self._flush()
+            return self.keys, self.values
+
+        def _round_prompt(self, keys, values):
+            pads = self.state["pads"]
+            keys, values = keys.clone(), values.clone()
+            fp8 = self.rounder.policy.kind == "fp8"
+            if fp8:
+                self.scales = torch.ones((keys.shape[0], 2), dtype=torch.float32, device=keys.device)
+            for r, pad in enumerate(pads):
+                for j, t in enumerate((keys, values)):
+                    chunk = t[r : r + 1, :, pad:, :]
+                    if chunk.shape[-2] == 0:
+                        continue
+                    if fp8:
+                        self.scales[r, j] = self.rounder.fp8_scale(chunk)
+                        t[r : r + 1, :, pad:, :] = self.rounder.fp8(chunk, self.scales[r, j])
+                    else:
+                        axis = self.rounder.helper.axis_key if j == 0 else self.rounder.helper.axis_value
+                        t[r : r + 1, :, pad:, :] = self.rounder.groupwise(chunk, axis)
+            return keys, values
+
+        def _round_rows(self, t, j):
+            out = t.clone()
+            for r in range(t.shape[0]):
+                out[r] = self.rounder.fp8(t[r], self.scales[r, j])
+            return out
+
+        def _flush(self):
+            """Quantize the residual buffer (group-wise backends), as transformers does once it is full."""
+            n = self.tail
+            for t, axis in ((self.keys, self.rounder.helper.axis_key), (self.values, self.rounder.helper.axis_value)):
+                for r in range(t.shape[0]):
+                    t[r : r + 1, :, -n:, :] = self.rounder.groupwise(t[r : r + 1, :, -n:, :], axis)
+            self.tail = 0
+
+        def truncate(self, length: int) -> None:
+            removed = self.keys.shape[-2] - length
+            self.keys = self.keys[..., :length, :]
+            self.values = self.values[..., :length, :]
+            self.tail = max(0, self.tail - removed)
+
+        def batch_select_indices(self, indices) -> None:
+            super().batch_select_indices(indices)
+            if self.scales is not None:
+                self.scales = self.scales[indices.to(self.scales.device)]
+
+    return _RoundedLayer
+
+
+def new_cache(policy: KVPolicy, model, pads: list[int]):
+    """An empty cache for one batch that stores keys and values as `policy` rounds them.
+
+    `pads[r]` is the number of left-padding columns of batch row r (rounded caches
+    calibrate on each row's real prompt tokens only). The cache's `evalkit_state` dict is
+    shared by its layers: its "hold" is set while tokens that are alternatives rather than
+    a sequence (the candidate trie) sit in the residual buffer, so they are never flushed.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=model.config)
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    if cache.layers and any(type(layer) is not DynamicLayer for layer in cache.layers):
+        raise BadInput(f"--kv-cache {policy.spec} needs a model with full attention in every layer "
+                       "(transformers' QuantizedCache has the same limit)")
+    rounder = _Rounder(policy)
+    state = {"pads": list(pads), "hold": False}
+    cache.layers = [RoundedLayer.make(rounder, state) for _ in range(n_layers)]
+    cache.layer_class_to_replicate = None
+    cache.evalkit_state = state
+    return cache

@@ -1,0 +1,40 @@
+"""The Python API (`evalkit.run`, `evalkit.connect`, `evalkit.gate`), as a notebook uses it."""
+
+from __future__ import annotations
+
+import duckdb
+import pytest
+
+import evalkit
+from evalkit.errors import BadInput
+
+
+def test_run_connect_gate(tmp_path):
+    db = tmp_path / "api.duckdb"
+    run = evalkit.run(tasks="firsttoken", model="evalkit-fake", model_args="mode=hit", limit=3, db=db)
+    assert run.status == "done" and run.n_samples == 6 and run.db == db
+    frame = run.metrics_frame()
+    row = frame[(frame.task == "firsttoken_en") & (frame.metric == "ft_hit")].iloc[0]
+    assert row.value == 1.0 and row.n == 3 and 0.0 <= row.ci_lo <= 1.0 <= row.ci_hi + 1e-12
+    assert len(run.samples_frame()) == 6
+
+    con = evalkit.connect(db)
+    try:
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+        with pytest.raises(duckdb.Error):
+            con.execute("DELETE FROM runs")  # read-only
+    finally:
+        con.close()
+
+    other = evalkit.run(["firsttoken"], "evalkit-fake", model_args="mode=other", limit=3, db=db)
+    assert evalkit.gate(run.id, run.id, db=db).passed
+    verdict = evalkit.gate(other.id, run.id, db=db)
+    assert not verdict.passed and any("ft_hit" in r for r in verdict.verdict.reasons)
+
+
+def test_bad_input_raises(tmp_path):
+    with pytest.raises(BadInput, match="unknown run option 'limt'"):
+        evalkit.run(tasks="firsttoken", model="evalkit-fake", limt=3, db=tmp_path / "x.duckdb")
+    with pytest.raises(BadInput, match="no evalkit database"):
+        evalkit.connect(tmp_path / "missing.duckdb")
+    assert not (tmp_path / "x.duckdb").exists()
