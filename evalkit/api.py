@@ -63,9 +63,9 @@ def run(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.Path
     from evalkit.errors import BadInput
 
     cfg = _config(tasks, model, db, options)
-    from evalkit.runner.execute import sweep_configs
+    from evalkit.runner.sweep import all_configs
 
-    if len(sweep_configs(cfg)) != 1:
+    if len(all_configs(cfg)) != 1:
         raise BadInput("evalkit.run runs one configuration; a comma list (--kv-cache, --quant) is evalkit.run_all")
     return run_all(tasks, model, db=db, on_start=on_start, **options)[0]
 
@@ -73,9 +73,10 @@ def run(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.Path
 def run_all(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.PathLike | None = None,
             on_start: Callable[[str], None] | None = None, on_done: Callable[[Run], None] | None = None,
             **options: Any) -> list[Run]:
-    """`run` for every configuration of a sweep (a comma list of `kv_cache` policies): one
-    stored run each, on one loaded model, all checked before anything is written."""
-    from evalkit.runner.execute import execute_all
+    """`run` for every configuration of a sweep: one stored run per `quant` variant (a comma list,
+    e.g. "bf16,int8-weight,int4-weight": one model load each) and `kv_cache` policy (a comma list:
+    the policies share the variant's loaded model), all checked before anything is written."""
+    from evalkit.runner.sweep import execute_sweep
     from evalkit.store.db import db_path
 
     cfg = _config(tasks, model, db, options)
@@ -86,7 +87,7 @@ def run_all(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.
                    result.load_s, result.eval_s, result.lead)
 
     done = (lambda result: on_done(as_run(result))) if on_done else None
-    return [as_run(r) for r in execute_all(cfg, on_start=on_start, on_done=done)]
+    return [as_run(r) for r in execute_sweep(cfg, on_start=on_start, on_done=done)]
 
 
 def _config(tasks, model, db, options):

@@ -1,7 +1,9 @@
 """Drift between two stored runs (docs/metrics.md §1.5): how the first-token distribution moved, and
 how every per-sample metric changed, over the prompts both runs share.
 
-Owns: `compare_runs(db, run_a, run_b) -> Comparison` — the SQL that pairs the two runs'
+Owns: `compare_runs(db, run_a, run_b) -> Comparison` and `compare_many(db, baseline,
+candidates) -> MultiComparison` (a quantization sweep: each candidate against the same
+baseline, one Comparison each, with every run's quant and what it applied) — the SQL that pairs two runs'
 samples and top-k rows on (task, doc_id), and the per-task and overall summaries:
 `top5_mass` of each run, mean `top5_overlap`, mean `js_div` (base 2, union of both
 top-k supports plus one rest bucket, `stats.jsd`), `flip_rate` (share of shared prompts
@@ -74,24 +76,108 @@ class Comparison:
     dimensions: dict[str, tuple] = field(default_factory=dict)  # run dimension -> (A's, B's), where they differ
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a reader needs to tell the compared runs apart: name, quant and what it applied."""
+
+    run_id: str
+    name: str | None
+    model: str | None
+    quant: str | None
+    quant_detail: dict | None  # runs.quant_detail, parsed (None: not recorded)
+
+    @property
+    def quant_summary(self) -> str:
+        return quant_summary(self.quant, self.quant_detail)
+
+
+@dataclass(frozen=True)
+class MultiComparison:
+    """A baseline against several candidates: one Comparison per candidate (A = the baseline)."""
+
+    baseline: str
+    runs: dict[str, RunInfo]  # every run compared, by id
+    comparisons: list[Comparison]
+
+
 def compare_runs(db: str | os.PathLike | None, run_a: str, run_b: str) -> Comparison:
     """Compare run B against run A (each an id, unique prefix, `latest` or `tag:NAME`).
 
     Raises BadInput when a run is unknown or the two share no prompts.
     """
-    with open_reader(db) as con:
-        a = resolve_run(con, run_a)
-        b = resolve_run(con, run_b)
-        metric_cols = list(SAMPLE_METRIC_COLUMNS)  # registry order
-        keys, values = _paired_samples(con, a, b, metric_cols)
-        if not keys:
-            raise BadInput(f"runs {a} and {b} share no prompts (same task and doc_id); nothing to compare")
-        topk_a, topk_b = _paired_topk(con, a, b)
-        dims = _dimensions(con, a, b)
+    return compare_many(db, run_a, [run_b]).comparisons[0]
 
-    drift, note = drift_rows(keys, topk_a, topk_b)
-    deltas = metric_deltas(keys, values, metric_cols)
-    return Comparison(a, b, len(keys), drift, note, deltas, dims)
+
+def compare_many(db: str | os.PathLike | None, baseline: str, candidates: list[str]) -> MultiComparison:
+    """Compare each candidate against the baseline, each pair over the prompts the two share.
+
+    Raises BadInput when a run is unknown, named twice, or shares no prompts with the baseline.
+    """
+    if not candidates:
+        raise BadInput("compare needs a baseline and at least one candidate run")
+    with open_reader(db) as con:
+        base = resolve_run(con, baseline)
+        ids = [resolve_run(con, c) for c in candidates]
+        seen = {base}
+        for ref, run_id in zip(candidates, ids):
+            if run_id in seen and len(candidates) > 1:
+                raise BadInput(f"compare names run {run_id} twice ({ref!r}); give each run once")
+            seen.add(run_id)
+        metric_cols = list(SAMPLE_METRIC_COLUMNS)  # registry order
+        pairs = []
+        for b in ids:
+            keys, values = _paired_samples(con, base, b, metric_cols)
+            if not keys:
+                raise BadInput(f"runs {base} and {b} share no prompts (same task and doc_id); nothing to compare")
+            pairs.append((b, keys, values, _paired_topk(con, base, b), _dimensions(con, base, b)))
+        info = run_info(con, [base, *ids])
+
+    comparisons = []
+    for b, keys, values, (topk_a, topk_b), dims in pairs:
+        drift, note = drift_rows(keys, topk_a, topk_b)
+        comparisons.append(Comparison(base, b, len(keys), drift, note, metric_deltas(keys, values, metric_cols),
+                                      dims))
+    return MultiComparison(base, info, comparisons)
+
+
+def run_info(con, ids: list[str]) -> dict[str, RunInfo]:
+    import json
+
+    rows = con.execute("SELECT id, name, coalesce(model_name, model), quant, quant_detail FROM runs "
+                       "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()
+    out = {}
+    for run_id, name, model, quant, detail in rows:
+        try:
+            parsed = json.loads(detail) if detail else None
+        except ValueError:
+            parsed = None
+        out[run_id] = RunInfo(run_id, name, model, quant, parsed if isinstance(parsed, dict) else None)
+    return out
+
+
+def quant_summary(quant: str | None, detail: dict | None) -> str:
+    """One line of what a run's `--quant` applied, from its quant_detail.
+
+    >>> quant_summary("int4-weight", {"library": "torchao", "version": "0.18.0", "bits": 4, "group_size": 32,
+    ...                                "compute_dtype": "float32", "n_quantized": 210})
+    'int4-weight: torchao 0.18.0, 4-bit, group 32, 210 modules quantized, float32 compute'
+    """
+    if not detail:
+        return quant or "-"
+    parts = []
+    if detail.get("library"):
+        parts.append(f"{detail['library']} {detail.get('version') or ''}".strip())
+    if detail.get("bits"):
+        parts.append(f"{detail['bits']}-bit")
+    if detail.get("group_size"):
+        parts.append(f"group {detail['group_size']}")
+    elif detail.get("granularity"):
+        parts.append(str(detail["granularity"]).split(";")[0])
+    if detail.get("n_quantized"):
+        parts.append(f"{detail['n_quantized']} modules quantized")
+    if detail.get("compute_dtype"):
+        parts.append(f"{detail['compute_dtype']} compute")
+    return f"{quant or 'as loaded'}: {', '.join(parts)}"
 
 
 def _dimensions(con, a: str, b: str) -> dict[str, tuple]:

@@ -32,6 +32,7 @@ class FirstStepResult:
     entropy: float | None = None  # full-vocabulary entropy in nats; None when the backend cannot know it
     metrics: dict[str, float] = field(default_factory=dict)  # distribution-level values, registry names
     answer_text: str | None = None  # the longer greedy continuation of a prompt with checkable answers
+    units: dict[int, str] = field(default_factory=dict)  # top token id -> the first unit it starts (§1.0)
     # per-layer values of the prefill's attention (`--attention`): registry name -> one value per layer
     layers: dict[str, list[float]] = field(default_factory=dict)
 

@@ -32,6 +32,7 @@ class TokenProb:
     token: str  # readable label: repr of the text, or the raw bytes of a partial UTF-8 token
     prob: float
     cum: float  # mass of ranks 0..rank
+    unit: str = ""  # the first unit the token starts (a split character completed greedily)
 
 
 @dataclass(frozen=True)
@@ -156,12 +157,13 @@ def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperat
                 spans["question_attn"] = span
         request = [attention.Request(spans, keep_last_row=True)]
     step = engine.probe(model, tokenizer, [context], top_k=top_k, max_new_tokens=max_new_tokens,
-                           stop=stop, batch_size=1, kv_policy=kv_policy, attention=request)[0]
+                           stop=stop, batch_size=1, kv_policy=kv_policy, unit_ranks=top_k, attention=request)[0]
     tokens, cum = [], 0.0
     for rank, (tid, lp) in enumerate(zip(step.topk_ids, step.topk_logprobs)):
         prob = math.exp(lp)
         cum += prob
-        tokens.append(TokenProb(rank, int(tid), token_label(tokenizer, int(tid)), prob, cum))
+        tokens.append(TokenProb(rank, int(tid), token_label(tokenizer, int(tid)), prob, cum,
+                                step.units.get(int(tid), "")))
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     response = decode(step.response_ids)
     for text in stop:

@@ -37,7 +37,8 @@ def two_dbs(tmp_path_factory):
     with transaction(a) as con:
         con.execute("INSERT INTO tags VALUES ('prod', ?, now())", [ids_a[0]])
         # the fake LM has no logprobs: a few top-k rows so every table travels
-        con.executemany("INSERT INTO first_token_topk VALUES (?, 'firsttoken_zh', 'zh-001', ?, ?, ?, ?)",
+        con.executemany("INSERT INTO first_token_topk (run_id, task, doc_id, rank, token_id, token, logprob) "
+                        "VALUES (?, 'firsttoken_zh', 'zh-001', ?, ?, ?, ?)",
                         [[ids_a[1], 0, 17, "递", -0.25], [ids_a[1], 1, 4, " Sure", -1.5]])
         # and a few attention rows, as an --attention run would store them
         con.executemany("INSERT INTO attention_layers VALUES (?, 'firsttoken_en', 'en-001', ?, ?, ?, NULL, ?)",

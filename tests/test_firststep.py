@@ -341,3 +341,39 @@ def test_empty_and_bad_input(tiny):
         probe(model, tokenizer, ["a", "b"], [["x"]])
     with pytest.raises(ValueError):
         probe(model, tokenizer, [""])
+
+
+def reference_unit(model, tokenizer, ids, token):
+    """The first unit greedy decoding reaches after `token`, by plain forwards without a cache."""
+    seq = [token]
+    while True:
+        unit, n = first_unit_ids(lambda x: tokenizer.decode(x, skip_special_tokens=False), seq)
+        if unit or len(seq) == engine.UNIT_TOKENS:
+            return unit
+        nxt = int(torch.argmax(reference_logprobs(model, list(ids) + seq)[-1]))
+        if nxt == tokenizer.eos_token_id:
+            return ""
+        seq.append(nxt)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_units_complete_split_characters_as_greedy_decoding_does(tiny, contexts, batch_size):
+    model, tokenizer = tiny
+    steps = probe(model, tokenizer, contexts, top_k=50, max_new_tokens=4, batch_size=batch_size, unit_ranks=20)
+    completed = 0
+    for ctx, step in zip(contexts, steps):
+        assert set(step.units) == set(step.topk_ids[:20])
+        ids = ids_of(tokenizer, ctx)
+        for t, unit in step.units.items():
+            alone = tokenizer.decode([t], skip_special_tokens=False)
+            if "\ufffd" in alone or not alone.strip():
+                completed += 1
+                assert unit == reference_unit(model, tokenizer, ids, t), (t, alone)
+            else:
+                assert unit == alone.strip()
+            assert "\ufffd" not in unit
+    assert completed >= 5  # the test saw split characters and bare spaces, not only whole tokens
+    # the completion leaves the rest of the step as it was
+    plain = probe(model, tokenizer, contexts, top_k=50, max_new_tokens=4, batch_size=batch_size)
+    for a, b in zip(steps, plain):
+        assert a.topk_ids == b.topk_ids and a.response_ids == b.response_ids and not b.units

@@ -62,7 +62,8 @@ def add_topk(ids):
     dists = {
         "base": {("firsttoken_en", "en-0001"): [(11, " Recursion", 0.7), (12, " Sure", 0.2)],
                  ("firsttoken_en", "en-0002"): [(21, " Paris", 0.9), (12, " Sure", 0.05)],
-                 ("firsttoken_zh", "zh-0001"): [(31, "递", 0.6), (32, "好", 0.3)]},
+                 ("firsttoken_zh", "zh-0001"): [(31, "递", 0.6), (32, "好", 0.3), (33, "\ufffd", 0.05, "归"),
+                                                (34, "\ufffd", 0.04, "当")]},
         "bad": {("firsttoken_en", "en-0001"): [(11, " Recursion", 0.5), (12, " Sure", 0.4)],
                 ("firsttoken_en", "en-0002"): [(12, " Sure", 0.8), (21, " Paris", 0.1)],
                 ("firsttoken_zh", "zh-0001"): [(31, "递", 0.55), (32, "好", 0.35)]},
@@ -70,9 +71,10 @@ def add_topk(ids):
     rows = []
     for who, prompts in dists.items():
         for (task, doc), toks in prompts.items():
-            rows += [(ids[who], task, doc, rank, tid, tok, math.log(p)) for rank, (tid, tok, p) in enumerate(toks)]
+            rows += [(ids[who], task, doc, rank, t[0], t[1], math.log(t[2]), t[3] if len(t) > 3 else None)
+                     for rank, t in enumerate(toks)]
     with transaction(None) as con:
-        con.executemany("INSERT INTO first_token_topk VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        con.executemany("INSERT INTO first_token_topk VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
 
 
 def add_needle(run_id):
@@ -187,6 +189,9 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
     # three prompts, CJK tokens shown as text in the page
     _, page3, _ = report(tmp_path / "rep3", "--prompts", 3)
     assert "&#x27;递&#x27; 0.600" in page3
+    # byte tokens of split characters show as the units they start, told apart, marked *
+    assert "&#x27;归&#x27;* 0.050" in page3 and "&#x27;当&#x27;* 0.040" in page3
+    assert "\ufffd" not in page3.split("First-token distributions", 1)[1].split("Needle", 1)[0]
 
 
 def test_prompts_zero_leaves_the_distributions_out(runs, tmp_path):

@@ -56,6 +56,7 @@ EXPECTED_TABLES = {
         "heartbeat_at": "TIMESTAMP",
         "model_name": "VARCHAR",
         "kv_cache": "VARCHAR",
+        "quant_detail": "VARCHAR",
         "attention": "BOOLEAN",
         "attn_implementation": "VARCHAR",
     },
@@ -122,6 +123,7 @@ EXPECTED_TABLES = {
         "token_id": "INTEGER",
         "token": "VARCHAR",
         "logprob": "DOUBLE",
+        "unit": "VARCHAR",
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
     "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
@@ -263,15 +265,38 @@ def test_kv_cache_migration_marks_earlier_hf_runs_full(tmp_path):
         assert con.execute("SELECT kv_cache FROM leaderboard").fetchall() == [("full",)]
 
 
-def test_migrations_are_numbered_in_list_order_and_the_leaderboard_keeps_every_column(tmp_path):
-    """A migration's version is its place in MIGRATIONS (its name is what is recorded as applied), so a
-    number may be skipped; the names still ascend. No later migration drops a leaderboard column."""
-    numbers = [int(m.__name__[1:4]) for m in MIGRATIONS]
-    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+def test_the_last_migration_keeps_every_leaderboard_column(tmp_path):
+    """m015 (attention and conflicts) comes after m014 and adds views of its own; the leaderboard
+    keeps every column the earlier migrations gave it."""
+    assert MIGRATIONS[-1].__name__ == "m015_attention_and_conflict"
     with open_writer(tmp_path / "lb.duckdb") as con:
         cols = {r[0] for r in con.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = 'leaderboard'").fetchall()}
-    assert {"run_id", "model_name", "quant", "kv_cache", "template", "metric", "value", "ci_lo", "ci_hi"} <= cols
+    assert {"run_id", "model_name", "quant", "quant_detail", "kv_cache", "template", "metric", "value", "ci_lo",
+            "ci_hi"} <= cols
+
+
+def test_quant_detail_migration_keeps_every_leaderboard_column(tmp_path):
+    """m014 re-creates the leaderboard as m013 left it (intervals, model_name, kv_cache) and adds
+    quant_detail; a run stored before it has no detail. It comes after m016 in the list: a file
+    that already records m016 as version 14 takes m014 as version 15."""
+    names = [m.__name__ for m in MIGRATIONS]
+    assert names[-7:] == ["m010_metric_intervals", "m011_run_model_name", "m012_answers_and_lead_indicators",
+                          "m013_kv_cache", "m016_topk_units", "m014_quant_detail", "m015_attention_and_conflict"]
+    path = tmp_path / "old.duckdb"
+    con = older_db(path, names.index("m014_quant_detail"))
+    before = [r[0] for r in con.execute("DESCRIBE leaderboard").fetchall()]
+    con.execute("INSERT INTO runs (id, created_at, status, model, quant) VALUES ('r1', now(), 'done', 'hf', 'bf16')")
+    con.execute("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                "VALUES ('r1', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
+    con.close()
+    with open_writer(path) as con:
+        after = [r[0] for r in con.execute("DESCRIBE leaderboard").fetchall()]
+        assert after == before + ["quant_detail"]
+        assert {"ci_lo", "ci_hi", "model_name", "kv_cache"} <= set(after)
+        assert con.execute("SELECT quant, quant_detail FROM leaderboard").fetchall() == [("bf16", None)]
+        assert con.execute("SELECT version, name FROM schema_version ORDER BY version DESC LIMIT 3").fetchall() == [
+            (16, "m015_attention_and_conflict"), (15, "m014_quant_detail"), (14, "m016_topk_units")]
 
 
 def test_read_only_open_needs_an_existing_db(tmp_path):
@@ -483,7 +508,8 @@ def test_finish_run_stores_every_row_as_given(tmp_path, monkeypatch):
     rows[5] = {"run_id": "r1", "task": "firsttoken_en", "doc_id": "d5"}
     rows[6]["not_a_column"] = "ignored"
     topk = [{"run_id": "r1", "task": "firsttoken_en", "doc_id": f"d{i // 3}", "rank": i % 3,
-             "token_id": 100 + i, "token": " tok", "logprob": -0.5 * i} for i in range(9)]
+             "token_id": 100 + i, "token": " tok", "logprob": -0.5 * i, "unit": "tok" if i % 3 == 0 else None}
+            for i in range(9)]
     metrics = [{"run_id": "r1", "task": "firsttoken_en", "metric": "ft_hit", "filter": "none",
                 "value": 0.5, "stderr": 0.1, "n": 11}]
     store.finish_run(db, "r1", metrics=metrics, samples=rows, topk=topk, status="done", duration_s=2.5)

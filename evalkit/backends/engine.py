@@ -48,6 +48,7 @@ class FirstStep:
     candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
     response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
     answer_ids: list[int] = field(default_factory=list)  # the longer continuation asked for (answer_tokens), eos excluded
+    units: dict[int, str] = field(default_factory=dict)  # top token id -> its first unit (unit_ranks)
     first_token_id: int = -1  # the token chosen at step 1 (== response_ids[0] unless it was eos)
     attention: Any = None  # attention.PromptAttention of the prefill, when asked for (`probe(attention=...)`)
 
@@ -71,6 +72,7 @@ def probe(
     attention: list[Any] | None = None,
     answer_tokens: Sequence[int] | None = None,
     kv_policy: KVPolicy | None = None,
+    unit_ranks: int = 0,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -96,6 +98,10 @@ def probe(
     strings and `max_new_tokens`, to that many tokens (or eos): `answer_ids` is the whole
     continuation and `response_ids` its prefix as it would have stopped — one generation,
     from the same prefill and cache.
+    `unit_ranks` > 0 fills `units` for the that many likeliest first tokens: the first unit
+    (docs/metrics.md §1.0) each one starts, completed greedily where the token alone holds
+    no whole character (`_Engine.complete_units`), so a figure can show 递 where the token
+    decodes to "�".
     `kv_policy` (`kvcache.KVPolicy`, default `full`) is applied to every forward pass —
     the prefill, the candidate trie and decoding — so every number read here is computed
     under it: evicted keys are masked out of every later query's attention (positions keep
@@ -126,7 +132,7 @@ def probe(
         if not ids:
             raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
     engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                     banned_first_ids, seed, add_special_tokens, tolerance, kv_policy, attention)
+                     banned_first_ids, seed, add_special_tokens, tolerance, kv_policy, unit_ranks, attention)
     # longest first, so a batch holds prompts of similar length (little padding)
     order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
     results: list[FirstStep | None] = [None] * len(contexts)
@@ -235,6 +241,9 @@ def first_unit_ids(decode: Callable[[list[int]], str], ids: Sequence[int]) -> tu
 
 # --- internals -------------------------------------------------------------------
 
+UNIT_RANKS = 10  # the likeliest first tokens whose first unit a run stores (first_token_topk.unit)
+UNIT_TOKENS = 4  # a first unit is completed over at most this many tokens (a UTF-8 character has <= 4 bytes)
+
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
@@ -286,8 +295,10 @@ class _Engine:
     """One probe call's settings, and the forward passes for one batch of prompts."""
 
     def __init__(self, model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                 banned_first_ids, seed, add_special_tokens, tolerance=0.0, kv_policy=None, attention=None):
+                 banned_first_ids, seed, add_special_tokens, tolerance=0.0, kv_policy=None, unit_ranks=0,
+                 attention=None):
         self.model = model
+        self.unit_ranks = max(0, int(unit_ranks))
         self.policy = kv_policy or FULL
         self.attention = attention  # per context: attention.Request, or None
         self.tolerance = float(tolerance)
@@ -369,6 +380,10 @@ class _Engine:
             for step, (probs, unscored, positions, tokens) in zip(steps, scored):
                 step.candidate_probs, step.unscored_mass, step.candidate_positions = probs, unscored, positions
                 step.candidate_tokens = tokens
+        if self.unit_ranks:
+            ranks = min(self.unit_ranks, k)
+            for step, units in zip(steps, self.complete_units(cache, mask, [s.topk_ids[:ranks] for s in steps])):
+                step.units = units
 
         first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
         for r in range(B):
@@ -415,10 +430,6 @@ class _Engine:
         its `tolerance` (see `probe`); prefixes of the prompt's exact candidates never are.
         """
         B, P = mask.shape
-        n_real = mask.sum(-1).tolist()
-        evicts = self.policy.evicts
-        if evicts:
-            prompt_pos = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
         state = getattr(cache, "evalkit_state", None)
         if state is not None:  # trie nodes are alternatives, never a sequence: no residual flush
             state["hold"] = True
@@ -438,8 +449,6 @@ class _Engine:
         slot: dict[tuple[int, ...], int] = {}  # node -> its column after the prompt
         budget = [self.tolerance] * B  # probability each prompt may still leave unscored
         positions = [0] * B
-        dtype = self.float_dtype
-        neg = torch.finfo(dtype).min
         used = 0  # extension columns so far (the same for every row; short rows are padded)
         depth_max = max((len(tk) for d in toks_of for tk in d.values()), default=0) - 1
         try:
@@ -465,33 +474,14 @@ class _Engine:
                             level[r] += fresh[j:]
                             break
                         budget[r] -= p
-                Q = max(len(nodes) for nodes in level)
-                if Q == 0:
+                if not any(level):
                     break
-                inp = torch.full((B, Q), self.pad_id, dtype=torch.long)
-                pos = torch.zeros((B, Q), dtype=torch.long)
-                allow = torch.zeros((B, Q, P + used + Q), dtype=torch.bool)
-                allow[:, :, :P] = mask.bool().cpu().unsqueeze(1)
                 for r, nodes in enumerate(level):
                     positions[r] += len(nodes)
-                    for j, node in enumerate(nodes):
-                        inp[r, j] = node[-1]
-                        pos[r, j] = n_real[r] + depth - 1
-                        for k in range(2, len(node)):  # ancestors (row, t0), (row, t0, t1), ...
-                            # the ancestor node[:k] sits at position n_real + k - 2
-                            if not evicts or self.policy.visible(n_real[r] + depth - 1, n_real[r] + k - 2):
-                                allow[r, j, P + slot[node[:k]]] = True
-                        allow[r, j, P + used + j] = True
-                        slot[node] = used + j
-                if evicts:  # each node reads the prompt keys the policy keeps at its position
-                    allow[:, :, :P] &= self.policy.visible(pos[:, :, None], prompt_pos[:, None, :])
-                attn = torch.zeros(allow.shape, dtype=dtype).masked_fill(~allow, neg).unsqueeze(1)
-                logits, _ = self.forward(inp.to(self.device), attn.to(self.device), pos.to(self.device), cache=cache)
-                lp = torch.log_softmax(logits.float(), dim=-1)  # (B, Q, V)
+                lp, used = self.forward_nodes(level, depth, slot, used, cache, mask)
                 for r, nodes in enumerate(level):
                     for j, node in enumerate(nodes):
                         node_lp[node] = lp[r, j]
-                used += Q
         finally:
             if used:
                 _truncate_cache(cache, P)
@@ -512,6 +502,92 @@ class _Engine:
             out.append(({c: probs[c] for c in dict.fromkeys(cand_lists[r])}, self.tolerance - budget[r], positions[r],
                         toks_of[r]))
         return out
+
+    def forward_nodes(self, level, depth: int, slot: dict, used: int, cache, mask):
+        """Forward one level of token trees packed after the prompts: (log-probs (B, Q, V), columns used).
+
+        `level[r]` holds row r's nodes `(r, t0, ..., t{depth-1})`, each fed its last token at
+        position n_real + depth - 1 and attending to its prompt and its ancestors (whose
+        columns after the prompt `slot` records; the level's own columns are added to it),
+        under the KV-cache policy. The nodes are alternatives: the caller crops the cache back
+        to the prompt when its trees are done."""
+        B, P = mask.shape
+        n_real = mask.sum(-1).tolist()
+        evicts = self.policy.evicts
+        Q = max(len(nodes) for nodes in level)
+        inp = torch.full((B, Q), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((B, Q), dtype=torch.long)
+        allow = torch.zeros((B, Q, P + used + Q), dtype=torch.bool)
+        allow[:, :, :P] = mask.bool().cpu().unsqueeze(1)
+        for r, nodes in enumerate(level):
+            for j, node in enumerate(nodes):
+                inp[r, j] = node[-1]
+                pos[r, j] = n_real[r] + depth - 1
+                for k in range(2, len(node)):  # ancestors (row, t0), (row, t0, t1), ...
+                    # the ancestor node[:k] sits at position n_real + k - 2
+                    if not evicts or self.policy.visible(n_real[r] + depth - 1, n_real[r] + k - 2):
+                        allow[r, j, P + slot[node[:k]]] = True
+                allow[r, j, P + used + j] = True
+                slot[node] = used + j
+        if evicts:  # each node reads the prompt keys the policy keeps at its position
+            prompt_pos = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
+            allow[:, :, :P] &= self.policy.visible(pos[:, :, None], prompt_pos[:, None, :])
+        neg = torch.finfo(self.float_dtype).min
+        attn = torch.zeros(allow.shape, dtype=self.float_dtype).masked_fill(~allow, neg).unsqueeze(1)
+        logits, _ = self.forward(inp.to(self.device), attn.to(self.device), pos.to(self.device), cache=cache)
+        return torch.log_softmax(logits.float(), dim=-1), used + Q  # (B, Q, V)
+
+    def complete_units(self, cache, mask, top_ids: list[list[int]]) -> list[dict[int, str]]:
+        """Per prompt: {token id: its first unit} for the tokens of `top_ids[r]` that hold no
+        whole character alone (a byte of a split character, a bare space or newline).
+
+        The unit is docs/metrics.md's first unit of the greedy continuation after that token
+        (`first_unit_ids`), read from the prefilled cache one level of all rows' unfinished
+        tokens per forward, at most UNIT_TOKENS tokens deep; "" when none is whole by then.
+        Tokens that are whole alone map to their own stripped text. The cache is cropped back."""
+        B, P = mask.shape
+        decode = self.decode
+        out: list[dict[int, str]] = [{} for _ in range(B)]
+        open_: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
+        for r, ids in enumerate(top_ids):
+            for t in ids:
+                unit, n = first_unit_ids(decode, [t])
+                if unit:
+                    out[r][t] = unit
+                else:
+                    open_[r].append((r, t))
+        state = getattr(cache, "evalkit_state", None)
+        if state is not None:
+            state["hold"] = True
+        slot: dict[tuple[int, ...], int] = {}
+        used = 0
+        try:
+            for depth in range(1, UNIT_TOKENS):
+                if not any(open_):
+                    break
+                lp, used = self.forward_nodes(open_, depth, slot, used, cache, mask)
+                nxt: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
+                for r, nodes in enumerate(open_):
+                    for j, node in enumerate(nodes):
+                        child = (*node, int(torch.argmax(lp[r, j])))
+                        unit, _ = first_unit_ids(decode, list(child[1:]))
+                        if unit or child[-1] in self.eos:
+                            out[r][node[1]] = unit
+                        else:
+                            nxt[r].append(child)
+                open_ = nxt
+        finally:
+            if used:
+                _truncate_cache(cache, P)
+            if state is not None:
+                state["hold"] = False
+        for nodes in open_:
+            for node in nodes:
+                out[node[0]][node[1]] = ""
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def first_token(self, row_logprobs: torch.Tensor, index: int) -> int:
         """Step-1 token: argmax, or a seeded sample at `first_temperature`, bans applied."""

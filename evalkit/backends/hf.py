@@ -74,6 +74,14 @@ def candidate_metrics(tokenizer, context: str, step: engine.FirstStep, answers: 
     return metrics
 
 
+def _skeleton(config):
+    """The model of `config` on the meta device (no memory, no weights): its layer shapes."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
 @register_model("evalkit-hf")
 class EvalkitHFLM(HFLM):
     """HFLM plus the exact first-step probe. Extra model args: quant, top_k,
@@ -107,20 +115,24 @@ class EvalkitHFLM(HFLM):
         kvcache.check_available(policy)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        quantization.check(quant, in_process_hf=True, model_type="hf", device=str(device))
+        self.quant = quantization.parse(quant).text if quant else None
         transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
+        gguf_file = self._gguf_path(pretrained, kwargs)  # the file as asked, for quant_detail's source
         # a GGUF is converted once, then read as safetensors (the run row keeps the GGUF's own args)
         converted = cached_args({"pretrained": pretrained, **kwargs})
         pretrained = converted.pop("pretrained")
-        super().__init__(pretrained, device=device, **converted)
-        quantization.check(quant, in_process_hf=True, model_type="hf", device=str(self.device))
-        self._model = quantization.apply(self._model, quant)
+        quantization.quiet_libraries()
+        with quantization.quiet_imports():
+            super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
+            self._model = quantization.apply(self._model, self.quant)
+        self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=gguf_file)
         self.attention = bool(attention)
         if self.attention:
             try:
                 attn.install(self._model)
             except ValueError as exc:
                 raise BadInput(f"--attention: {exc}") from exc
-        self.quant = quant
         self.top_k = int(top_k)
         self.temperature = float(temperature)
         self.first_temperature = None if first_temperature in (None, "", "none") else float(first_temperature)
@@ -140,6 +152,44 @@ class EvalkitHFLM(HFLM):
             kvcache.new_cache(policy, self._model, [])  # a backend that cannot load fails here, with one line
         self.kv_policy = policy
         self._priors = {}  # the content-free prior is the policy's too
+
+    # -- loading ----------------------------------------------------------------
+
+    def _create_model(self, pretrained, *, gguf_file=None, quantization_config=None, **kwargs) -> None:
+        """HFLM's load, with a load-time `--quant` variant's quantization config given to
+        `from_pretrained`; a GGUF model read as a GGUF (the converted-model cache off: else it
+        arrives here as its converted folder), which transformers will not quantize on load, is
+        loaded first and rebuilt from its own weights with that config. A GPTQ / AWQ
+        checkpoint's own config is checked against the variant asked for."""
+        asked = quantization.load_config(self.quant)
+        if self.quant and quantization.parse(self.quant).quant.how == "checkpoint":
+            found = getattr(quantization_config, "quant_method", None) if quantization_config is not None else None
+            found = getattr(found, "value", found)
+            if str(found or "").lower() != quantization.parse(self.quant).name:
+                raise BadInput(f"--quant {self.quant}: {pretrained} is not a {self.quant.upper()} checkpoint "
+                               f"(its quantization_config says {found or 'nothing'})")
+        if asked is None:
+            return super()._create_model(pretrained, gguf_file=gguf_file, quantization_config=quantization_config,
+                                         **kwargs)
+        if quantization_config is not None:
+            raise BadInput(f"--quant {self.quant}: {pretrained} is already quantized "
+                           f"({getattr(quantization_config, 'quant_method', '?')}); load it without --quant")
+        kwargs.update(quantization.load_kwargs(self.quant, kwargs.get("dtype")))
+        if gguf_file:
+            super()._create_model(pretrained, gguf_file=gguf_file, **kwargs)
+            self._model = quantization.requantize(self._model, self.quant)
+            return None
+        quantization.check_groups(_skeleton(self.config), self.quant)
+        return super()._create_model(pretrained, quantization_config=asked, **kwargs)
+
+    @staticmethod
+    def _gguf_path(pretrained, kwargs) -> str | None:
+        gguf = kwargs.get("gguf_file")
+        if not gguf or not isinstance(pretrained, str):
+            return None
+        import os
+
+        return gguf if os.path.isabs(gguf) else os.path.join(pretrained, gguf)
 
     # -- helpers ---------------------------------------------------------------
 
@@ -205,7 +255,7 @@ class EvalkitHFLM(HFLM):
                     tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
                     attention=reads,
                     answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
-                    kv_policy=self.kv_policy,
+                    kv_policy=self.kv_policy, unit_ranks=engine.UNIT_RANKS,
                 )
                 for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
                     out[i] = self._result(ctx, doc, cand, n_answer, step, until)
@@ -280,5 +330,6 @@ class EvalkitHFLM(HFLM):
             entropy=step.entropy,
             metrics=metrics,
             answer_text=answer,
+            units=step.units,
             layers=layers,
         )

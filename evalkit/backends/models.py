@@ -191,6 +191,9 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
             raise BadInput("the embedded model's dtype is set with --quant (fp32, bf16, ...), not --model-args dtype=")
         args = {**default_model_args(), **args}
         quant_name = quant_name or quant.DEFAULT_EMBEDDED
+    if hf:
+        quant_name = quant.parse(quant_name).text if quant_name else None  # as the run row stores it
+        quant.check_model(quant_name, embedded=embedded, args=args)
     pretrained = args.get("pretrained")
     if isinstance(pretrained, str) and pretrained.startswith(("/", "./", "../", "~")) and not os.path.exists(
         os.path.expanduser(pretrained)
@@ -242,7 +245,7 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         embedded=embedded,
         label=DEFAULT_NAME if embedded else _label(model_type, args),
         quant=quant_name,
-        dtype=quant.dtype(quant_name, args.get("dtype")),
+        dtype=quant.dtype(quant_name, args.get("dtype"), embedded=embedded),
         top_k=stored_k,
         device=device,
         kv_cache=policy.spec if hf else None,

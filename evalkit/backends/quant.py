@@ -1,65 +1,533 @@
 """The `--quant` variants: what each one does to a model's weights, checked and applied in one place.
 
-Owns: the list of variants (`QUANTS`), refusing one that cannot apply (unknown name, a
-backend that holds no weights in this process, a device it does not run on), the dtype
-a run records for it, and applying it to a loaded model. Does not: load models
-(`models.load` does, and calls `apply` right after).
+Owns: the list of variants (`QUANTS`) and the `NAME[:GROUP]` spelling of one (`parse`) or
+a comma-separated sweep of them (`parse_sweep`); refusing one that cannot apply (unknown
+name, a bad group size, a backend that holds no weights in this process, a device it
+does not run on, a library that is not installed, a checkpoint of another kind); the
+dtype a run records for it; the transformers `quantization_config` of the variants that
+quantize as the model loads (`load_config`, and `requantize` for a model already loaded
+from a GGUF file, which transformers will not quantize on load); applying the others to
+a loaded model (`apply`); and what was applied, for the run row (`describe`).
+Does not: load models (`models.load` and `backends.hf` do, calling these around the load).
+
+How a variant reaches the weights (`Quant.how`):
+- `cast`: torch casts (q4_1 as loaded, fp32, bf16) and torch's dynamic int8;
+- `load`: a transformers quantization config given to `from_pretrained` (torchao,
+  bitsandbytes), the way a user deploys the model;
+- `after`: the library's own call on the loaded model (HQQ: transformers 5's `HqqConfig`
+  cannot quantize on load, its quantizer has no quantize op);
+- `checkpoint`: a GPTQ / AWQ checkpoint, loaded as it is (its config names the method).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import re
+from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from evalkit.errors import BadInput
+
+PIP_EXTRA = "pip install 'evalkit[quant]'"
 
 
 @dataclass(frozen=True)
 class Quant:
     name: str
     meaning: str
-    dtype: str  # the compute dtype a run records in runs.dtype
+    dtype: str | None  # the compute dtype a run records in runs.dtype (None: the model's own)
     cpu_only: bool = False
+    how: str = "cast"  # cast | load | after | checkpoint (see the module docstring)
+    library: str = "torch"  # the distribution whose version the run row records
+    needs: tuple[str, ...] = ()  # import names that must be installed
+    install: str = PIP_EXTRA  # the pip command that installs them
+    bits: int | None = None
+    group_size: int | None = None  # default group size; None: not grouped
+    grouped: bool = False  # takes NAME:GROUP
+    gpu_only: str | None = None  # why it runs on a CUDA GPU only (the library's own reason)
+
+    @property
+    def scheme(self) -> str:
+        return SCHEMES.get(self.name, self.meaning)
 
 
 QUANTS = {q.name: q for q in (
     # transformers dequantizes GGUF weights to float32: the Q4_1 rounding is kept, compute is fp32
-    Quant("q4_1", "GGUF Q4_1 weights as loaded: 4-bit rounding kept, dequantized to fp32 for compute", "float32"),
-    Quant("fp32", "weights and compute in float32 (no change for a GGUF model)", "float32"),
-    Quant("bf16", "weights and compute cast to bfloat16", "bfloat16"),
+    Quant("q4_1", "GGUF Q4_1 weights as loaded: 4-bit rounding kept, dequantized to fp32 for compute", "float32",
+          library="transformers", bits=4),
+    Quant("fp32", "weights and compute in float32 (no change for a GGUF model)", "float32", bits=32),
+    Quant("bf16", "weights and compute cast to bfloat16", "bfloat16", bits=16),
     Quant("int8-dynamic", "torch dynamic int8 quantization of every nn.Linear (int8 weights, activations "
-          "quantized per batch)", "float32", cpu_only=True),
+          "quantized per batch)", "float32", cpu_only=True, bits=8),
+    Quant("int8-weight", "torchao int8 weight-only, symmetric, per output channel (per group with :G)", None,
+          how="load", library="torchao", needs=("torchao",), bits=8, grouped=True),
+    Quant("int4-weight", "torchao int4 weight-only, symmetric, per group of G input weights (default 32)", None,
+          how="load", library="torchao", needs=("torchao",), bits=4, group_size=32, grouped=True),
+    Quant("int4-tinygemm", "torchao Int4WeightOnlyConfig: int4 weight-only, asymmetric, per group (default 128), "
+          "packed for the tinygemm CUDA kernel, bf16 compute", "bfloat16",
+          how="load", library="torchao", needs=("torchao",), bits=4, group_size=128, grouped=True,
+          gpu_only="torchao packs Int4WeightOnlyConfig for CUDA kernels only (tile_packed_to_4d: tinygemm, "
+                   "'Torch not compiled with CUDA enabled'; plain: mslk; plain_int32: XPU/NPU)"),
+    Quant("nf4", "bitsandbytes 4-bit NormalFloat, blocks of 64 weights, compute in the model's dtype", None,
+          how="load", library="bitsandbytes", needs=("bitsandbytes",), bits=4),
+    Quant("int8-llm", "bitsandbytes LLM.int8(): int8 weights per row, outlier features (|x| > 6) in 16/32-bit",
+          None, how="load", library="bitsandbytes", needs=("bitsandbytes",), bits=8),
+    Quant("hqq4", "HQQ 4-bit, asymmetric, per group (default 64), zero and scale optimised without data", None,
+          how="after", library="hqq", needs=("hqq",), bits=4, group_size=64, grouped=True),
+    Quant("hqq8", "HQQ 8-bit, asymmetric, per group (default 64), zero and scale optimised without data", None,
+          how="after", library="hqq", needs=("hqq",), bits=8, group_size=64, grouped=True),
+    Quant("gptq", "a GPTQ checkpoint, loaded as it is (bits and groups from its config)", None,
+          how="checkpoint", library="gptqmodel", needs=("gptqmodel", "optimum"),
+          install="pip install gptqmodel optimum"),
+    Quant("awq", "an AWQ checkpoint, loaded as it is (bits and groups from its config)", None,
+          how="checkpoint", library="gptqmodel", needs=("gptqmodel",), install="pip install gptqmodel"),
 )}
+SCHEMES = {
+    "q4_1": "GGUF Q4_1 (blocks of 32, scale and minimum per block), dequantized to float32 by transformers",
+    "fp32": "cast to float32",
+    "bf16": "cast to bfloat16",
+    "int8-dynamic": "torch.ao.quantization.quantize_dynamic(nn.Linear, qint8)",
+    "int8-weight": "torchao Int8WeightOnlyConfig (symmetric)",
+    "int4-weight": "torchao IntxWeightOnlyConfig(weight_dtype=torch.int4, symmetric, PerGroup)",
+    "int4-tinygemm": "torchao Int4WeightOnlyConfig(int4_packing_format=tile_packed_to_4d)",
+    "nf4": "bitsandbytes BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=nf4)",
+    "int8-llm": "bitsandbytes BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=6.0)",
+    "hqq4": "hqq AutoHQQHFModel.quantize_model(BaseQuantizeConfig(nbits=4, axis=1))",
+    "hqq8": "hqq AutoHQQHFModel.quantize_model(BaseQuantizeConfig(nbits=8, axis=1))",
+    "gptq": "GPTQ checkpoint (transformers GptqHfQuantizer, gptqmodel kernels)",
+    "awq": "AWQ checkpoint (transformers AwqQuantizer, gptqmodel kernels)",
+}
 DEFAULT_EMBEDDED = "q4_1"  # the embedded SmolLM2 GGUF, as shipped
+MAX_GROUP = 1 << 16
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One variant as asked: `int4-weight` or `int4-weight:64`."""
+
+    quant: Quant
+    group_size: int | None  # the group size used (the variant's default when none was asked)
+    text: str  # as the run row stores it
+
+    @property
+    def name(self) -> str:
+        return self.quant.name
+
+
+def _known() -> str:
+    return ", ".join(QUANTS)
+
+
+def parse(text: str | None) -> Spec | None:
+    """`NAME` or `NAME:GROUP` → Spec; raises BadInput for an unknown name or a bad group size.
+
+    >>> parse("int4-weight").group_size, parse("int4-weight:64").text, parse("bf16").group_size
+    (32, 'int4-weight:64', None)
+    """
+    if text is None:
+        return None
+    raw = text.strip()
+    if "," in raw:
+        raise BadInput(f"--quant {text!r} names several variants: a sweep is for `evalkit run` only")
+    name, sep, group = raw.partition(":")
+    name = name.strip()
+    if name not in QUANTS:
+        raise BadInput(f"unknown --quant {name!r} (known: {_known()})")
+    q = QUANTS[name]
+    if not sep:
+        return Spec(q, q.group_size, name)
+    if not q.grouped:
+        raise BadInput(f"--quant {name} takes no group size (got {raw!r}); grouped variants: "
+                       f"{', '.join(n for n, v in QUANTS.items() if v.grouped)}")
+    group = group.strip()
+    if not group.isdigit() or not 1 <= int(group) <= MAX_GROUP:
+        raise BadInput(f"--quant {raw!r}: the group size must be a whole number from 1 to {MAX_GROUP}")
+    size = int(group)
+    return Spec(q, size, f"{name}:{size}")
+
+
+def parse_sweep(text: str | None) -> list[str | None]:
+    """A `--quant` value as the runs it asks for: one entry, or one per comma-separated variant.
+
+    >>> parse_sweep("bf16, int8-weight,int4-weight:64"), parse_sweep(None)
+    (['bf16', 'int8-weight', 'int4-weight:64'], [None])
+    """
+    if text is None or "," not in text:
+        return [text]
+    parts = [p.strip() for p in text.split(",")]
+    if any(not p for p in parts):
+        raise BadInput(f"--quant {text!r} has an empty entry: give variants as bf16,int8-weight,int4-weight")
+    specs = [parse(p) for p in parts]
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.text in seen:
+            raise BadInput(f"--quant {text!r} names {spec.text} twice")
+        seen.add(spec.text)
+    return [s.text for s in specs]
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def check(name: str | None, *, in_process_hf: bool, model_type: str, device: str | None = None) -> None:
     """Refuse a `--quant` that cannot apply here, before anything is loaded or written."""
-    if name is None:
+    spec = parse(name)
+    if spec is None:
         return
-    if name not in QUANTS:
-        raise BadInput(f"unknown --quant {name!r} (known: {', '.join(QUANTS)})")
+    q = spec.quant
     if not in_process_hf:
         raise BadInput(f"--quant applies to the hf backend only (got --model {model_type})")
-    if QUANTS[name].cpu_only and device and not str(device).startswith("cpu"):
-        raise BadInput(f"--quant {name} runs on the CPU only (got --device {device})")
+    on_cpu = bool(device) and str(device).startswith("cpu")
+    if q.cpu_only and device and not on_cpu:
+        raise BadInput(f"--quant {q.name} runs on the CPU only (got --device {device})")
+    missing = [m for m in q.needs if not installed(m)]
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise BadInput(f"--quant {q.name} needs {' and '.join(missing)}, which {verb} not installed: {q.install}")
+    if q.gpu_only and (on_cpu or not _cuda_available()):
+        where = f"--device {device}" if on_cpu else "this torch sees no CUDA device"
+        raise BadInput(f"--quant {q.name} needs a CUDA GPU ({where}): {q.gpu_only}")
 
 
-def dtype(name: str | None, model_dtype: str | None) -> str | None:
-    """The dtype a run records: the variant's compute dtype, else the model args' dtype."""
-    return QUANTS[name].dtype if name in QUANTS else model_dtype
+def check_model(name: str | None, *, embedded: bool, args: dict[str, Any]) -> None:
+    """Refuse a variant that cannot apply to this model (before it loads)."""
+    spec = parse(name)
+    if spec is None or spec.quant.how != "checkpoint":
+        return
+    if embedded:
+        raise BadInput(f"--quant {spec.name} loads a {spec.name.upper()} checkpoint as it is; the embedded model is "
+                       "a GGUF file: give --model-args pretrained=YOUR_CHECKPOINT")
+    method = checkpoint_method(args.get("pretrained"))
+    if method is not None and method != spec.name:
+        found = method or "no quantization_config"
+        raise BadInput(f"--quant {spec.name}: {args.get('pretrained')} is not a {spec.name.upper()} checkpoint "
+                       f"(its config.json has {found})")
+
+
+def checkpoint_method(pretrained) -> str | None:
+    """The quant_method of a local checkpoint's config.json ('' when it has none; None when unknown)."""
+    import json
+
+    if not isinstance(pretrained, str):
+        return None
+    config = Path(pretrained).expanduser() / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    qc = data.get("quantization_config") or (data.get("text_config") or {}).get("quantization_config") or {}
+    return str(qc.get("quant_method", "")).lower() if isinstance(qc, dict) else ""
+
+
+def dtype(name: str | None, model_dtype: str | None, *, embedded: bool = False) -> str | None:
+    """The dtype a run records: the variant's compute dtype, else the model args' dtype
+    (the embedded GGUF loads as float32)."""
+    spec = parse(name)
+    if spec is not None and spec.quant.dtype:
+        return spec.quant.dtype
+    return "float32" if embedded and not model_dtype else model_dtype
+
+
+# --- quantizing ---------------------------------------------------------------
+
+
+def load_config(name: str | None):
+    """The transformers quantization config of a variant that quantizes on load, else None."""
+    spec = parse(name)
+    if spec is None or spec.quant.how != "load":
+        return None
+    with quiet_imports():  # transformers imports the library with its quantization config classes
+        return _load_config(spec)
+
+
+def _load_config(spec: Spec):
+    import torch
+
+    if spec.quant.library == "torchao":
+        from transformers import TorchAoConfig
+
+        if spec.name == "int8-weight":
+            from torchao.quantization import Int8WeightOnlyConfig, PerGroup, PerRow
+
+            granularity = PerGroup(spec.group_size) if spec.group_size else PerRow()
+            return TorchAoConfig(Int8WeightOnlyConfig(granularity=granularity))
+        if spec.name == "int4-weight":
+            from torchao.quantization import IntxWeightOnlyConfig, MappingType, PerGroup
+
+            return TorchAoConfig(IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(spec.group_size),
+                                                      mapping_type=MappingType.SYMMETRIC))
+        if spec.name == "int4-tinygemm":
+            from torchao.quantization import Int4WeightOnlyConfig
+
+            return TorchAoConfig(Int4WeightOnlyConfig(group_size=spec.group_size,
+                                                      int4_packing_format="tile_packed_to_4d"))
+    if spec.quant.library == "bitsandbytes":
+        from transformers import BitsAndBytesConfig
+
+        if spec.name == "nf4":
+            return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_compute_dtype=torch.float32)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=6.0)
+    raise AssertionError(f"no load config for {spec.name}")  # pragma: no cover
+
+
+class quiet_imports:
+    """A context in which libraries import without their import-time warnings on stderr: torchao
+    warns that its CUDA extensions (built for another Python) do not load, and torch that
+    torchao registers enums as pytree constants. Whatever imports them (transformers may,
+    while it loads a model) does so quietly."""
+
+    NAMES = ("torchao", "torch.utils._pytree")
+
+    def __enter__(self):
+        import logging
+
+        self._loggers = [logging.getLogger(n) for n in self.NAMES]
+        self._levels = [lg.level for lg in self._loggers]
+        for lg in self._loggers:
+            lg.setLevel(logging.ERROR)
+        return self
+
+    def __exit__(self, *exc):
+        for lg, level in zip(self._loggers, self._levels):
+            lg.setLevel(level)
+        return False
+
+
+def load_kwargs(name: str | None, model_dtype: Any) -> dict[str, Any]:
+    """Extra `from_pretrained` arguments a load-time variant needs (tinygemm packs bfloat16 only)."""
+    spec = parse(name)
+    if spec is not None and spec.name == "int4-tinygemm":
+        return {"dtype": "bfloat16"}
+    return {}
+
+
+def check_groups(model, name: str | None) -> None:
+    """Refuse a group size that does not divide the input width of every linear layer it would quantize."""
+    spec = parse(name)
+    if spec is None or not spec.quant.grouped or not spec.group_size:
+        return
+    import torch
+
+    bad = sorted({(n, m.in_features) for n, m in _decoder_linears(model, torch.nn.Linear)
+                  if m.in_features % spec.group_size}, key=lambda x: (x[1], x[0]))
+    if bad:
+        widths = sorted({w for _, w in bad})
+        raise BadInput(f"--quant {spec.text}: group size {spec.group_size} does not divide the input width "
+                       f"{', '.join(map(str, widths))} of {len(bad)} linear layers (e.g. {bad[0][0]}); "
+                       f"choose a group size that divides it, e.g. {spec.name}:{_divisor(widths)}")
+
+
+def _divisor(widths: list[int]) -> int:
+    g = 128
+    while g > 2 and any(w % g for w in widths):
+        g //= 2
+    return g
+
+
+def _decoder_linears(model, cls):
+    """(name, module) of the modules of class `cls` other than the output embedding (lm_head)."""
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for n, m in model.named_modules():
+        if isinstance(m, cls) and m is not out_emb:
+            yield n, m
+
+
+def requantize(model, name: str | None):
+    """A model already loaded (from a GGUF file, which transformers will not quantize on load),
+    rebuilt through `from_pretrained` with the variant's quantization config from its own weights."""
+    qc = load_config(name)
+    if qc is None:
+        return model
+    check_groups(model, name)
+    state = model.state_dict()
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    dtype_ = load_kwargs(name, None).get("dtype", model.dtype)
+    device = str(next(model.parameters()).device)  # where HFLM loaded it (device_map {"": device})
+    out = type(model).from_pretrained(None, config=config, state_dict=state, quantization_config=qc, dtype=dtype_,
+                                      device_map={"": device})
+    return out.eval()
 
 
 def apply(model, name: str | None):
-    """Return the model changed as `name` says (in place where torch allows)."""
+    """Return the model changed as `name` says (in place where torch allows); load-time and
+    checkpoint variants were applied as the model loaded and pass through unchanged."""
     import torch
 
-    if name in (None, "q4_1"):
+    spec = parse(name)
+    if spec is None or spec.quant.how in ("load", "checkpoint") or spec.name == "q4_1":
         return model
-    if name == "fp32":
+    if spec.name == "fp32":
         return model.to(torch.float32)
-    if name == "bf16":
+    if spec.name == "bf16":
         return model.to(torch.bfloat16)
-    if name == "int8-dynamic":
+    if spec.name == "int8-dynamic":
         model = model.to(torch.float32)
         return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    raise BadInput(f"unknown --quant {name!r} (known: {', '.join(QUANTS)})")
+    if spec.quant.library == "hqq":
+        return _hqq(model, spec)
+    raise BadInput(f"unknown --quant {name!r} (known: {_known()})")  # pragma: no cover
+
+
+def _hqq(model, spec: Spec):
+    import hqq.models.base as hqq_base
+    from hqq.core.quantize import BaseQuantizeConfig
+    from hqq.models.hf.base import AutoHQQHFModel
+
+    check_groups(model, spec.text)
+    device = str(next(model.parameters()).device)
+    config = BaseQuantizeConfig(nbits=spec.quant.bits, group_size=spec.group_size, axis=1)
+    bar = hqq_base.tqdm
+    hqq_base.tqdm = lambda *a, **k: bar(*a, **{**k, "disable": True})  # it draws a bar per pass on stderr
+    try:
+        AutoHQQHFModel.quantize_model(model, quant_config=config, compute_dtype=model.dtype, device=device)
+    finally:
+        hqq_base.tqdm = bar
+    return model.eval()
+
+
+def quiet_libraries() -> None:
+    """Keep the libraries' per-call notices off stderr (what they say is in the run row's quant_detail)."""
+    import logging
+
+    # bitsandbytes warns on every int8 matmul that float32 inputs are cast to float16
+    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
+
+
+# --- what was applied -------------------------------------------------------------
+
+
+def _version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+_QUANTIZED_FROM = ("bitsandbytes", "hqq", "gptqmodel", "torch.ao.nn.quantized", "torch.nn.quantized", "optimum",
+                   "awq", "auto_gptq", "torchao")
+
+
+def _is_quantized(module) -> bool:
+    """A leaf module that holds quantized weights: a library's replacement of nn.Linear, or a
+    Linear / Embedding whose weight is a quantized tensor subclass (torchao)."""
+    import torch
+
+    cls = type(module)
+    if cls.__module__.startswith(_QUANTIZED_FROM):
+        return not list(module.children())
+    weight = getattr(module, "weight", None)
+    if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and weight is not None:
+        return type(weight) not in (torch.Tensor, torch.nn.Parameter) or weight.dtype in (
+            torch.int8, torch.uint8, torch.qint8)
+    return False
+
+
+def _pattern(name: str) -> str:
+    """A module name with its layer index as `*`: model.layers.3.mlp.up_proj → model.layers.*.mlp.up_proj."""
+    return re.sub(r"\.\d+(?=\.|$)", ".*", name)
+
+
+def module_summary(model) -> dict[str, Any]:
+    """Which modules hold quantized weights ({pattern: count}) and which weight-holding ones do not."""
+    import torch
+
+    quantized: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    for n, m in model.named_modules():
+        if _is_quantized(m):
+            quantized[_pattern(n)] += 1
+        elif isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+            kept[_pattern(n)] += 1
+    return {"n_quantized": sum(quantized.values()), "quantized": dict(sorted(quantized.items())),
+            "not_quantized": dict(sorted(kept.items()))}
+
+
+def _bnb_blocksize(model) -> int | None:
+    for _, m in model.named_modules():
+        state = getattr(getattr(m, "weight", None), "quant_state", None)
+        if state is not None and getattr(state, "blocksize", None):
+            return int(state.blocksize)
+    return None
+
+
+def describe(model, name: str | None, *, gguf_file: str | None = None) -> dict[str, Any]:
+    """What was applied to the loaded model, for the run row's `quant_detail` (JSON): the
+    variant, library and version, scheme, bits, group size, compute dtype, the quantized
+    modules as layer patterns with counts and the weight-holding modules left as they were."""
+    import torch
+
+    spec = parse(name)
+    q = spec.quant if spec else None
+    params = next(iter(model.parameters()), None)
+    compute = getattr(model, "dtype", None) or (params.dtype if params is not None else None)
+    detail: dict[str, Any] = {
+        "variant": spec.text if spec else None,
+        "library": q.library if q else None,
+        "version": (_version(q.library) if q.library != "torch" else torch.__version__.split("+")[0]) if q else None,
+        "scheme": q.scheme if q else "as loaded",
+        "bits": q.bits if q else None,
+        "group_size": spec.group_size if spec else None,
+        "compute_dtype": str(compute).replace("torch.", "") if compute is not None else None,
+    }
+    if spec and spec.name == "int8-weight" and not spec.group_size:
+        detail["group_size"] = None
+        detail["granularity"] = "per output channel"
+    if spec and spec.name == "q4_1":
+        if gguf_file:
+            detail["group_size"] = 32
+        else:  # q4_1 means "as loaded": a model that is not a GGUF file is left as it is
+            detail.update(scheme="as loaded (not a GGUF file: nothing was dequantized)", bits=None)
+    if spec and spec.quant.library == "bitsandbytes":
+        if spec.name == "nf4":
+            detail["group_size"] = _bnb_blocksize(model)
+        else:
+            detail["granularity"] = "per output row; outlier input features (|x| > 6.0) in float"
+            detail["activations"] = "cast to float16 for the int8 matmul (bitsandbytes MatMul8bitLt)"
+    qc = getattr(model.config, "quantization_config", None) if hasattr(model, "config") else None
+    if spec and spec.quant.how == "checkpoint" and qc is not None:
+        qd = qc if isinstance(qc, dict) else qc.to_dict()
+        detail.update(bits=qd.get("bits"), group_size=qd.get("group_size"), checkpoint={
+            k: qd.get(k) for k in ("quant_method", "bits", "group_size", "desc_act", "sym", "version", "format")
+            if qd.get(k) is not None})
+    elif not spec and qc is not None:  # a pre-quantized checkpoint loaded without --quant
+        qd = qc if isinstance(qc, dict) else qc.to_dict()
+        detail.update(scheme=f"checkpoint ({qd.get('quant_method')})", bits=qd.get("bits"),
+                      group_size=qd.get("group_size"))
+    detail.update(module_summary(model))
+    if gguf_file:
+        # every variant of a GGUF model starts from the file's values, dequantized to float32
+        detail["source"] = f"GGUF file {Path(gguf_file).name}, dequantized to float32 by transformers"
+        types = gguf_tensor_types(gguf_file)
+        if types:
+            detail["gguf_tensor_types"] = types
+    return detail
+
+
+def gguf_tensor_types(path) -> dict[str, int] | None:
+    """{GGUF tensor type: count} of a GGUF file (which weights were Q4_1 before any variant)."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+        return dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
+    except Exception:  # noqa: BLE001  (a detail for the record, never a reason to fail a run)
+        return None

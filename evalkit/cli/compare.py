@@ -1,4 +1,8 @@
-"""`evalkit compare RUN_A RUN_B`: first-token drift and metric deltas between two runs."""
+"""`evalkit compare BASELINE CANDIDATE [CANDIDATE ...]`: first-token drift and metric deltas.
+
+Two runs print as A and B; a baseline and several candidates (a quantization sweep)
+print one drift table and one delta table with a row per candidate and task.
+"""
 
 from __future__ import annotations
 
@@ -11,36 +15,54 @@ from evalkit.cli.output import render
 
 DRIFT_COLUMNS = ["task", "n", "top5_mass_a", "top5_mass_b", "top5_overlap", "js_div", "flip_rate"]
 DELTA_COLUMNS = ["task", "metric", "n", "mean_a", "mean_b", "delta", "ci_lo", "ci_hi"]
+SWEEP_DRIFT_COLUMNS = ["task", "run", "quant", "n", "top5_mass_base", "top5_mass", "top5_overlap", "js_div",
+                       "flip_rate"]
+SWEEP_DELTA_COLUMNS = ["task", "metric", "run", "quant", "n", "mean_base", "mean", "delta", "ci_lo", "ci_hi"]
 
 
 @click.command("compare")
-@click.argument("run_a")
-@click.argument("run_b")
+@click.argument("runs", nargs=-1, required=True)
 @db_option
 @format_option
-def compare_command(run_a, run_b, db, fmt):
-    """Compare RUN_B against RUN_A over the prompts both share (same task and doc id).
+def compare_command(runs, db, fmt):
+    """Compare each candidate run against the baseline (the first RUN) over the prompts they share.
 
     Prints the first-token drift per task (top-5 mass of each run, top-5 overlap,
     Jensen-Shannon divergence in bits, share of flipped top-1 tokens) and, for every
-    per-sample metric, the paired delta B - A with a bootstrap 95% CI.
+    per-sample metric, the paired delta candidate - baseline with a bootstrap 95% CI.
+    With several candidates (e.g. a --quant sweep) both tables hold a row per candidate.
     RUN: id, unique prefix, latest, tag:NAME, or a run name.
 
     \b
     Examples:
       evalkit compare tag:prod latest
       evalkit compare 2506011200-ab12 2506011315-cd34 --format json
+      evalkit compare sweep-bf16 sweep-int8-weight sweep-int4-weight
     """
+    from evalkit.compare import compare_many
+    from evalkit.errors import BadInput
+
+    if len(runs) < 2:
+        raise BadInput("compare needs a baseline and at least one candidate: evalkit compare BASELINE RUN [RUN ...]")
+    m = compare_many(db, runs[0], list(runs[1:]))
+    if len(m.comparisons) == 1:
+        _two(m, fmt)
+    else:
+        _sweep(m, fmt)
+
+
+def _two(m, fmt) -> None:
     from dataclasses import asdict
 
-    from evalkit.compare import compare_runs
-
-    c = compare_runs(db, run_a, run_b)
+    c = m.comparisons[0]
     drift = [[getattr(r, k) for k in DRIFT_COLUMNS] for r in c.drift]
     deltas = [[d.task, d.metric, d.n, d.mean_a, d.mean_b, d.delta, d.lo, d.hi] for d in c.deltas]
+    a, b = m.runs.get(c.run_a), m.runs.get(c.run_b)
     if fmt == "json":
         out = asdict(c)
         out["deltas"] = [dict(zip(DELTA_COLUMNS, row)) for row in deltas]
+        out["quant_a"], out["quant_b"] = (a.quant if a else None), (b.quant if b else None)
+        out["quant_detail_a"], out["quant_detail_b"] = (a.quant_detail if a else None), (b.quant_detail if b else None)
         click.echo(json.dumps(out, ensure_ascii=False, indent=2))
         return
     if fmt == "csv":
@@ -55,7 +77,10 @@ def compare_command(run_a, run_b, db, fmt):
         return
     click.echo(f"A = {c.run_a}   B = {c.run_b}   shared prompts: {c.n_shared}")
     if c.dimensions:
-        click.echo("runs differ in: " + "; ".join(f"{k} {a} -> {b}" for k, (a, b) in c.dimensions.items()))
+        click.echo("runs differ in: " + _differ(c.dimensions))
+    if (a and a.quant) or (b and b.quant):
+        click.echo(f"A quant  {a.quant_summary if a else '-'}")
+        click.echo(f"B quant  {b.quant_summary if b else '-'}")
     click.echo()
     if c.drift:
         click.echo("first-token drift (A -> B)")
@@ -65,6 +90,70 @@ def compare_command(run_a, run_b, db, fmt):
     click.echo()
     click.echo("metric deltas B - A (paired bootstrap 95% CI)")
     click.echo(render(DELTA_COLUMNS, deltas, "table"))
+
+
+def _sweep(m, fmt) -> None:
+    from dataclasses import asdict
+
+    def quant(run_id):
+        info = m.runs.get(run_id)
+        return info.quant if info else None
+
+    order = {c.run_b: i for i, c in enumerate(m.comparisons)}
+    drift = sorted(([r.task, c.run_b, quant(c.run_b), r.n, r.top5_mass_a, r.top5_mass_b, r.top5_overlap, r.js_div,
+                     r.flip_rate] for c in m.comparisons for r in c.drift),
+                   key=lambda row: (row[0] == "all", row[0], order[row[1]]))
+    deltas = sorted(([d.task, d.metric, c.run_b, quant(c.run_b), d.n, d.mean_a, d.mean_b, d.delta, d.lo, d.hi]
+                     for c in m.comparisons for d in c.deltas),
+                    key=lambda row: (row[0] == "all", row[0], _metric_rank(row[1]), order[row[2]]))
+    if fmt == "json":
+        out = {
+            "baseline": m.baseline,
+            "runs": {k: asdict(v) for k, v in m.runs.items()},
+            "drift": [dict(zip(SWEEP_DRIFT_COLUMNS, row)) for row in drift],
+            "deltas": [dict(zip(SWEEP_DELTA_COLUMNS, row)) for row in deltas],
+            "notes": {c.run_b: c.drift_note for c in m.comparisons if c.drift_note},
+            "n_shared": {c.run_b: c.n_shared for c in m.comparisons},
+            "dimensions": {c.run_b: c.dimensions for c in m.comparisons},
+        }
+        click.echo(json.dumps(out, ensure_ascii=False, indent=2, default=str))
+        return
+    if fmt == "csv":
+        rows = [[r[0], f"drift:{k}", r[1], r[2], r[3], r[4] if k == "top5_mass" else None,
+                 r[5] if k == "top5_mass" else None,
+                 (r[5] - r[4]) if k == "top5_mass" else r[SWEEP_DRIFT_COLUMNS.index(k)], None, None]
+                for r in drift for k in ("top5_mass", "top5_overlap", "js_div", "flip_rate")]
+        click.echo(render(SWEEP_DELTA_COLUMNS, rows + deltas, "csv"))
+        return
+    base = m.runs.get(m.baseline)
+    click.echo(f"baseline {m.baseline}  {base.quant_summary if base else ''}")
+    for c in m.comparisons:
+        info = m.runs.get(c.run_b)
+        click.echo(f"run      {c.run_b}  {info.quant_summary if info else ''}  (shared prompts: {c.n_shared})")
+        others = {k: v for k, v in c.dimensions.items() if k != "quant"}
+        if others:
+            click.echo(f"         differs from the baseline in: {_differ(others)}")
+    click.echo()
+    click.echo("first-token drift against the baseline, a row per run and task")
+    click.echo(render(SWEEP_DRIFT_COLUMNS, drift, "table"))
+    for c in m.comparisons:
+        if c.drift_note:
+            click.echo(f"{c.run_b}: {c.drift_note}")
+    click.echo()
+    click.echo("metric deltas run - baseline (paired bootstrap 95% CI)")
+    click.echo(render(SWEEP_DELTA_COLUMNS, deltas, "table"))
+
+
+def _differ(dimensions: dict[str, tuple]) -> str:
+    """The run dimensions two runs differ in: "kv_cache full -> window:256; quant bf16 -> int8-weight"."""
+    return "; ".join(f"{k} {x} -> {y}" for k, (x, y) in dimensions.items())
+
+
+def _metric_rank(metric: str) -> int:
+    from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
+
+    cols = list(SAMPLE_METRIC_COLUMNS)
+    return cols.index(metric) if metric in cols else len(cols)
 
 
 COMMANDS = [compare_command]

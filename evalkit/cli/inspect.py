@@ -40,7 +40,7 @@ def _pad(text: str, width: int) -> str:
 @click.option("--template", default="chat", show_default=True, help="Prompt template: chat, plain, direct, or yours.")
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
-@click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--quant", default=None, help="One --quant variant of `evalkit run` (q4_1, bf16, int8-weight, int4-weight, ...).")
 @click.option("--kv-cache", default=None,
               help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS.")
 @click.option("--top-k", type=int, default=10, show_default=True, help="First tokens to list.")
@@ -83,8 +83,8 @@ def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, mo
     if fmt == "json":
         click.echo(json.dumps(asdict(r), ensure_ascii=False, indent=2))
         return
-    cols = ["rank", "token_id", "token", "prob", "cum"]
-    rows = [[t.rank, t.token_id, t.token, t.prob, t.cum] for t in r.tokens]
+    cols = ["rank", "token_id", "token", "unit", "prob", "cum"]
+    rows = [[t.rank, t.token_id, t.token, t.unit, t.prob, t.cum] for t in r.tokens]
     if fmt == "csv":
         click.echo(render(cols, rows, "csv"))
         if attention:
@@ -97,10 +97,14 @@ def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, mo
     click.echo(f"template  {r.template}   context {r.n_context_tokens} tokens: {r.context!r}")
     click.echo()
     width = max([len("token")] + [_cells(t.token) for t in r.tokens])
-    click.echo(f"{'rank':>4}  {'id':>7}  {_pad('token', width)}  {'prob':>8}  {'':<{BAR_WIDTH}}  {'cum':>8}")
+    uwidth = max([len("unit")] + [_cells(t.unit) for t in r.tokens])
+    click.echo(f"{'rank':>4}  {'id':>7}  {_pad('token', width)}  {_pad('unit', uwidth)}  {'prob':>8}  "
+               f"{'':<{BAR_WIDTH}}  {'cum':>8}")
     for t in r.tokens:
-        click.echo(f"{t.rank:>4}  {t.token_id:>7}  {_pad(t.token, width)}  {t.prob:8.6f}  "
+        click.echo(f"{t.rank:>4}  {t.token_id:>7}  {_pad(t.token, width)}  {_pad(t.unit, uwidth)}  {t.prob:8.6f}  "
                    f"{bar(t.prob):<{BAR_WIDTH}}  {t.cum:8.6f}")
+    click.echo("unit: the first whole character or word the token starts (a byte of a split character is "
+               "completed greedily)")
     click.echo()
     unstable = "  unstable (< 0.70)" if r.top3_mass < 0.70 else ""
     click.echo(f"entropy            {r.entropy:.4f} nats")

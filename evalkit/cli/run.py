@@ -33,7 +33,9 @@ def _csv_list(kind, presets=None):
 @click.option("--template", default="chat", show_default=True, help="Prompt template: chat, plain, direct, or yours.")
 @click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
               help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
-@click.option("--quant", default=None, help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic.")
+@click.option("--quant", default=None,
+              help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic, int8-weight, int4-weight[:G], nf4, int8-llm, "
+                   "hqq4[:G], hqq8[:G], int4-tinygemm (GPU), gptq, awq; comma-separated: one run per variant.")
 @click.option("--kv-cache", default=None,
               help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS; "
                    "a comma list runs one run per policy.")
@@ -67,6 +69,7 @@ def run_command(**opts):
       evalkit run --tasks firsttoken
       evalkit run --tasks firsttoken_zh --template direct --limit 20
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
+      evalkit run --tasks firsttoken --quant bf16,int8-weight,int4-weight --limit 40
       evalkit run --tasks needle_en --kv-cache full,window:256,sinkwindow:4:256,fp8
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
@@ -78,10 +81,11 @@ def run_command(**opts):
     def started(rid: str) -> None:
         click.echo(f"run {rid} started", err=True)
 
+    lists = [f"--{k.replace('_', '-')} {opts[k]}" for k in ("quant", "kv_cache") if "," in (opts.get(k) or "")]
     runs = api.run_all(opts.pop("tasks") or "", opts.pop("model"), on_start=started, on_done=_print_result, **opts)
     if len(runs) > 1:
         ids = " ".join(r.id for r in runs)
-        click.echo(f"{len(runs)} runs: {ids}")
+        click.echo(f"sweep of {len(runs)} runs ({', '.join(lists)}): {ids}")
         click.echo(f"compare them: evalkit compare {ids}")
 
 

@@ -185,7 +185,8 @@ def _read(con, refs: list[str], prompts: int) -> _Data:
     ids = _select_runs(con, refs)
     runs = _rows(con, f"""
         SELECT r.id, r.name, r.status, r.model, r.model_name, r.model_args, r.model_fingerprint, r.quant,
-               r.kv_cache, r.template, r.tasks, r.created_at, r.duration_s, coalesce(s.n, 0) AS n_samples
+               r.quant_detail, r.kv_cache, r.template, r.tasks, r.created_at, r.duration_s,
+               coalesce(s.n, 0) AS n_samples
         FROM runs r
         LEFT JOIN (SELECT run_id, count(*) AS n FROM samples WHERE run_id IN {_IDS} GROUP BY run_id) s
           ON s.run_id = r.id
@@ -294,7 +295,7 @@ def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
     wanted = "(SELECT unnest(?::VARCHAR[]) AS task, unnest(?::VARCHAR[]) AS doc_id)"
     dists = _rows(con, f"""
         SELECT t.run_id, t.task, t.doc_id, sum(exp(t.logprob)) AS mass,
-               list(struct_pack(rank := t.rank, token_id := t.token_id, token := t.token,
+               list(struct_pack(rank := t.rank, token_id := t.token_id, token := t.token, unit := t.unit,
                                 p := exp(t.logprob)) ORDER BY t.rank) AS tokens
         FROM first_token_topk t JOIN {wanted} w ON t.task = w.task AND t.doc_id = w.doc_id
         WHERE t.run_id IN {_IDS}
@@ -343,6 +344,22 @@ def _label_runs(runs: list[dict]) -> None:
         # one configuration: trend lines never join runs of another model, quant, KV cache or template
         r["config_key"] = (r["model"], r["model_fingerprint"] or r["model_args"] or "", r["quant"], r["kv_cache"],
                            r["template"])
+        r["quant_applied"] = _quant_applied(r.get("quant"), r.get("quant_detail"))
+
+
+def _quant_applied(quant: str | None, detail: str | None) -> str:
+    """What `--quant` applied (library, bits, group size, modules), from runs.quant_detail."""
+    import json
+
+    from evalkit.compare import quant_summary
+
+    try:
+        parsed = json.loads(detail) if detail else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        return ""
+    return quant_summary(quant, parsed).split(": ", 1)[-1]
 
 
 # ------------------------------------------------------------------ sections
@@ -371,11 +388,11 @@ def _runs_section(data: _Data) -> Section:
     rows = []
     for r in data.runs:
         created = r["created_at"].strftime("%Y-%m-%d %H:%M:%S") if r["created_at"] else ""
-        rows.append([r["id"], r["name"] or "", r["status"], r["model_label"], r["quant"] or "",
+        rows.append([r["id"], r["name"] or "", r["status"], r["model_label"], r["quant"] or "", r["quant_applied"],
                      r["kv_cache"] or "", r["template"] or "", ", ".join(r["tasks"] or []), created,
                      str(r["n_samples"]), _num(r["duration_s"], 1)])
-    table = Table(["id", "name", "status", "model", "quant", "kv cache", "template", "tasks", "created (UTC)",
-                   "samples", "duration s"], rows, numeric_from=9)
+    table = Table(["id", "name", "status", "model", "quant", "quant applied", "kv cache", "template", "tasks",
+                   "created (UTC)", "samples", "duration s"], rows, numeric_from=10)
     section = Section("runs", "Runs", tables=[table],
                       intro=f"{len(data.runs)} runs, {len(data.done)} of them done.")
     not_done = [r["label"] for r in data.runs if r["status"] != "done"]
@@ -477,7 +494,8 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
         f"{len(data.ft_prompts)} prompts shared by {n_runs} of the {len(data.ft_runs)} runs with top-k rows, "
         "those whose most likely first tokens disagree most (distinct top-1 tokens, then the spread of "
         "the top-1 probability). Probabilities are exp(logprob) from first_token_topk; a token outside "
-        "a run's stored top-k shows as 0."
+        "a run's stored top-k shows as 0. A token marked * is only the first byte(s) of a character: it "
+        "shows as the first unit it starts, the character greedy decoding completes it to."
     )
     from evalkit.report.plots import first_token_plot, token_label
 
@@ -490,13 +508,13 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
             for tok in dist["tokens"][:TOKENS_PER_PROMPT]:
                 p = tok["p"]
                 if tok["token_id"] not in best or p > best[tok["token_id"]][0]:
-                    best[tok["token_id"]] = (p, tok["token"])
+                    best[tok["token_id"]] = (p, tok)
         token_ids = sorted(best, key=lambda t: -best[t][0])[:TOKENS_PER_PROMPT]
         probs = {}
         for run_id, dist in prompt["runs"].items():
             by_id = {t["token_id"]: t["p"] for t in dist["tokens"]}
             probs[runs[run_id]["label"]] = [by_id.get(t, 0.0) for t in token_ids]
-        panels.append({"title": title, "tokens": [token_label(best[t][1], t) for t in token_ids],
+        panels.append({"title": title, "tokens": [token_label(*_shown_token(best[t][1])) for t in token_ids],
                        "probs": probs})
 
         order = [i for i in data.ft_runs if i in prompt["runs"]]
@@ -519,8 +537,18 @@ def _first_token_section(data: _Data, out_dir: Path, prompts: int) -> Section:
     return section
 
 
+def _shown_token(tok: dict) -> tuple[str | None, int, bool]:
+    """(text, id, completed) of a top-k token as the report shows it: a token that is only part
+    of a character (it decodes to U+FFFD alone) shows as the first unit it starts, completed."""
+    token, unit = tok["token"], tok.get("unit")
+    if token is not None and "\ufffd" in token and unit:
+        return unit, tok["token_id"], True
+    return token, tok["token_id"], False
+
+
 def _token_text(tok: dict) -> str:
-    return repr(tok["token"]) if tok["token"] is not None else f"#{tok['token_id']}"
+    text, token_id, completed = _shown_token(tok)
+    return (repr(text) + ("*" if completed else "")) if text is not None else f"#{token_id}"
 
 
 def _needle_section(data: _Data, out_dir: Path) -> Section:

@@ -110,11 +110,12 @@ def plot_label(text: str, max_len: int = 40) -> str:
     return joined if len(joined) <= max_len else joined[: max_len - 1] + "…"
 
 
-def token_label(token: str | None, token_id: int | None = None) -> str:
-    """A first-token label with its spaces visible: repr-quoted, or #id when the text is missing."""
+def token_label(token: str | None, token_id: int | None = None, completed: bool = False) -> str:
+    """A first-token label with its spaces visible: repr-quoted, or #id when the text is missing;
+    `completed`: the text is the unit a partial token starts, marked with a *."""
     if token is None:
         return f"#{token_id}"
-    return plot_label(repr(token), 24)
+    return plot_label(repr(token), 24) + ("*" if completed else "")
 
 
 def run_colors(n: int) -> list:

@@ -115,10 +115,12 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
             for m in SAMPLE_METRIC_COLUMNS:
                 row[m] = values.get(m)
             samples.append(row)
+            units = {int(k): v for k, v in (fields.get("units") or {}).items()}
             for rank, (token_id, token, logprob) in enumerate(fields.get("topk") or []):
                 topk.append({
                     "run_id": run_id, "task": task, "doc_id": doc_id, "rank": rank,
                     "token_id": int(token_id), "token": token, "logprob": float(logprob),
+                    "unit": units.get(int(token_id)),
                 })
             if isinstance(resp, FirstStepResult) and resp.layers:
                 attention += attention_rows(run_id, task, doc_id, resp.layers)

@@ -108,9 +108,11 @@ def attn_implementation(plan: RunPlan, lm) -> str | None:
     return implementation(getattr(lm, "model", None))
 
 
-def run_row(plan: RunPlan, run_id: str, attn_impl: str | None = None) -> dict[str, Any]:
-    """The `runs` row of a run as it starts."""
+def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
+    """The `runs` row of a run as it starts (`lm`: the loaded model, which says what `--quant` applied
+    and which attention implementation it runs)."""
     cfg, model = plan.cfg, plan.model
+    detail = getattr(lm, "quant_detail", None)
     return {
         "id": run_id,
         "created_at": now(),
@@ -120,8 +122,9 @@ def run_row(plan: RunPlan, run_id: str, attn_impl: str | None = None) -> dict[st
         "model_name": model.label,
         "model_args": json.dumps(model.args, sort_keys=True, default=str),
         "model_fingerprint": models.fingerprint(model.args),
-        "dtype": model.dtype,
+        "dtype": model.dtype or (detail or {}).get("compute_dtype"),
         "quant": model.quant,
+        "quant_detail": json.dumps(detail, sort_keys=True) if isinstance(detail, dict) else None,
         "kv_cache": model.kv_cache,
         "template": plan.template.name,
         "template_text": json.dumps(plan.template.to_dict(), ensure_ascii=False),
@@ -138,7 +141,7 @@ def run_row(plan: RunPlan, run_id: str, attn_impl: str | None = None) -> dict[st
         "git_commit": _git_commit(),
         "config": cfg.to_json(),
         "attention": cfg.attention,
-        "attn_implementation": attn_impl,
+        "attn_implementation": attn_implementation(plan, lm),
         **_versions(),
         **runs.this_process(),
     }
@@ -206,7 +209,7 @@ def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
 
     writer = is_main_rank()
     run_id = new_run_id()
-    row = run_row(plan, run_id, attn_implementation(plan, lm))
+    row = run_row(plan, run_id, lm)
     if writer:
         runs.insert_run(cfg.db, row)
     if on_start:

@@ -130,5 +130,5 @@ def stored_fields(resp: Any) -> dict[str, Any]:
     text = response_text(resp)
     if isinstance(resp, FirstStepResult):
         return {"response": text, "first_unit": resp.first_unit, "first_token": resp.first_token,
-                "first_token_id": resp.first_token_id, "topk": resp.topk, "answer": resp.answer_text}
+                "first_token_id": resp.first_token_id, "topk": resp.topk, "units": resp.units, "answer": resp.answer_text}
     return {"response": text, "first_unit": first_unit_text(text)}

@@ -307,6 +307,27 @@ def m013_kv_cache(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m014_quant_detail(con: duckdb.DuckDBPyConnection) -> None:
+    # What `--quant` applied, as JSON (`quant.describe`): variant, library and version, scheme,
+    # bits, group size, compute dtype, the quantized modules as layer patterns with counts and
+    # the weight-holding modules left as they were. The leaderboard keeps every column m013 gave
+    # it and ends with this one.
+    con.execute("ALTER TABLE runs ADD COLUMN quant_detail VARCHAR")
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_name, r.model_fingerprint, r.quant, r.template,
+               r.kv_cache, r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               coalesce(m.ci_lo, m.value - 1.96 * m.stderr) AS ci_lo,
+               coalesce(m.ci_hi, m.value + 1.96 * m.stderr) AS ci_hi,
+               r.quant_detail
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
 def m015_attention_and_conflict(con: duckdb.DuckDBPyConnection) -> None:
     # Where the model looks (docs/metrics.md §1.8) and conflicting facts (§1.9), and start_gap (§1.6).
     # The run records whether it read attention and the attention implementation its model ran.
@@ -418,6 +439,13 @@ def m015_attention_and_conflict(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m016_topk_units(con: duckdb.DuckDBPyConnection) -> None:
+    # The first unit (docs/metrics.md §1.0) each of a prompt's likeliest first tokens starts:
+    # a byte of a split Chinese character decodes to "�" alone; its unit is the character
+    # greedy decoding completes it to. NULL past the ranks evalkit completes and before m016.
+    con.execute("ALTER TABLE first_token_topk ADD COLUMN unit VARCHAR")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -432,5 +460,9 @@ MIGRATIONS: list[Migration] = [
     m011_run_model_name,
     m012_answers_and_lead_indicators,
     m013_kv_cache,
+    m016_topk_units,
+    # applied after m016: the list is the order of application and each entry's place its
+    # schema_version number, so a migration is appended even when its name's number is lower
+    m014_quant_detail,
     m015_attention_and_conflict,
 ]

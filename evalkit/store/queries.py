@@ -90,7 +90,7 @@ def list_runs(path, limit: int = 50):
             """,
             [limit],
         )
-        shown = len(cur.description) - len(_LIVENESS.split(","))  # the liveness columns only decide the status
+        shown = len(cur.description) - len(_LIVENESS.split(","))  # the columns before the liveness ones
         cols = [d[0] for d in cur.description][:shown]
         rows = []
         for r in cur.fetchall():

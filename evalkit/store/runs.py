@@ -27,7 +27,7 @@ RUN_COLUMNS = (
     "tasks", "seed", "batch_size", "sample_limit", "top_k", "first_temperature",
     "ban_openers", "opener_lexicon_version", "evalkit_version", "lm_eval_version",
     "transformers_version", "torch_version", "git_commit", "host", "duration_s",
-    "config", "error", "pid", "pid_start", "heartbeat_at", "model_name", "kv_cache", "attention",
+    "config", "error", "pid", "pid_start", "heartbeat_at", "model_name", "kv_cache", "quant_detail", "attention",
     "attn_implementation",
 )
 SAMPLE_COLUMNS = (
@@ -43,7 +43,7 @@ SAMPLE_COLUMNS = (
 # the samples columns that hold one numeric per-sample metric value each (the registry says which)
 SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()
 METRIC_COLUMNS = ("run_id", "task", "metric", "filter", "value", "stderr", "n", "ci_lo", "ci_hi")
-TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob")
+TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logprob", "unit")
 LEAD_COLUMNS = ("run_id", "task", "category", "signal", "auroc", "ci_lo", "ci_hi", "n", "n_right", "base_rate",
                 "reason")
 ATTENTION_COLUMNS = ("run_id", "task", "doc_id", "layer", "sink_rate", "sink_score", "needle_attn", "question_attn")
