@@ -21,8 +21,9 @@ On the default SmolLM2-135M-Instruct (Q4_1 GGUF, fp32 compute on CPU):
                                    [--rss-depths 0,0.1,...,0.7] [--rss-batch-size N]
                                    [--skip-rss] [--long-grid]
 
-Takes about 25 minutes on a 2-core CPU at the defaults (half in (1), half in (2): two
-model loads and two runs); `--long-grid` adds about 4.
+Takes about 2.5 minutes for (1) on a quiet 2-core CPU and several more for (2), two model
+loads and two whole runs (25 minutes in all with the load average at 4); `--long-grid`
+adds about 1.5.
 """
 
 from __future__ import annotations
