@@ -122,6 +122,31 @@ def test_lead_table_orients_signals_and_gives_reasons():
                for r in everyone_right if r["n"])
 
 
+def test_group_answer_hit_is_a_mean_over_the_checkable_prompts():
+    """lm-eval weighs a group's subtasks by their prompt counts; answer_hit is defined on the
+    checkable prompts only, so a group's value, stderr and n are pooled over those."""
+    from evalkit.runner.collect import add_intervals
+
+    en = [{"task": "t_en", "answer_hit": float(i < 6), "ft_hit": 1.0} for i in range(10)]  # 6 of 10 right
+    zh = ([{"task": "t_zh", "answer_hit": float(i < 1), "ft_hit": 0.0} for i in range(4)]  # 1 of 4 right
+          + [{"task": "t_zh", "answer_hit": None, "ft_hit": 0.0} for _ in range(16)])  # not checkable
+    # what lm-eval hands over: subtask means over the values present, n from the prompt counts,
+    # the group weighted by those counts (10 and 20)
+    rows = [{"task": "t_en", "metric": "answer_hit", "value": 0.6, "stderr": 0.1, "n": 10},
+            {"task": "t_zh", "metric": "answer_hit", "value": 0.25, "stderr": 0.2, "n": 20},
+            {"task": "t", "metric": "answer_hit", "value": (0.6 * 10 + 0.25 * 20) / 30, "stderr": 0.1, "n": 30},
+            {"task": "t", "metric": "ft_hit", "value": 10 / 30, "stderr": 0.08, "n": 30}]
+    add_intervals(rows, en + zh, {"t": ["t_en", "t_zh"]})
+    by = {(r["task"], r["metric"]): r for r in rows}
+    pooled = [1.0] * 7 + [0.0] * 7
+    assert by[("t", "answer_hit")]["value"] == pytest.approx(0.5) and by[("t", "answer_hit")]["n"] == 14
+    assert by[("t", "answer_hit")]["stderr"] == pytest.approx(np.std(pooled, ddof=1) / np.sqrt(14))
+    assert by[("t_zh", "answer_hit")]["value"] == pytest.approx(0.25) and by[("t_zh", "answer_hit")]["n"] == 4
+    assert by[("t", "ft_hit")]["value"] == pytest.approx(10 / 30) and by[("t", "ft_hit")]["n"] == 30
+    lo, hi = by[("t", "answer_hit")]["ci_lo"], by[("t", "answer_hit")]["ci_hi"]
+    assert lo < 0.5 < hi and hi - lo > 0.4  # Wilson over 14 prompts, not 30
+
+
 # ---- the gate reads lead_auroc per task ---------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 Owns: reading `results["results"]`, `results["n-samples"]` and the logged
 samples, and shaping one row per metric, per prompt, per top-k token and per
 (prompt, layer) of the prefill's attention.
-Does not: compute metric values (the tasks' `process_results` did, once) or write
+Does not: score a response (the tasks' `process_results` did, once) or write
 to the DB.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from typing import Any
 
 from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
@@ -132,7 +133,8 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
 def add_intervals(metric_rows: list[dict], sample_rows: list[dict], group_subtasks: dict[str, list[str]]) -> None:
     """Give each aggregate of a per-sample metric its interval (`stats.interval`: Wilson for
     proportions, bootstrap percentile otherwise) from the prompts' values, and a group's row
-    (e.g. `firsttoken`, over `firsttoken_en` and `firsttoken_zh`) its prompt count; in place."""
+    (e.g. `firsttoken`, over `firsttoken_en` and `firsttoken_zh`) its prompt count; a mean's value,
+    stderr and n are taken over the prompts that define the metric; in place."""
     from evalkit.scoring import registry
     from evalkit.scoring.stats import interval
 
@@ -150,7 +152,13 @@ def add_intervals(metric_rows: list[dict], sample_rows: list[dict], group_subtas
             continue
         values = [s[row["metric"]] for t in members(row["task"]) for s in by_task.get(t, [])
                   if s.get(row["metric"]) is not None]
-        if row.get("n") is None and values:
+        if values and spec.aggregation == "mean":
+            # lm-eval counts and weighs a task by its prompts, but a metric that only some prompts
+            # define (answer_hit: the checkable ones) is a mean over those prompts alone
+            row["value"] = statistics.fmean(values)
+            row["stderr"] = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+            row["n"] = len(values)
+        elif row.get("n") is None and values:
             row["n"] = len(values)
         ci = interval(values, binary=spec.binary) if values else None
         if ci:
