@@ -10,8 +10,9 @@ On the default SmolLM2-135M-Instruct (Q4_1 GGUF, fp32 compute on CPU):
       Prints seconds a prompt and the ratio attention / plain;
   (2) peak RSS of two whole runs as child processes, each measured on its own:
       `evalkit run --tasks needle_en --needle-lengths 2048 --needle-depths 0,0.1,...,0.7`
-      (8 prompts: one full batch at the default batch size, 8, the most a default run
-      holds at once; `--rss-batch-size N` runs them N at a time) with and without
+      (8 prompts: at the default batch size, 8, the engine's position budget,
+      `engine.BATCH_TOKENS` = 8192, runs them 4 at a time; `--rss-batch-size N` asks for
+      N at a time) with and without
       `--attention`, against the 2 GB budget of the default run (bench/peak_rss.py);
   (3) with `--long-grid`, the CPU cost of the `long` preset: one plain prompt at each of
       2048, 4096 and 7680 tokens (prefill and answer), to price the 33 prompts a task of

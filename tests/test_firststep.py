@@ -116,6 +116,29 @@ def test_candidate_tokenised_alone_when_context_merges():
     assert candidate_ids(tok, "x ", "ab") == [1000]
 
 
+def test_batches_are_cut_by_padded_positions():
+    from evalkit.backends.engine import _batches
+
+    lengths = [2048, 2048, 2048, 2048, 2048, 1000, 1000, 30, 30, 30]
+    order = list(range(len(lengths)))  # longest first, as probe orders them
+    assert _batches(order, lengths, 8, 8192) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert _batches(order, lengths, 3, 10**6) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert _batches([0, 1], [9000, 9000], 8, 8192) == [[0], [1]]  # one prompt longer than the budget runs alone
+    assert all(len(b) * lengths[b[0]] <= 8192 for b in _batches(order, lengths, 8, 8192))
+
+
+def test_a_token_budget_changes_the_batches_not_the_results(tiny, contexts):
+    model, tokenizer = tiny
+    wide = probe(model, tokenizer, contexts, top_k=10, max_new_tokens=4, batch_size=6)
+    longest = max(len(s.context_ids) for s in wide)
+    narrow = probe(model, tokenizer, contexts, top_k=10, max_new_tokens=4, batch_size=6, batch_tokens=longest)
+    for a, b in zip(wide, narrow):
+        assert a.topk_ids == b.topk_ids and a.response_ids == b.response_ids
+        assert a.topk_logprobs == pytest.approx(b.topk_logprobs, abs=1e-5)
+    with pytest.raises(ValueError, match="batch_tokens"):
+        probe(model, tokenizer, contexts, batch_tokens=0)
+
+
 def test_batched_and_unbatched_agree(tiny, contexts):
     model, tokenizer = tiny
     cands = [["Recursion", "递归", "Paris"], ["巴黎", "递归"], ["Hello", "Hi there"], ["Paris"], ["递归"], ["Hello"]]

@@ -31,6 +31,9 @@ import torch
 from evalkit.backends.kvcache import FULL, KVPolicy, new_cache
 
 _SEED_STRIDE = 1_000_003
+# the most positions a batch holds once padded: 4 prompts of 2048 tokens, whose prefill on the
+# default model peaks under the 2 GB budget (8 of them: 2.5 GB; bench/attention_cost.py)
+BATCH_TOKENS = 8192
 
 
 @dataclass
@@ -73,6 +76,7 @@ def probe(
     answer_tokens: Sequence[int] | None = None,
     kv_policy: KVPolicy | None = None,
     unit_ranks: int = 0,
+    batch_tokens: int = BATCH_TOKENS,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -83,7 +87,10 @@ def probe(
     at `first_temperature` (> 0) drawn with a generator seeded from `seed` and the
     prompt's index in `contexts`; later tokens are greedy. With `max_new_tokens=0`
     nothing is generated but `first_token_id` is still chosen. Results are in the
-    order of `contexts` and do not depend on `batch_size`.
+    order of `contexts` and do not depend on `batch_size`. A batch holds at most
+    `batch_size` prompts and at most `batch_tokens` positions once padded to its longest
+    prompt (never fewer than one prompt), so long prompts go in smaller batches: the KV
+    cache and the prefill's temporaries grow with the padded positions, not the count.
 
     `tolerance` > 0 lets each prompt leave unscored the least likely token prefixes
     of its candidate trie, as long as their probabilities add up to at most
@@ -121,6 +128,8 @@ def probe(
         raise ValueError(f"{len(attention)} attention requests for {len(contexts)} contexts")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
     if answer_tokens is not None and len(answer_tokens) != len(contexts):
@@ -137,8 +146,7 @@ def probe(
     order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
     results: list[FirstStep | None] = [None] * len(contexts)
     with torch.inference_mode():
-        for start in range(0, len(order), batch_size):
-            rows = order[start : start + batch_size]
+        for rows in _batches(order, [len(ids) for ids in context_ids], batch_size, batch_tokens):
             steps = engine.run_batch(
                 rows,
                 [contexts[i] for i in rows],
@@ -150,6 +158,18 @@ def probe(
             for i, step in zip(rows, steps):
                 results[i] = step
     return results  # type: ignore[return-value]
+
+
+def _batches(order: list[int], lengths: list[int], batch_size: int, batch_tokens: int) -> list[list[int]]:
+    """Cut `order` (longest prompt first) into batches of at most `batch_size` prompts whose
+    padded size, prompts × the first (longest) prompt's length, stays within `batch_tokens`."""
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and len(batches[-1]) < batch_size and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
 
 
 def candidate_ids(
