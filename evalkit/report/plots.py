@@ -349,7 +349,11 @@ def reliability_plot(series: dict[str, Sequence[dict]], path: str | Path) -> Pat
         pts = sorted(points, key=lambda p: p["decile"])
         ax.plot([p["ft_hit_prob"] for p in pts], [p["accuracy"] for p in pts], marker="o", markersize=3,
                 color=color, label=plot_label(label, 32))
-    ax.set_xlabel("mean ft_hit_prob of the decile", fontsize=8)
+    xs = [p["ft_hit_prob"] for points in series.values() for p in points if p["ft_hit_prob"] > 0]
+    log_x = bool(xs) and max(xs) / min(xs) > 100  # deciles of a small probability crowd at 0 on a linear axis
+    if log_x:  # symmetric log, so a decile whose mean is exactly 0 keeps its point
+        ax.set_xscale("symlog", linthresh=min(xs))
+    ax.set_xlabel("mean ft_hit_prob of the decile" + (" (log scale)" if log_x else ""), fontsize=8)
     ax.set_ylabel("answer_hit (share right)", fontsize=8)
     ax.set_ylim(-0.03, 1.03)
     ax.tick_params(labelsize=8)
