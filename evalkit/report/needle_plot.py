@@ -59,6 +59,23 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def _save(fig, path: str | Path, dpi: int = 120) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
+def _recall_axis(ax, xlabel: str, title: str) -> None:
+    """Recall (0..1) against needle depth (0..1), gridded."""
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("recall")
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+
+
 def heatmap(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
     """Write a depth x length recall heatmap PNG, one panel per (lang, hint); return its path.
 
@@ -85,10 +102,7 @@ def heatmap(rows: Iterable[dict], path: str | Path, title: str | None = None) ->
     fig.colorbar(image, ax=axes.ravel().tolist(), label="recall")
     if title:
         fig.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
 
 
 def _heatmap_panel(ax, grid: dict, lang: str, hint: bool, depths: list, lengths: list, title: str):
@@ -136,10 +150,7 @@ def policy_heatmaps(groups: list[tuple[str, Iterable[dict]]], path: str | Path, 
     fig.colorbar(image, ax=axes.ravel().tolist(), label="recall")
     if title:
         fig.suptitle(title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
+    return _save(fig, path, dpi=110)
 
 
 def policy_depth_lines(groups: list[tuple[str, Iterable[dict]]], path: str | Path, title: str | None = None) -> Path:
@@ -153,17 +164,9 @@ def policy_depth_lines(groups: list[tuple[str, Iterable[dict]]], path: str | Pat
         cells = _mean_cells(rows, ("depth",))  # a plain mean over the view's cells of each depth
         points = sorted((float(c[0]), v) for c, v in cells.items())
         ax.plot([d for d, _ in points], [v for _, v in points], marker="o", label=name)
-    ax.set_xlim(-0.03, 1.03)
-    ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel("needle depth (0 = the first sentence)")
-    ax.set_ylabel("recall")
-    ax.grid(alpha=0.3)
+    _recall_axis(ax, "needle depth (0 = the first sentence)", title or "needle recall by depth, per KV-cache policy")
     ax.legend(fontsize=8)
-    ax.set_title(title or "needle recall by depth, per KV-cache policy")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
 
 
 def recall_by_depth_plot(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
@@ -178,17 +181,9 @@ def recall_by_depth_plot(rows: Iterable[dict], path: str | Path, title: str | No
             if points:
                 ax.plot([d for d, _ in points], [v for _, v in points], marker="o",
                         linestyle="--" if hint else "-", label=_panel_title(lang, hint))
-    ax.set_xlim(-0.03, 1.03)
-    ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel("needle depth")
-    ax.set_ylabel("recall")
-    ax.grid(alpha=0.3)
+    _recall_axis(ax, "needle depth", title or "needle recall by depth")
     ax.legend()
-    ax.set_title(title or "needle recall by depth")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
 
 
 def recall_attention_plot(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
@@ -230,7 +225,4 @@ def recall_attention_plot(rows: Iterable[dict], path: str | Path, title: str | N
     bottom.set_xlim(-0.03, 1.03)
     bottom.grid(alpha=0.3)
     top.set_title(title or "recall and attention on the needle by depth")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
