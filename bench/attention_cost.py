@@ -4,15 +4,15 @@ On the default SmolLM2-135M-Instruct (Q4_1 GGUF, fp32 compute on CPU):
 
   (1) time, in one process, the model loaded once: the same needle_en prompts (chat
       template, `--length` tokens, depths 0, 0.5 and 1 by default) through `engine.probe`
-      as a run sends them (one batch, 48 tokens to answer, stop "\\n\\n"), plainly (the
+      as a run sends them (batched as a run batches them, 48 tokens to answer, stop "\\n\\n"), plainly (the
       model's own sdpa attention) and with the attention read (`evalkit_eager`, the needle
       span requested). The two alternate `--rounds` times; the fastest of each is kept.
       Prints seconds a prompt and the ratio attention / plain;
   (2) peak RSS of two whole runs as child processes, each measured on its own:
       `evalkit run --tasks needle_en --needle-lengths 2048 --needle-depths 0,0.1,...,0.7`
       (8 prompts: at the default batch size, 8, the engine's position budget,
-      `engine.BATCH_TOKENS` = 8192, runs them 4 at a time; `--rss-batch-size N` asks for
-      N at a time) with and without
+      `backends.models.BATCH_TOKENS` = 4608, runs them 2 at a time; `--rss-batch-size N` asks for
+      at most N at a time) with and without
       `--attention`, against the 2 GB budget of the default run (bench/peak_rss.py);
   (3) with `--long-grid`, the CPU cost of the `long` preset: one plain prompt at each of
       2048, 4096 and 7680 tokens (prefill and answer), to price the 33 prompts a task of
@@ -20,7 +20,7 @@ On the default SmolLM2-135M-Instruct (Q4_1 GGUF, fp32 compute on CPU):
 
     python bench/attention_cost.py [--length 2048] [--depths 0,0.5,1] [--rounds 2]
                                    [--rss-depths 0,0.1,...,0.7] [--rss-batch-size N]
-                                   [--skip-rss] [--long-grid]
+                                   [--skip-time] [--skip-rss] [--long-grid]
 
 Takes about 2.5 minutes for (1) on a quiet 2-core CPU and several more for (2), two model
 loads and two whole runs (25 minutes in all with the load average at 4); `--long-grid`
@@ -99,7 +99,7 @@ def time_paths(lm, length: int, depths: list[float], rounds: int) -> None:
     model.set_attn_implementation("sdpa")
     n = len(contexts)
     p, a = min(plain), min(read)
-    print(f"(1) {n} needle_en prompts of {min(n_tokens)}-{max(n_tokens)} tokens (depths {depths}), one batch, "
+    print(f"(1) {n} needle_en prompts of {min(n_tokens)}-{max(n_tokens)} tokens (depths {depths}), batched as in a run, "
           f"{GEN_TOKENS} tokens to answer, best of {rounds}:")
     print(f"    plain (sdpa)          {p:7.1f} s  ({p / n:.1f} s a prompt)   rounds: {', '.join(f'{t:.1f}' for t in plain)}")
     print(f"    --attention (eager)   {a:7.1f} s  ({a / n:.1f} s a prompt)   rounds: {', '.join(f'{t:.1f}' for t in read)}")
@@ -158,20 +158,23 @@ def main() -> int:
     parser.add_argument("--depths", default="0,0.5,1")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--rss-depths", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7",
-                        help="depths of the whole runs of (2): 8 = one full default batch")
+                        help="depths of the whole runs of (2): 8 = the default batch size")
     parser.add_argument("--rss-batch-size", type=int, default=None, help="--batch-size of the whole runs of (2)")
+    parser.add_argument("--skip-time", action="store_true", help="leave out (1), the timed paths")
     parser.add_argument("--skip-rss", action="store_true", help="leave out (2), the two whole runs")
     parser.add_argument("--long-grid", action="store_true", help="also (3), the cost of the long preset")
     args = parser.parse_args()
     depths = [float(d) for d in args.depths.split(",")]
-    t0 = time.perf_counter()
-    lm = load_model()
-    print(f"model loaded in {time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} CPUs")
-    time_paths(lm, args.length, depths, args.rounds)
-    if args.long_grid:
-        long_grid(lm)
-    del lm
+    if not args.skip_time or args.long_grid:
+        t0 = time.perf_counter()
+        lm = load_model()
+        print(f"model loaded in {time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} "
+              f"on {os.cpu_count()} CPUs")
+        if not args.skip_time:
+            time_paths(lm, args.length, depths, args.rounds)
+        if args.long_grid:
+            long_grid(lm)
+        del lm
     if not args.skip_rss:
         peak_rss(args.length, [float(d) for d in args.rss_depths.split(",")], args.rss_batch_size)
     print(f"this process: peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")

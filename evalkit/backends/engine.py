@@ -29,11 +29,9 @@ from typing import Any
 import torch
 
 from evalkit.backends.kvcache import FULL, KVPolicy, new_cache
+from evalkit.backends.models import BATCH_TOKENS
 
 _SEED_STRIDE = 1_000_003
-# the most positions a batch holds once padded: 4 prompts of 2048 tokens, whose prefill on the
-# default model peaks under the 2 GB budget (8 of them: 2.5 GB; bench/attention_cost.py)
-BATCH_TOKENS = 8192
 
 
 @dataclass

@@ -31,6 +31,11 @@ IDENTITY_ARGS = ("pretrained", "gguf_file", "tokenizer", "peft", "delta")
 DEFAULT_TOLERANCE = 1e-4
 # evalkit-hf's default `answer_max_tokens`: how far a prompt with checkable answers is continued
 DEFAULT_ANSWER_TOKENS = 48
+# the most positions a batch of evalkit-hf holds once padded: 2 prompts of 2048 tokens (8 of 576).
+# On the default model each prompt of 2048 tokens adds about 0.42 GB to a plain run's peak RSS
+# (its KV cache, and the prefill's per-layer attention scores), so a needle run at 2048 tokens
+# peaks at 1.44 / 1.87 / 2.27 GB with 1 / 2 / 3 prompts a batch, against the 2 GB budget
+BATCH_TOKENS = 4608
 # vLLM's ModelConfig.max_logprobs default, "the default for the OpenAI Chat Completions API"
 VLLM_MAX_LOGPROBS = 20
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from evalkit.backends.models import BATCH_TOKENS
 from evalkit.cli.options import db_option
 from evalkit.cli.output import lead_table, metric_table, next_steps
 from evalkit.prompts.presets import LENGTH_PRESETS
@@ -44,7 +45,9 @@ def _csv_list(kind, presets=None):
                    "pair by pair); the needle grid always runs whole: narrow it with --needle-lengths / "
                    "--needle-depths.")
 @click.option("--seed", type=int, default=1234, show_default=True)
-@click.option("--batch-size", type=int, default=8, show_default=True)
+@click.option("--batch-size", type=int, default=8, show_default=True,
+              help=f"Prompts per batch; a batch also holds at most {BATCH_TOKENS} padded positions "
+              "(long prompts go fewer at a time).")
 @click.option("--top-k", type=int, default=50, show_default=True, help="First-token candidates stored per prompt (>= 50).")
 @click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
 @click.option("--first-temperature", type=float, default=None, help="Sample the first token at T1 (0: argmax).")
