@@ -209,3 +209,18 @@ def test_gate_on_an_undefined_lead_auroc_is_not_a_pass(tmp_path):
     result = gate("r-base", "r-base", rules, db=db)
     [row] = [r for r in result.verdict.rows if r.metric == "lead_auroc.entropy"]
     assert row.status == "fail" and "is null" in row.reason and not result.passed
+
+
+@pytest.mark.parametrize("value, ok", [("0", True), ("48", True), ("4096", True), ("-1", False), ("4097", False),
+                                       ("2.5", False), ("x", False)])
+def test_answer_max_tokens_is_checked_before_the_model_loads(value, ok):
+    """0 turns the continuation past the response off (bench/answer_cost.py's baseline); the rest is bad input."""
+    from evalkit.backends import models
+    from evalkit.errors import BadInput
+
+    if ok:
+        plan = models.resolve("hf", f"answer_max_tokens={value}", device="cpu")
+        assert plan.args["answer_max_tokens"] == int(value)
+    else:
+        with pytest.raises(BadInput, match="answer_max_tokens must be a whole number from 0 to 4096"):
+            models.resolve("hf", f"answer_max_tokens={value}", device="cpu")

@@ -224,8 +224,8 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         args.setdefault("tolerance", DEFAULT_TOLERANCE)  # recorded in the run row
         args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
         if isinstance(args["answer_max_tokens"], bool) or not isinstance(args["answer_max_tokens"], int) \
-                or not 1 <= args["answer_max_tokens"] <= 4096:
-            raise BadInput(f"--model-args answer_max_tokens must be a whole number from 1 to 4096, "
+                or not 0 <= args["answer_max_tokens"] <= 4096:
+            raise BadInput(f"--model-args answer_max_tokens must be a whole number from 0 to 4096, "
                            f"got {args['answer_max_tokens']!r}")
         try:
             tolerance = float(args["tolerance"])
