@@ -235,7 +235,9 @@ class EvalkitHFLM(HFLM):
         bar = tqdm(total=len(requests), desc="first-token probe", disable=disable_tqdm or self.rank != 0)
         bs = int(self.batch_size) if str(self.batch_size).isdigit() else 8
         for idxs in groups.values():
-            idxs.sort(key=lambda i: -len(requests[i].args[0]))  # similar lengths share a batch
+            # prompts continued to answer_max_tokens share batches (a batch decodes as long as its longest
+            # continuation), and similar lengths share a batch (little padding)
+            idxs.sort(key=lambda i: (not (requests[i].doc or {}).get("answers_full"), -len(requests[i].args[0])))
             gen = requests[idxs[0]].args[1]
             until = gen.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
