@@ -20,6 +20,8 @@ def test_run_connect_gate(tmp_path):
 
     con = evalkit.connect(db)
     try:
+        # the relational API the README shows: no result of the checks on open is left pending
+        assert con.sql("SELECT model, task, metric, value FROM leaderboard").df().shape[0] > 0
         assert con.execute("SELECT count(*) FROM runs").fetchone() == (1,)
         with pytest.raises(duckdb.Error):
             con.execute("DELETE FROM runs")  # read-only

@@ -97,7 +97,9 @@ class FileState:
 
 def inspect_con(con: duckdb.DuckDBPyConnection, database: str | None = None) -> FileState:
     """What the open database (`database`, default the connection's own) is, by its tables."""
-    db = database or con.execute("SELECT current_database()").fetchone()[0]
+    # fetchall, not fetchone: a result left unfinished blocks the connection's relational API
+    # (`con.sql`) in DuckDB 2, and a reader's connection is handed to the user
+    db = database or con.execute("SELECT current_database()").fetchall()[0][0]
     relations = {r[0] for r in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
         "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal",
@@ -109,8 +111,8 @@ def inspect_con(con: duckdb.DuckDBPyConnection, database: str | None = None) -> 
     names = tuple(r[0] for r in con.execute(f'SELECT name FROM "{db}".main.schema_version ORDER BY version').fetchall())
     marked = False
     if "evalkit_meta" in relations:
-        row = con.execute(f"SELECT value FROM \"{db}\".main.evalkit_meta WHERE key = 'application_id'").fetchone()
-        marked = row is not None and row[0] == APPLICATION_ID
+        rows = con.execute(f"SELECT value FROM \"{db}\".main.evalkit_meta WHERE key = 'application_id'").fetchall()
+        marked = bool(rows) and rows[0][0] == APPLICATION_ID
     known = [n for n in names if n in MIGRATION_NAMES]
     # an evalkit from before the marker: its migrations are a prefix of ours, in order
     old_evalkit = bool(names) and list(names) == MIGRATION_NAMES[: len(names)]
