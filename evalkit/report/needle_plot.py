@@ -187,11 +187,12 @@ def recall_by_depth_plot(rows: Iterable[dict], path: str | Path, title: str | No
 
 
 def recall_attention_plot(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
-    """Write recall by depth (top) and needle_attn by depth (bottom) on a shared depth axis; return its path.
+    """Write recall by depth (top row) and needle_attn by depth (bottom row), one column per
+    language on a shared depth axis; return its path.
 
-    rows: dicts {lang, hint, depth, length, recall, needle_attn}, one line per (lang, hint,
-    length) in both panels, the same colour and style in each (dashed: hint). Rows for the
-    same cell are averaged.
+    rows: dicts {lang, hint, depth, length, recall, needle_attn}, one line per (hint, length) in
+    its language's two panels, the same colour (length) and style (dashed: hint) in each, so a
+    line reads across the two rows. Rows for the same cell are averaged.
     """
     rows = [r for r in rows if r.get("needle_attn") is not None]
     if not rows:
@@ -199,30 +200,38 @@ def recall_attention_plot(rows: Iterable[dict], path: str | Path, title: str | N
     recall = _mean_cells(rows, ("lang", "hint", "length", "depth"))
     attn = _mean_cells([{**r, "recall": r["needle_attn"]} for r in rows], ("lang", "hint", "length", "depth"))
     lines = sorted({c[:3] for c in recall}, key=lambda c: (_LANG_ORDER.get(c[0], 99), c[0], c[1], c[2]))
+    langs = list(dict.fromkeys(lang for lang, _, _ in lines))
     import matplotlib
 
     cmap = matplotlib.colormaps["tab10"]
     lengths = sorted({c[2] for c in lines})
     color = {n: cmap(i % cmap.N) for i, n in enumerate(lengths)}
-    fig = _figure(6.4, 5.6)
-    top, bottom = fig.subplots(2, 1, sharex=True)
-    peak = 0.0
-    for lang, hint, length in lines:
-        label = f"{_panel_title(lang, hint)} · {length}"
-        style = {"color": color[length], "linestyle": "--" if hint else "-", "marker": "o", "markersize": 3}
-        for ax, cells in ((top, recall), (bottom, attn)):
-            points = sorted((float(c[3]), v) for c, v in cells.items() if c[:3] == (lang, hint, length))
-            ax.plot([d for d, _ in points], [v for _, v in points], label=label if ax is top else None, **style)
-            if ax is bottom:
-                peak = max([peak] + [v for _, v in points])
-    top.set_ylim(-0.03, 1.03)
-    top.set_ylabel("recall")
-    top.grid(alpha=0.3)
-    top.legend(fontsize=7, ncols=2)
-    bottom.set_ylim(0, max(peak * 1.15, 1e-3))
-    bottom.set_ylabel("needle_attn")
-    bottom.set_xlabel("needle depth")
-    bottom.set_xlim(-0.03, 1.03)
-    bottom.grid(alpha=0.3)
-    top.set_title(title or "recall and attention on the needle by depth")
+    fig = _figure(3.6 * len(langs) + 1.6, 5.6)
+    axes = fig.subplots(2, len(langs), sharex=True, sharey="row", squeeze=False)
+    peak = max(attn.values())
+    for col, lang in enumerate(langs):
+        top, bottom = axes[0][col], axes[1][col]
+        for _, hint, length in (line for line in lines if line[0] == lang):
+            style = {"color": color[length], "linestyle": "--" if hint else "-", "marker": "o", "markersize": 3}
+            label = f"{length} tokens" + (" · hint" if hint else "")
+            for ax, cells in ((top, recall), (bottom, attn)):
+                points = sorted((float(c[3]), v) for c, v in cells.items() if c[:3] == (lang, hint, length))
+                ax.plot([d for d, _ in points], [v for _, v in points], label=label if ax is top else None, **style)
+        top.set_title(lang, fontsize=9)
+        top.set_ylim(-0.03, 1.03)
+        bottom.set_ylim(0, max(peak * 1.15, 1e-3))
+        bottom.set_xlim(-0.03, 1.03)
+        bottom.set_xlabel("needle depth")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("recall")
+    axes[1][0].set_ylabel("needle_attn")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:  # lengths or hints only one language has
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, fontsize=7, loc="outside right center", frameon=False)
+    fig.suptitle(title or "recall and attention on the needle by depth", fontsize=10)
     return _save(fig, path)
