@@ -99,8 +99,9 @@ STATEMENTS = {**HARMFUL, **UNLISTED}
 CASES = [(kind, wrap) for kind in STATEMENTS for wrap in WRAPS]
 
 
-@pytest.mark.parametrize("merged", [False, True], ids=["one-db", "two-dbs"])
-def test_no_statement_writes_reads_or_changes_anything(seeded, tmp_path, merged):
+def _workspace(seeded, tmp_path, merged: bool):
+    """Copies of the seeded DBs and a secret file to tempt a statement; (folder, secret, an
+    outside DB, the --db options of one DB or two merged)."""
     work = tmp_path / "work"
     work.mkdir()
     for name in ("a.duckdb", "b.duckdb"):
@@ -109,8 +110,14 @@ def test_no_statement_writes_reads_or_changes_anything(seeded, tmp_path, merged)
     secret.write_text("password\nhunter2\n", encoding="utf-8")
     other = tmp_path / "other.duckdb"
     other.write_bytes((seeded / "b.duckdb").read_bytes())
-    before, before_other = digest(work), other.read_bytes()
     dbs = ["--db", str(work / "a.duckdb")] + (["--db", str(work / "b.duckdb")] if merged else [])
+    return work, secret, other, dbs
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["one-db", "two-dbs"])
+def test_no_statement_writes_reads_or_changes_anything(seeded, tmp_path, merged):
+    work, secret, other, dbs = _workspace(seeded, tmp_path, merged)
+    before, before_other = digest(work), other.read_bytes()
     tried, refused = 0, 0
     for kind, wrap in CASES:
         sql = WRAPS[wrap].format(sql=STATEMENTS[kind].format(secret=secret, out=work / "leak.out", outdir=work,
@@ -148,16 +155,8 @@ def test_the_sandbox_holds_without_the_statement_check(seeded, tmp_path, monkeyp
     from evalkit.store import sandbox
 
     monkeypatch.setattr(sandbox, "check_read_only", lambda sql: None)
-    work = tmp_path / "work"
-    work.mkdir()
-    for name in ("a.duckdb", "b.duckdb"):
-        (work / name).write_bytes((seeded / name).read_bytes())
-    secret = work / "secret.csv"
-    secret.write_text("password\nhunter2\n", encoding="utf-8")
-    other = tmp_path / "other.duckdb"
-    other.write_bytes((seeded / "b.duckdb").read_bytes())
+    work, secret, other, dbs = _workspace(seeded, tmp_path, merged)
     before, before_other = digest(work), other.read_bytes()
-    dbs = ["--db", str(work / "a.duckdb")] + (["--db", str(work / "b.duckdb")] if merged else [])
     outcomes = {0: 0, 2: 0}
     for kind, wrap in CASES:
         sql = WRAPS[wrap].format(sql=STATEMENTS[kind].format(secret=secret, out=work / "leak.out", outdir=work,
