@@ -16,6 +16,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
+from evalkit.report.plots import save_figure
+
 _LANG_ORDER = {"en": 0, "zh": 1}
 
 
@@ -59,13 +61,6 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def _save(fig, path: str | Path, dpi: int = 120) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    return path
-
-
 def _recall_axis(ax, xlabel: str, title: str) -> None:
     """Recall (0..1) against needle depth (0..1), gridded."""
     ax.set_xlim(-0.03, 1.03)
@@ -102,7 +97,7 @@ def heatmap(rows: Iterable[dict], path: str | Path, title: str | None = None) ->
     fig.colorbar(image, ax=axes.ravel().tolist(), label="recall")
     if title:
         fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=120)
 
 
 def _heatmap_panel(ax, grid: dict, lang: str, hint: bool, depths: list, lengths: list, title: str):
@@ -150,7 +145,7 @@ def policy_heatmaps(groups: list[tuple[str, Iterable[dict]]], path: str | Path, 
     fig.colorbar(image, ax=axes.ravel().tolist(), label="recall")
     if title:
         fig.suptitle(title)
-    return _save(fig, path, dpi=110)
+    return save_figure(fig, path, dpi=110)
 
 
 def policy_depth_lines(groups: list[tuple[str, Iterable[dict]]], path: str | Path, title: str | None = None) -> Path:
@@ -166,7 +161,7 @@ def policy_depth_lines(groups: list[tuple[str, Iterable[dict]]], path: str | Pat
         ax.plot([d for d, _ in points], [v for _, v in points], marker="o", label=name)
     _recall_axis(ax, "needle depth (0 = the first sentence)", title or "needle recall by depth, per KV-cache policy")
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=120)
 
 
 def recall_by_depth_plot(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
@@ -183,7 +178,7 @@ def recall_by_depth_plot(rows: Iterable[dict], path: str | Path, title: str | No
                         linestyle="--" if hint else "-", label=_panel_title(lang, hint))
     _recall_axis(ax, "needle depth", title or "needle recall by depth")
     ax.legend()
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=120)
 
 
 def recall_attention_plot(rows: Iterable[dict], path: str | Path, title: str | None = None) -> Path:
@@ -234,4 +229,4 @@ def recall_attention_plot(rows: Iterable[dict], path: str | Path, title: str | N
                 labels.append(lab)
     fig.legend(handles, labels, fontsize=7, loc="outside right center", frameon=False)
     fig.suptitle(title or "recall and attention on the needle by depth", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path, dpi=120)

@@ -74,10 +74,11 @@ def _grid(n: int, ncols: int, panel_w: float, panel_h: float, *, left: float, ri
     return fig, [fig.add_subplot(grid[i // ncols, i % ncols]) for i in range(n)]
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
+    """Write `fig` as a PNG at `path` (its folder made as needed); return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, pil_kwargs={"compress_level": 1})  # zlib level 1: encoding is the slow part
+    fig.savefig(path, dpi=dpi, pil_kwargs={"compress_level": 1})  # zlib level 1: encoding is the slow part
     return path
 
 
@@ -192,7 +193,7 @@ def leaderboard_plot(entries: Sequence[dict], runs: Sequence[str], path: str | P
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
     _legend(fig, [r for r in runs if any(e["run"] == r for e in entries)], colors)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _legend(fig, labels: Sequence[str], colors: dict) -> None:
@@ -233,7 +234,7 @@ def first_token_plot(prompts: Sequence[dict], runs: Sequence[str], path: str | P
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
     _legend(fig, [r for r in runs if any(r in p["probs"] for p in prompts)], colors)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def trend_plot(series: Sequence[dict], path: str | Path, title: str) -> Path:
@@ -282,7 +283,7 @@ def trend_plot(series: Sequence[dict], path: str | Path, title: str) -> Path:
     fig.legend(handles=handles, loc="lower center", ncols=min(4, len(metrics)), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
     fig.suptitle(plot_label(title, 90), fontsize=11)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def sink_plot(panels: Sequence[dict], path: str | Path) -> Path:
@@ -306,7 +307,7 @@ def sink_plot(panels: Sequence[dict], path: str | Path) -> Path:
         ax.set_title(plot_label(f"{panel['title']} — sink_rate {panel['overall']:.3f}", 70), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
         ax.tick_params(labelsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def roc_plot(samples: Sequence[dict], signals: Sequence[str], path: str | Path, title: str) -> Path:
@@ -338,7 +339,7 @@ def roc_plot(samples: Sequence[dict], signals: Sequence[str], path: str | Path, 
     ax.set_title(plot_label(title, 70), fontsize=9)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def reliability_plot(series: dict[str, Sequence[dict]], path: str | Path) -> Path:
@@ -360,4 +361,4 @@ def reliability_plot(series: dict[str, Sequence[dict]], path: str | Path) -> Pat
     ax.grid(alpha=0.3)
     ax.set_title("answer accuracy by ft_hit_prob decile", fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
-    return _save(fig, path)
+    return save_figure(fig, path)
