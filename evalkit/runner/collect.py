@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from typing import Any
 
 from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
@@ -136,7 +135,7 @@ def add_intervals(metric_rows: list[dict], sample_rows: list[dict], group_subtas
     (e.g. `firsttoken`, over `firsttoken_en` and `firsttoken_zh`) its prompt count; a mean's value,
     stderr and n are taken over the prompts that define the metric; in place."""
     from evalkit.scoring import registry
-    from evalkit.scoring.stats import interval
+    from evalkit.scoring.stats import interval, mean_stderr
 
     by_task: dict[str, list[dict]] = {}
     for s in sample_rows:
@@ -155,8 +154,7 @@ def add_intervals(metric_rows: list[dict], sample_rows: list[dict], group_subtas
         if values and spec.aggregation == "mean":
             # lm-eval counts and weighs a task by its prompts, but a metric that only some prompts
             # define (answer_hit: the checkable ones) is a mean over those prompts alone
-            row["value"] = statistics.fmean(values)
-            row["stderr"] = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+            row["value"], row["stderr"] = mean_stderr(values)
             row["n"] = len(values)
         elif row.get("n") is None and values:
             row["n"] = len(values)
