@@ -23,6 +23,12 @@ class RunFailed(EvalkitError):
 
 
 
+class GateInconclusive(EvalkitError):
+    """The gate could neither pass nor fail the candidate: some check's interval straddles its limit (exit 3)."""
+
+    exit_code = 3
+
+
 class DatabaseBusy(RunFailed):
     """Another process held the DuckDB file's lock for longer than evalkit waits (exit 1)."""
 

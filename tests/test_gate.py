@@ -61,13 +61,14 @@ def only(verdict, kind=None, metric=None, task=None):
     ],
 )
 def test_threshold_operators(op, limit, status):
-    run = make_run("c", {"firsttoken_en": hits(10, 5)})  # ft_hit = 0.5
+    run = RunData("c", {("firsttoken_en", "ft_hit"): 0.5}, {})  # no interval: compared as a point
     rules = parse_rules({"thresholds": {"ft_hit": f"{op} {limit}"}})
     verdict = decide(run, None, rules)
     (row,) = verdict.rows
     assert (row.kind, row.task, row.metric, row.status) == ("threshold", "firsttoken_en", "ft_hit", status)
     assert row.observed == 0.5 and row.op == op and row.limit == limit
     assert verdict.passed is (status == "pass")
+    assert "compared as a point" in row.reason and row.p_fail is None
 
 
 def test_threshold_equality_allows_float_noise():
@@ -76,7 +77,7 @@ def test_threshold_equality_allows_float_noise():
 
 
 def test_threshold_plain_metric_applies_to_every_task():
-    run = make_run("c", {"firsttoken_en": hits(10, 8), "firsttoken_zh": hits(10, 3)})
+    run = make_run("c", {"firsttoken_en": hits(100, 80), "firsttoken_zh": hits(100, 30)})
     verdict = decide(run, None, parse_rules({"thresholds": {"ft_hit": ">= 0.5"}}))
     assert {r.task: r.status for r in verdict.rows} == {"firsttoken_en": "pass", "firsttoken_zh": "fail"}
     assert not verdict.passed
@@ -84,7 +85,7 @@ def test_threshold_plain_metric_applies_to_every_task():
 
 
 def test_threshold_per_task_key_checks_one_task():
-    run = make_run("c", {"firsttoken_en": hits(10, 8), "firsttoken_zh": hits(10, 3)})
+    run = make_run("c", {"firsttoken_en": hits(100, 80), "firsttoken_zh": hits(100, 30)})
     verdict = decide(run, None, parse_rules({"thresholds": {"firsttoken_en/ft_hit": ">= 0.5"}}))
     (row,) = verdict.rows
     assert (row.task, row.status) == ("firsttoken_en", "pass")
@@ -108,7 +109,7 @@ def test_threshold_null_aggregate_fails():
 
 # ---------------------------------------------------------------------- regressions
 
-REG = parse_rules({"regressions": {"ft_hit": 0.02}})
+REG = parse_rules({"regressions": {"ft_hit": 0.05}})
 
 
 def test_regression_fails_for_degraded_candidate():
@@ -116,11 +117,12 @@ def test_regression_fails_for_degraded_candidate():
     cand = make_run("cand", {"firsttoken_en": hits(200, 120)})  # loses 40 of the hits: 0.60
     verdict = decide(cand, base, REG)
     (row,) = verdict.rows
-    assert row.status == "fail" and not verdict.passed
-    assert row.delta == pytest.approx(-0.2)
-    assert row.ci[0] < -0.2 < row.ci[1] < -0.02
-    assert (row.observed, row.baseline, row.n, row.limit) == (0.6, 0.8, 200, 0.02)
-    assert "lies wholly above" in row.reason
+    assert row.status == "fail" and verdict.outcome == "fail" and not verdict.passed
+    assert row.drop == pytest.approx(0.2)
+    assert 0.05 < row.ci[0] < 0.2 < row.ci[1]
+    assert (row.observed, row.baseline, row.n, row.limit) == (0.6, 0.8, 200, 0.05)
+    assert "lies wholly past" in row.reason and "40 lost / 0 gained" in row.reason
+    assert row.method == "Tango score interval"
 
 
 def test_regression_passes_for_equal_candidate():
@@ -129,7 +131,8 @@ def test_regression_passes_for_equal_candidate():
     verdict = decide(cand, base, REG)
     assert verdict.passed
     (row,) = verdict.rows
-    assert (row.delta, row.ci) == (0.0, (0.0, 0.0))
+    # no discordant pair of 200: the drop may still be up to 3.84 / 203.84, below the margin
+    assert row.drop == 0.0 and row.ci[1] == pytest.approx(3.8415 / 203.8415, abs=1e-4)
 
 
 def test_regression_passes_for_small_noisy_difference():
@@ -143,7 +146,7 @@ def test_regression_passes_for_small_noisy_difference():
     cand = make_run("cand", {"firsttoken_en": cand_docs})
     verdict = decide(cand, base, REG)
     (row,) = verdict.rows
-    assert row.delta == pytest.approx(-0.01)
+    assert row.drop == pytest.approx(0.01)
     assert row.status == "pass" and verdict.passed
 
 
@@ -152,7 +155,7 @@ def test_regression_pairs_only_shared_prompts():
     cand = make_run("cand", {"t": hits(50, 50)})  # docs 0..49, all hits in both runs
     assert base.metrics[("t", "ft_hit")] == 0.8  # the unpaired aggregate would show a gain
     (row,) = decide(cand, base, REG).rows
-    assert (row.n, row.observed, row.baseline, row.delta) == (50, 1.0, 1.0, 0.0)
+    assert (row.n, row.observed, row.baseline, row.drop) == (50, 1.0, 1.0, 0.0)
 
 
 def test_regression_ignores_null_per_sample_values():
@@ -200,8 +203,8 @@ def test_higher_is_better_override_flips_direction():
 
 
 def test_regression_metric_neither_run_has_is_skipped():
-    base = make_run("base", {"t": hits(50, 40)})
-    cand = make_run("cand", {"t": hits(50, 40)})
+    base = make_run("base", {"t": hits(400, 300)})
+    cand = make_run("cand", {"t": hits(400, 300)})
     verdict = decide(cand, base, parse_rules({"regressions": {"ft_hit": 0.02, "needle_recall": 0.02}}))
     (row,) = only(verdict, metric="needle_recall")
     assert row.status == "skipped" and row.task is None
@@ -223,13 +226,28 @@ def test_regression_metric_only_baseline_has_fails_only_candidate_has_skips():
     assert not verdict.passed
 
 
-def test_regression_aggregate_only_metric_cannot_be_paired():
+def test_regression_aggregate_only_metric_without_intervals_is_inconclusive():
     base = make_run("base", {"t": hits(20, 10)})
     cand = make_run("cand", {"t": hits(20, 10)})
     base.metrics[("t", "middle_gap")] = 0.1
     cand.metrics[("t", "middle_gap")] = 0.1
-    (row,) = decide(cand, base, parse_rules({"regressions": {"middle_gap": 0.02}})).rows
-    assert row.status == "fail" and "cannot be ruled out" in row.reason
+    verdict = decide(cand, base, parse_rules({"regressions": {"middle_gap": 0.02}}))
+    (row,) = verdict.rows
+    assert row.status == "inconclusive" and "nothing to test a drop with" in row.reason
+    assert verdict.outcome == "inconclusive"
+
+
+def test_regression_aggregate_only_metric_uses_the_stored_intervals():
+    base = make_run("base", {"t": hits(20, 10)})
+    worse = make_run("worse", {"t": hits(20, 10)})
+    base.metrics[("t", "middle_gap")], base.intervals[("t", "middle_gap")] = 0.0, (-0.05, 0.05, 300)
+    worse.metrics[("t", "middle_gap")], worse.intervals[("t", "middle_gap")] = 0.3, (0.25, 0.35, 300)
+    rules = parse_rules({"regressions": {"middle_gap": 0.05}})
+    (row,) = decide(worse, base, rules).rows  # middle_gap is lower-is-better: +0.3 is worse
+    assert row.status == "fail" and row.method == "stored intervals, unpaired"
+    assert row.drop == pytest.approx(0.3) and row.ci[0] == pytest.approx(0.3 - 1.96 * 0.05 * 2 ** 0.5 / 1.96, rel=1e-3)
+    (row,) = decide(base, base, rules).rows
+    assert row.status == "pass" and row.method == "identity"
 
 
 def test_no_shared_prompts_is_bad_input():
@@ -252,6 +270,7 @@ def test_self_gate_passes_with_default_rules():
             "ft_hit_prob": (i % 7) / 7,
             "opener_rate": float(i % 4 == 0),
             "opener_mass": (i % 5) / 10,
+            "answer_hit": float(i % 2 == 0),
         }
         for i in range(100)
     ]
@@ -261,8 +280,8 @@ def test_self_gate_passes_with_default_rules():
     checked = only(verdict, kind="regression")
     assert {r.metric for r in checked} == set(HEADLINE_METRICS)
     for r in checked:
-        assert r.status == "pass"
-        assert r.delta == 0.0 and r.ci == (0.0, 0.0)
+        assert r.status == "pass" and r.method == "identity"
+        assert r.drop == 0.0 and r.ci == (0.0, 0.0)
 
 
 def test_decide_is_pure():
@@ -281,9 +300,13 @@ def test_decide_is_pure():
 def test_default_rules():
     assert load_rules(None) is DEFAULT_RULES
     assert DEFAULT_RULES.thresholds == ()
-    assert {(r.metric, r.task, r.delta) for r in DEFAULT_RULES.regressions} == {
-        (m, None, 0.02) for m in ("ft_hit", "ft_hit_prob", "opener_rate", "opener_mass", "needle_recall")
+    assert {(r.metric, r.task, r.margin.kind, r.margin.value) for r in DEFAULT_RULES.regressions} == {
+        ("ft_hit", None, "delta", 0.05), ("answer_hit", None, "delta", 0.05), ("needle_recall", None, "delta", 0.05),
+        ("opener_rate", None, "delta", 0.05), ("ft_hit_prob", None, "relative", 0.10),
+        ("opener_mass", None, "relative", 0.25),
     }
+    assert {r.metric for r in DEFAULT_RULES.regressions} == set(HEADLINE_METRICS)
+    assert all(r.margin.why for r in DEFAULT_RULES.regressions)
     for m in ("opener_rate", "opener_mass", "prior_drift", "flip_rate", "js_div", "unstable"):
         assert DEFAULT_RULES.is_higher_better(None, m) is False
     for m in ("ft_hit", "ft_hit_prob", "needle_recall", "top5_overlap"):
@@ -331,6 +354,11 @@ MALFORMED = {
     "nan_number": "thresholds:\n  ft_hit: '>= nan'\n",
     "trailing_junk": "thresholds:\n  ft_hit: '>= 0.5 or so'\n",
     "negative_delta": "regressions:\n  ft_hit: -0.02\n",
+    "negative_relative": "regressions:\n  ft_hit_prob: {relative: -0.1}\n",
+    "unknown_margin_kind": "regressions:\n  ft_hit_prob: {ratio: 0.1}\n",
+    "two_margin_kinds": "regressions:\n  ft_hit_prob: {delta: 0.1, relative: 0.1}\n",
+    "string_relative": "regressions:\n  ft_hit_prob: {relative: ten}\n",
+    "no_default_margin": "regressions:\n  entropy: default\n",
     "string_delta": "regressions:\n  ft_hit: '0.02'\n",
     "bool_delta": "regressions:\n  ft_hit: true\n",
     "inf_delta": "regressions:\n  ft_hit: .inf\n",
@@ -362,6 +390,9 @@ def test_malformed_rules_are_bad_input(tmp_path, name):
         ("bad_operator", "thresholds.ft_hit"),
         ("bad_number", "thresholds.ft_hit"),
         ("negative_delta", "regressions.ft_hit"),
+        ("negative_relative", "relative must be >= 0"),
+        ("unknown_margin_kind", "regressions.ft_hit_prob: expected a number, {delta: X}"),
+        ("no_default_margin", "no default margin for 'entropy'"),
         ("bad_direction", "higher_is_better.ft_hit"),
         ("bad_key", "a/b/c"),
         ("duplicate_key", "duplicate key"),
@@ -435,5 +466,6 @@ def test_junit_parses_with_right_counts():
 def test_junit_all_pass():
     run = make_run("r", {"t": hits(20, 10)})
     root = ET.fromstring(to_junit(decide(run, run, REG), "r", "r").encode("utf-8"))
-    assert root.get("failures") == "0"
+    assert root.get("failures") == "0" and root.get("errors") == "0"
     assert root.findall("testcase/failure") == []
+    assert root.find("properties/property[@name='outcome']").get("value") == "pass"

@@ -7,6 +7,7 @@ import os
 import click
 
 from evalkit.cli.options import db_option
+from evalkit.kinds import ON_INCONCLUSIVE
 
 
 @click.command("gate")
@@ -16,21 +17,27 @@ from evalkit.cli.options import db_option
               help="YAML rules (thresholds, regressions); default: regression limits on the headline metrics.")
 @click.option("--junit", "junit_file", type=click.Path(dir_okay=False), default=None,
               help="Also write the verdict as JUnit XML to this file.")
+@click.option("--on-inconclusive", type=click.Choice(ON_INCONCLUSIVE), default=None,
+              help="Exit as a pass (0) or a fail (1) when the gate is inconclusive, instead of 3.")
 @db_option
-def gate_command(candidate, baseline, rules_file, junit_file, db):
-    """Gate a candidate run against a baseline; exit 0 pass, 1 fail, 2 bad input.
+def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, db):
+    """Gate a candidate run against a baseline: exit 0 pass, 1 fail, 2 bad input, 3 inconclusive.
 
-    Prints the verdict as a markdown table and appends it to $GITHUB_STEP_SUMMARY
-    when that is set. Regressions are paired over the prompts both runs share,
-    with a bootstrap 95 % CI. Only reads the DB.
+    Each rule is a test with three outcomes. A regression passes when the 95 % interval
+    of the candidate's drop (paired over the prompts both runs share) lies wholly below
+    its margin, fails when it lies wholly above and survives Holm's correction, and is
+    inconclusive in between; the row then says about how many prompts would decide it.
+    Prints the verdict as a markdown table and appends it to $GITHUB_STEP_SUMMARY when
+    that is set. Only reads the DB. See docs/gate.md.
 
     \b
     Examples:
       evalkit gate --candidate latest --baseline tag:prod
       evalkit gate --candidate 2612021005 --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml
+      evalkit gate --candidate latest --baseline tag:prod --on-inconclusive fail
     """
     from evalkit import api
-    from evalkit.errors import RunFailed
+    from evalkit.errors import GateInconclusive, RunFailed
     from evalkit.paths import check_output_file
     from evalkit.store.db import db_path
 
@@ -48,10 +55,19 @@ def gate_command(candidate, baseline, rules_file, junit_file, db):
     if junit_file:
         with open(junit_file, "w", encoding="utf-8") as fh:
             fh.write(result.junit)
-    if not result.passed:
-        reasons = result.verdict.reasons
-        more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    if result.passed:
+        return
+    reasons = result.verdict.reasons
+    more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    if result.outcome == "fail":
         raise RunFailed(f"gate failed for candidate {result.candidate_id}: {reasons[0]}{more}")
+    what = f"gate inconclusive for candidate {result.candidate_id}: {reasons[0]}{more}"
+    if on_inconclusive == "pass":
+        click.echo(f"{what} (--on-inconclusive pass: exit 0)", err=True)
+        return
+    if on_inconclusive == "fail":
+        raise RunFailed(f"{what} (--on-inconclusive fail)")
+    raise GateInconclusive(what)
 
 
 @click.command("promote")

@@ -37,6 +37,11 @@ class GateResult:
     def passed(self) -> bool:
         return self.verdict.passed
 
+    @property
+    def outcome(self) -> str:
+        """pass, fail or inconclusive."""
+        return self.verdict.outcome
+
 
 def _done_run(con, ref: str, action: str) -> str:
     """Resolve ``ref`` to a run id; BadInput unless that run finished (status 'done')."""
@@ -50,23 +55,32 @@ def _done_run(con, ref: str, action: str) -> str:
 def load_run_data(con, run_id: str):
     """One run as ``gate.RunData``: (task, metric) -> aggregate, (task, doc_id) -> {metric: value}.
 
-    Aggregates take the ``none`` filter where a metric has several; per-sample
-    values are the numeric ``samples`` columns (SAMPLE_METRIC_COLUMNS), nulls left out.
+    Aggregates take the ``none`` filter where a metric has several, with their stored interval
+    (ci_lo / ci_hi, else value ± 1.96 stderr) where there is one; per-sample values are the
+    numeric ``samples`` columns (SAMPLE_METRIC_COLUMNS), nulls left out.
     """
     from evalkit.release.decide import RunData
 
     metrics: dict[tuple[str, str], float] = {}
-    for task, metric, value in con.execute(
-        "SELECT task, metric, arg_min(value, CASE WHEN filter = 'none' THEN 0 ELSE 1 END) "
-        "FROM metrics WHERE run_id = ? GROUP BY task, metric",
+    intervals: dict[tuple[str, str], tuple[float, float, int | None]] = {}
+    for task, metric, value, lo, hi, n in con.execute(
+        "SELECT task, metric, arg_min(value, rank), arg_min(lo, rank), arg_min(hi, rank), arg_min(n, rank) "
+        "FROM (SELECT *, CASE WHEN filter = 'none' THEN 0 ELSE 1 END AS rank, "
+        "             coalesce(ci_lo, value - 1.96 * stderr) AS lo, coalesce(ci_hi, value + 1.96 * stderr) AS hi "
+        "      FROM metrics WHERE run_id = ?) GROUP BY task, metric",
         [run_id],
     ).fetchall():
         metrics[(task, metric)] = value
+        if lo is not None and hi is not None:
+            intervals[(task, metric)] = (lo, hi, n)
     # does the first token predict the answer: lead_auroc.<signal> per task, over all its categories
-    for task, signal, value in con.execute(
-        "SELECT task, signal, auroc FROM lead_indicators WHERE run_id = ? AND category = '*'", [run_id]
+    for task, signal, value, lo, hi, n in con.execute(
+        "SELECT task, signal, auroc, ci_lo, ci_hi, n FROM lead_indicators WHERE run_id = ? AND category = '*'",
+        [run_id],
     ).fetchall():
         metrics[(task, f"lead_auroc.{signal}")] = value
+        if lo is not None and hi is not None:
+            intervals[(task, f"lead_auroc.{signal}")] = (lo, hi, n)
 
     samples: dict[tuple[str, str], dict[str, float]] = {}
     cols = ", ".join(SAMPLE_METRIC_COLUMNS)
@@ -74,7 +88,7 @@ def load_run_data(con, run_id: str):
     while batch := cur.fetchmany(10_000):
         for task, doc_id, *values in batch:
             samples[(task, doc_id)] = {m: v for m, v in zip(SAMPLE_METRIC_COLUMNS, values) if v is not None}
-    return RunData(run_id=run_id, metrics=metrics, samples=samples)
+    return RunData(run_id=run_id, metrics=metrics, samples=samples, intervals=intervals)
 
 
 def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:

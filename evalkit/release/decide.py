@@ -2,33 +2,53 @@
 
 Owns: `RunData` (what the gate needs of one run, as plain values), `check_names` (a
 rule that matches nothing in either run is an error, never a silent skip), and the
-decision itself — thresholds on the candidate's aggregates and paired-bootstrap
-regression tests against a baseline. Does not: read the DB (the caller builds
-`RunData`), resolve run ids or tags, print, or exit — only the CLI turns a `Verdict`
-into an exit code.
+decision itself — each rule a test with three outcomes (pass, fail, inconclusive), and
+Holm's correction over the checks that could fail. Does not: read the DB (the caller
+builds `RunData`), compute a test's statistics (`paired`), resolve run ids or tags,
+print, or exit — only the CLI turns a `Verdict` into an exit code.
 
-Decisions worth knowing (all surface as rows, never silently):
+The decision (docs/gate.md):
+
+* A regression is a non-inferiority test. It **passes** when the 95 % interval of the
+  candidate's drop lies wholly below the rule's margin, **fails** when it lies wholly above
+  the margin *and* the failure survives Holm's step-down over every check that could fail
+  (family-wise error of a false fail at most 2.5 %, one-sided), and is **inconclusive**
+  otherwise; the row then says about how many prompts would decide it.
+* 0/1 metrics under an absolute margin use Tango's score interval on the discordant pairs;
+  other metrics, and relative margins, the paired bootstrap.
+* A threshold compares the interval of the candidate's value with the bound in the same
+  three ways (Wilson for 0/1 values, the bootstrap otherwise, or the interval stored with
+  an aggregate); a value with no interval, or an ``==`` rule, is compared as a point.
+* The gate fails if any row fails, else is inconclusive if any row is, else passes. A run
+  gated against itself passes every regression by identity.
+
+Rows that are decided without a test (all surface, never silently):
 
 * A threshold on a metric the candidate lacks (or whose aggregate is null) fails
   with reason "metric missing".
 * A regression rule whose metric neither run has (say ``needle_recall`` under the
-  default rules, gating two first-token runs) is a ``skipped`` row, not a failure:
-  the default rules name every headline metric and most runs hold only some.
+  default rules, gating two first-token runs) is a ``skipped`` row, not a failure.
   A metric only the baseline has fails (the candidate lost it); one only the
   candidate has is skipped (nothing to compare against).
-* A regression rule where both runs have the metric but no shared prompt has a
-  per-sample value on both sides fails: the regression cannot be ruled out.
+* A regression where both runs have the metric but no shared prompt has a per-sample
+  value on both sides, and no interval is stored on both sides, is inconclusive.
 * Two runs sharing no prompt at all, or regression rules without a baseline, are
   ``BadInput``: the user asked for a comparison that cannot be made.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from evalkit.errors import BadInput
+from evalkit.kinds import GateOutcome, RowStatus, RuleKind
+from evalkit.release import paired
 from evalkit.release.rules import OPS, Regression, Rules, Threshold
-from evalkit.scoring import registry, stats
+from evalkit.scoring import registry
+
+# the two-sided level of every interval; a fail is one-sided at ALPHA / 2 after Holm
+ALPHA = 0.05
+N_BOOT = 4000
 
 
 @dataclass
@@ -38,24 +58,30 @@ class RunData:
     run_id: str
     metrics: dict[tuple[str, str], float]  # (task, metric) -> aggregate value
     samples: dict[tuple[str, str], dict[str, float]]  # (task, doc_id) -> {metric: value}
+    # (task, metric) -> (ci_lo, ci_hi, n) stored with an aggregate (group tasks, derived metrics, AUROCs)
+    intervals: dict[tuple[str, str], tuple[float, float, int | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class VerdictRow:
     """One checked (rule, task) pair."""
 
-    kind: str  # "threshold" | "regression"
+    kind: RuleKind
     task: str | None  # None when the rule matched no task
     metric: str
-    status: str  # "pass" | "fail" | "skipped"
+    status: RowStatus
     reason: str  # one human line
-    observed: float | None = None  # candidate: aggregate (threshold) or paired mean (regression)
+    observed: float | None = None  # candidate: its value (threshold) or paired mean (regression)
     baseline: float | None = None  # baseline paired mean (regression)
     op: str | None = None  # threshold operator
-    limit: float | None = None  # threshold value, or the tolerated drop
-    delta: float | None = None  # candidate − baseline over the paired prompts
-    ci: tuple[float, float] | None = None  # bootstrap CI of delta
-    n: int | None = None  # paired prompts
+    limit: float | None = None  # threshold bound, or the tolerated drop in the metric's units
+    margin: str | None = None  # the regression's margin as the rule gave it ("0.05", "10 % of baseline")
+    drop: float | None = None  # how much worse the candidate is (regression), over the paired prompts
+    ci: tuple[float, float] | None = None  # 95 % interval of the drop (regression) or of the value (threshold)
+    n: int | None = None  # paired prompts (regression), prompts (threshold)
+    method: str | None = None  # the test behind the interval
+    p_fail: float | None = None  # one-sided p of "no worse than the limit"; Holm runs over these
+    decide_n: int | None = None  # about how many prompts would decide an inconclusive row
     higher_is_better: bool = True
 
     @property
@@ -65,16 +91,30 @@ class VerdictRow:
 
 @dataclass(frozen=True)
 class Verdict:
-    passed: bool
+    outcome: GateOutcome
     rows: list[VerdictRow]
+    family: int = 0  # checks Holm corrected over
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == "pass"
 
     @property
     def reasons(self) -> list[str]:
-        """One line per failing row."""
-        return [f"{r.kind} {r.name}: {r.reason}" for r in self.rows if r.status == "fail"]
+        """One line per failing row (per inconclusive row when none fails)."""
+        status = "fail" if self.outcome == "fail" else "inconclusive"
+        return [f"{r.kind} {r.name}: {r.reason}" for r in self.rows if r.status == status]
 
     def count(self, status: str) -> int:
         return sum(1 for r in self.rows if r.status == status)
+
+    @property
+    def summary(self) -> str:
+        """How the outcome was reached, in one line under the table."""
+        return (f"A fail needs the 95 % interval wholly past its limit and Holm's correction over the "
+                f"{self.family} checks that could fail (family-wise false-fail rate at most {100 * ALPHA / 2:g} %, "
+                "one-sided); a pass needs every check's interval wholly on the right side; anything else is "
+                "inconclusive.")
 
 
 def _value(v: Any) -> float | None:
@@ -109,31 +149,38 @@ def fmt(x: float | None) -> str:
     return f"{x + 0.0:.4g}"  # + 0.0 turns −0.0 into 0.0
 
 
+def _prompts(n: int | None) -> str:
+    if n is None:
+        return "no number of prompts would decide it (the estimate sits on the limit)"
+    if n > paired.MAX_DECIDE_N:
+        return f"more than {paired.MAX_DECIDE_N:,} prompts would be needed to decide it"
+    return f"about {n:,} prompts would decide it"
+
+
 def decide(
     candidate: RunData,
     baseline: RunData | None,
     rules: Rules,
     *,
-    n_boot: int = 2000,
+    n_boot: int = N_BOOT,
     seed: int = 0,
-    alpha: float = 0.05,
+    alpha: float = ALPHA,
 ) -> Verdict:
     """Check ``candidate`` against ``rules`` (and ``baseline`` for regressions). Pure.
 
-    Thresholds compare the candidate's aggregate metric. Regressions pair
+    Thresholds test the candidate's value against their bound; regressions pair
     per-sample values over the (task, doc_id) keys both runs hold with the metric
-    non-null, bootstrap the mean difference (candidate − baseline), and fail when
-    the CI of the drop (baseline − candidate; candidate − baseline for
-    lower-is-better metrics) lies wholly above the rule's delta.
+    non-null and test the drop against the rule's margin (see the module docstring).
 
     Raises ``BadInput`` when there are regression rules but no baseline, or the
     two runs share no prompt at all.
     """
     rows: list[VerdictRow] = []
     cand_tasks = _metric_tasks(candidate)
+    tests = dict(n_boot=n_boot, seed=seed, alpha=alpha)
 
     for rule in rules.thresholds:
-        rows.extend(_check_threshold(candidate, rule, rules))
+        rows.extend(_check_threshold(candidate, rule, rules, tests))
 
     if rules.regressions:
         if baseline is None:
@@ -152,7 +199,7 @@ def decide(
                 tasks = [rule.task]
             else:
                 tasks = sorted(cand_tasks.get(rule.metric, set()) | base_tasks.get(rule.metric, set()))
-                if not tasks:  # aggregates only (e.g. middle_gap): nothing to pair, so it fails
+                if not tasks:  # aggregates only (e.g. middle_gap): tested on their stored intervals
                     tasks = sorted({t for t, m in {**candidate.metrics, **baseline.metrics} if m == rule.metric})
             if not tasks:
                 rows.append(
@@ -162,7 +209,7 @@ def decide(
                         metric=rule.metric,
                         status="skipped",
                         reason=f"neither run has metric {rule.metric!r}",
-                        limit=rule.delta,
+                        margin=str(rule.margin),
                         higher_is_better=rules.is_higher_better(None, rule.metric),
                     )
                 )
@@ -178,17 +225,47 @@ def decide(
                         in_base=task in base_tasks.get(rule.metric, ()) or (task, rule.metric) in baseline.metrics,
                         keys=shared_by_task.get(task, []),
                         rules=rules,
-                        n_boot=n_boot,
-                        seed=seed,
-                        alpha=alpha,
+                        tests=tests,
                     )
                 )
 
-    passed = all(r.status != "fail" for r in rows)
-    return Verdict(passed=passed, rows=rows)
+    rows, family = _holm(rows, alpha)
+    if any(r.status == "fail" for r in rows):
+        outcome: GateOutcome = "fail"
+    elif any(r.status == "inconclusive" for r in rows):
+        outcome = "inconclusive"
+    else:
+        outcome = "pass"
+    return Verdict(outcome=outcome, rows=rows, family=family)
 
 
-def _check_threshold(candidate: RunData, rule: Threshold, rules: Rules) -> list[VerdictRow]:
+def _holm(rows: list[VerdictRow], alpha: float) -> tuple[list[VerdictRow], int]:
+    """Keep a fail only where Holm's step-down over every tested row rejects "no worse than the limit"."""
+    tested = [i for i, r in enumerate(rows) if r.p_fail is not None]
+    rejected = paired.holm([rows[i].p_fail for i in tested], alpha / 2)  # type: ignore[misc]
+    out = list(rows)
+    for i, keep in zip(tested, rejected):
+        r = rows[i]
+        if r.status == "fail" and not keep:
+            out[i] = replace(r, status="inconclusive", reason=(
+                f"{r.reason.split('; ', 1)[0]}: past the limit at 95 %, not after Holm over {len(tested)} checks "
+                f"(one-sided p = {r.p_fail:.2g})"))
+    return out, len(tested)
+
+
+def _test_reason(word: str, t: paired.Evidence, limit_text: str) -> str:
+    side = {"pass": "lies wholly on the right side of", "fail": "lies wholly past",
+            "inconclusive": "straddles"}[t.status]
+    text = (f"{word} {fmt(t.estimate)} (95 % CI [{fmt(t.lo)}, {fmt(t.hi)}], {t.method}, n = {t.n}) "
+            f"{side} {limit_text}")
+    if t.note:
+        text += f"; {t.note}"
+    if t.status == "inconclusive":
+        text += f"; {_prompts(t.decide_n)}"
+    return text
+
+
+def _check_threshold(candidate: RunData, rule: Threshold, rules: Rules, tests: dict) -> list[VerdictRow]:
     if rule.task is not None:
         tasks = [rule.task]
     else:
@@ -208,7 +285,7 @@ def _check_threshold(candidate: RunData, rule: Threshold, rules: Rules) -> list[
         ]
     out = []
     for task in tasks:
-        common = dict(
+        common: dict[str, Any] = dict(
             kind="threshold",
             task=task,
             metric=rule.metric,
@@ -235,16 +312,45 @@ def _check_threshold(candidate: RunData, rule: Threshold, rules: Rules) -> list[
                 )
             )
             continue
-        ok = OPS[rule.op](value, rule.value)
-        reason = (
-            f"{rule.metric} = {fmt(value)} {rule.op} {fmt(rule.value)}"
-            if ok
-            else f"{rule.metric} = {fmt(value)}, needs {rule.op} {fmt(rule.value)}"
-        )
-        out.append(
-            VerdictRow(status="pass" if ok else "fail", reason=reason, observed=value, **common)
-        )
+        t = _threshold_test(candidate, task, rule, value, tests)
+        if t is None:  # no interval: a point comparison
+            ok = OPS[rule.op](value, rule.value)
+            why = "an == rule" if rule.op == "==" else "no interval"
+            reason = (
+                f"{rule.metric} = {fmt(value)} {rule.op} {fmt(rule.value)} ({why}: compared as a point)"
+                if ok
+                else f"{rule.metric} = {fmt(value)}, needs {rule.op} {fmt(rule.value)} ({why}: compared as a point)"
+            )
+            out.append(VerdictRow(status="pass" if ok else "fail", reason=reason, observed=value, **common))
+            continue
+        out.append(VerdictRow(
+            status=t.status, reason=_test_reason(rule.metric, t, f"{rule.op} {fmt(rule.value)}"),
+            observed=t.estimate, ci=(t.lo, t.hi), n=t.n, method=t.method, p_fail=t.p_fail,
+            decide_n=t.decide_n, **common))
     return out
+
+
+def _threshold_test(run: RunData, task: str, rule: Threshold, value: float, tests: dict) -> paired.Evidence | None:
+    """The interval test of one threshold: per-prompt values where the run has them, else the stored
+    interval; None for an ``==`` rule or a value with nothing to make an interval from."""
+    if rule.op == "==":
+        return None
+    values = [v for (t, _doc), vals in run.samples.items() if t == task
+              if (v := _value(vals.get(rule.metric))) is not None]
+    alpha = tests["alpha"]
+    if len(values) >= 2:
+        if _binary(rule.metric, values):
+            return paired.threshold_binary(values, rule.op, rule.value, alpha)
+        return paired.threshold_continuous(values, rule.op, rule.value, alpha, tests["n_boot"], tests["seed"])
+    stored = run.intervals.get((task, rule.metric))
+    if stored and _value(stored[0]) is not None and _value(stored[1]) is not None:
+        return paired.threshold_stored(value, stored[0], stored[1], rule.op, rule.value, stored[2])
+    return None
+
+
+def _binary(metric: str, values: list[float]) -> bool:
+    known = registry.get(metric)
+    return bool(known and known.binary) and all(v in (0.0, 1.0) for v in values)
 
 
 def _check_regression(
@@ -257,14 +363,14 @@ def _check_regression(
     in_base: bool,
     keys: list[tuple[str, str]],
     rules: Rules,
-    n_boot: int,
-    seed: int,
-    alpha: float,
+    tests: dict,
 ) -> VerdictRow:
     higher = rules.is_higher_better(task, rule.metric)
-    common = dict(
-        kind="regression", task=task, metric=rule.metric, limit=rule.delta, higher_is_better=higher
+    common: dict[str, Any] = dict(
+        kind="regression", task=task, metric=rule.metric, margin=str(rule.margin), higher_is_better=higher
     )
+    if rule.margin.kind == "delta":
+        common["limit"] = rule.margin.value
     if not in_cand and not in_base:
         return VerdictRow(
             status="skipped", reason=f"neither run has metric {rule.metric!r} for this task", **common
@@ -291,38 +397,62 @@ def _check_regression(
         if a is not None and b is not None:
             cand_vals.append(a)
             base_vals.append(b)
-    if not cand_vals:
-        return VerdictRow(
-            status="fail",
-            reason=f"no shared prompt has a per-sample {rule.metric!r} in both runs; "
-            "a regression cannot be ruled out",
-            **common,
-        )
-
-    d = stats.paired_bootstrap(cand_vals, base_vals, n_boot=n_boot, seed=seed, alpha=alpha)
-    # drop: how much worse the candidate is; its CI bounds follow from delta's.
-    if higher:
-        drop, drop_lo, drop_hi = -d.delta, -d.hi, -d.lo
-    else:
-        drop, drop_lo, drop_hi = d.delta, d.lo, d.hi
     word = "drop" if higher else "increase"
-    level = f"{100 * (1 - alpha):g} % CI"
-    failed = drop_lo > rule.delta
-    reason = (
-        f"{word} {fmt(drop)} ({level} [{fmt(drop_lo)}, {fmt(drop_hi)}]) "
-        + ("lies wholly above" if failed else "not wholly above")
-        + f" {fmt(rule.delta)} over {d.n} prompts"
-    )
+    if candidate.run_id == baseline.run_id:
+        return VerdictRow(status="pass", reason="the candidate is the baseline: no drop by identity",
+                          observed=_mean(cand_vals), baseline=_mean(base_vals), drop=0.0, ci=(0.0, 0.0),
+                          n=len(cand_vals), method="identity", **common)
+    if not cand_vals:
+        return _regression_from_intervals(candidate, baseline, rule, task, higher, word, common)
+
+    margin = rule.margin
+    if margin.kind == "delta" and _binary(rule.metric, cand_vals + base_vals):
+        t = paired.paired_binary(cand_vals, base_vals, higher_is_better=higher, margin=margin.value,
+                                 alpha=tests["alpha"])
+    else:
+        t = paired.paired_continuous(
+            cand_vals, base_vals, higher_is_better=higher, alpha=tests["alpha"], n_boot=tests["n_boot"],
+            seed=tests["seed"], **{margin.kind: margin.value})
+    common["limit"] = t.limit
     return VerdictRow(
-        status="fail" if failed else "pass",
-        reason=reason,
-        observed=d.mean_a,
-        baseline=d.mean_b,
-        delta=d.delta,
-        ci=(d.lo, d.hi),
-        n=d.n,
-        **common,
-    )
+        status=t.status, reason=_test_reason(word, t, _margin_text(t.limit, rule)),
+        observed=_mean(cand_vals), baseline=_mean(base_vals), drop=t.estimate, ci=(t.lo, t.hi), n=t.n,
+        method=t.method, p_fail=t.p_fail, decide_n=t.decide_n, **common)
+
+
+def _margin_text(limit: float, rule: Regression) -> str:
+    if rule.margin.kind == "delta":
+        return f"the margin {fmt(limit)}"
+    return f"the margin {fmt(limit)} ({rule.margin})"
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _regression_from_intervals(candidate: RunData, baseline: RunData, rule: Regression, task: str,
+                               higher: bool, word: str, common: dict[str, Any]) -> VerdictRow:
+    """A regression on an aggregate with no per-prompt values (middle_gap, a group task): the stored
+    intervals of both runs, unpaired; inconclusive when either run stored none."""
+    key = (task, rule.metric)
+    a, b = _value(candidate.metrics.get(key)), _value(baseline.metrics.get(key))
+    ia, ib = candidate.intervals.get(key), baseline.intervals.get(key)
+    if a is None or b is None or not ia or not ib or None in (_value(ia[0]), _value(ia[1]),
+                                                             _value(ib[0]), _value(ib[1])):
+        return VerdictRow(
+            status="inconclusive",
+            reason=f"no shared prompt has a per-sample {rule.metric!r} in both runs and no interval is stored "
+            "with both aggregates: nothing to test a drop with",
+            observed=a, baseline=b, **common,
+        )
+    margin = rule.margin.value if rule.margin.kind == "delta" else rule.margin.value * abs(b)
+    n = min(x for x in (ia[2], ib[2], 10**9) if x)
+    t = paired.unpaired_stored((a, ia[0], ia[1]), (b, ib[0], ib[1]), higher_is_better=higher, margin=margin,
+                               n=n if n < 10**9 else 0)
+    common["limit"] = t.limit
+    return VerdictRow(status=t.status, reason=_test_reason(word, t, _margin_text(t.limit, rule)), observed=a,
+                      baseline=b, drop=t.estimate, ci=(t.lo, t.hi), n=t.n or None, method=t.method,
+                      p_fail=t.p_fail, decide_n=t.decide_n, **common)
 
 
 def check_names(rules: Rules, candidate: RunData, baseline: RunData | None) -> None:

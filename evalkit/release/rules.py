@@ -1,7 +1,8 @@
 """The gate's rules: the rules file format, its validation, and the built-in default rules.
 
 Owns: `Threshold` and `Regression` rules, `Rules` (with per-metric direction overrides;
-the directions themselves come from the metric registry), `DEFAULT_RULES`, and
+the directions and the default margins themselves come from the metric registry),
+`DEFAULT_RULES` (every headline metric under its registered margin), and
 `load_rules` / `parse_rules`, which refuse a malformed file with one line naming the
 file and the key. Does not: decide (`decide`), render (`render`) or read the DB (`db`).
 """
@@ -19,9 +20,10 @@ import yaml
 
 from evalkit.errors import BadInput
 from evalkit.scoring import registry
+from evalkit.scoring.registry import HEADLINE_METRICS, Margin
 
-HEADLINE_METRICS = ("ft_hit", "ft_hit_prob", "opener_rate", "opener_mass", "needle_recall")
-DEFAULT_REGRESSION_DELTA = 0.02
+__all__ = ["DEFAULT_RULES", "HEADLINE_METRICS", "Margin", "Regression", "Rules", "Threshold", "load_rules",
+           "parse_rules"]
 
 OPS = {  # threshold operator -> comparison
     ">=": lambda x, y: x >= y,
@@ -56,11 +58,19 @@ class Threshold:
 
 @dataclass(frozen=True)
 class Regression:
-    """Fails when the CI of the candidate's drop vs the baseline lies wholly above ``delta``."""
+    """A non-inferiority check: passes when the CI of the candidate's drop against the baseline
+    lies wholly below ``margin``, fails when it lies wholly above, else is inconclusive.
+
+    ``margin`` may be given as a number, an absolute drop: ``Regression("ft_hit", 0.05)``.
+    """
 
     metric: str
-    delta: float  # largest tolerated drop (increase, for lower-is-better metrics)
+    margin: Margin  # largest tolerated drop (increase, for lower-is-better metrics)
     task: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.margin, Margin):
+            object.__setattr__(self, "margin", Margin("delta", float(self.margin)))
 
     @property
     def key(self) -> str:
@@ -85,7 +95,7 @@ class Rules:
 
 
 DEFAULT_RULES = Rules(
-    regressions=tuple(Regression(m, DEFAULT_REGRESSION_DELTA) for m in HEADLINE_METRICS),
+    regressions=tuple(Regression(m, registry.METRICS[m].margin) for m in HEADLINE_METRICS),  # type: ignore[arg-type]
 )
 
 
@@ -150,11 +160,15 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
     Example::
 
         >>> r = parse_rules({"thresholds": {"ft_hit": ">= 0.5"},
-        ...                  "regressions": {"firsttoken_zh/opener_rate": 0.02}})
+        ...                  "regressions": {"firsttoken_zh/opener_rate": 0.02,
+        ...                                  "ft_hit_prob": {"relative": 0.1}, "ft_hit": "default"}})
         >>> r.thresholds[0]
         Threshold(metric='ft_hit', op='>=', value=0.5, task=None)
-        >>> r.regressions[0].task, r.regressions[0].delta
-        ('firsttoken_zh', 0.02)
+        >>> [(g.task, g.metric, str(g.margin)) for g in r.regressions]
+        [('firsttoken_zh', 'opener_rate', '0.02'), (None, 'ft_hit_prob', '10 % of baseline'), (None, 'ft_hit', '0.05')]
+
+    A regression's margin is a number or ``{delta: X}`` (the drop may be at most X), ``{relative: R}``
+    (at most R × the baseline's value), or ``default`` (the registry's margin for the metric).
 
     Raises ``BadInput`` naming ``source`` and the offending key when the document
     is not a mapping, has an unknown top-level key, a bad key, operator or number,
@@ -209,14 +223,8 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
     regressions = []
     for key, spec in section("regressions").items():
         task, metric = split_key("regressions", key)
-        where = f"regressions.{key}"
-        if isinstance(spec, bool) or not isinstance(spec, (int, float)):
-            raise bad(f"{where}: expected a number (the tolerated drop, e.g. 0.02), got {spec!r}")
-        if not math.isfinite(spec):
-            raise bad(f"{where}: bad number {spec!r}")
-        if spec < 0:
-            raise bad(f"{where}: delta must be >= 0, got {spec!r}")
-        regressions.append(Regression(metric=metric, delta=float(spec), task=task))
+        regressions.append(Regression(metric=metric, margin=_margin(f"regressions.{key}", metric, spec, bad),
+                                      task=task))
 
     directions: dict[str, bool] = {}
     for key, spec in section("higher_is_better").items():
@@ -233,6 +241,30 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
         higher_is_better=directions,
         source=source,
     )
+
+
+_MARGIN_HELP = "a number, {delta: X}, {relative: R} or default"
+
+
+def _margin(where: str, metric: str, spec: Any, bad) -> Margin:
+    """A regression's margin from its rules-file value (see ``parse_rules``)."""
+    if spec == "default":
+        known = registry.margin(metric)
+        if known is None:
+            raise bad(f"{where}: evalkit has no default margin for {metric!r}; give {_MARGIN_HELP.rsplit(' or', 1)[0]}")
+        return known
+    kind = "delta"
+    if isinstance(spec, Mapping):
+        if len(spec) != 1 or next(iter(spec)) not in ("delta", "relative"):
+            raise bad(f"{where}: expected {_MARGIN_HELP}, got {dict(spec)!r}")
+        kind, spec = next(iter(spec.items()))
+    if isinstance(spec, bool) or not isinstance(spec, (int, float)):
+        raise bad(f"{where}: expected {_MARGIN_HELP} (the tolerated drop), got {spec!r}")
+    if not math.isfinite(spec):
+        raise bad(f"{where}: bad number {spec!r}")
+    if spec < 0:
+        raise bad(f"{where}: {kind} must be >= 0, got {spec!r}")
+    return Margin(kind, float(spec))
 
 
 def _kind(obj: Any) -> str:

@@ -29,7 +29,31 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict, dataclass
 
+from evalkit.kinds import MarginKind
+
 LEVELS = ("text", "distribution", "sampled", "needle", "attention", "conflict", "derived", "pair")
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How much worse a candidate may be than its baseline on one metric and still pass.
+
+    ``delta``: the drop (the increase, for a lower-is-better metric) may be at most ``value``.
+    ``relative``: at most ``value`` × the baseline's mean over the paired prompts.
+    """
+
+    kind: MarginKind
+    value: float
+    why: str = ""  # the reason, in words (`evalkit metrics --margins`)
+
+    def __str__(self) -> str:
+        return f"{self.value:g}" if self.kind == "delta" else f"{100 * self.value:g} % of baseline"
+
+
+# a share of prompts: 5 points is one prompt in 20, and about what a 200-500-prompt task resolves
+_SHARE_MARGIN = Margin("delta", 0.05, "a share of prompts: 5 points is one prompt in 20, and about what a "
+                       "200-500-prompt task can resolve (at 235 paired prompts with 5 % discordant pairs the "
+                       "interval of the drop is about ±0.03)")
 
 
 @dataclass(frozen=True)
@@ -44,6 +68,7 @@ class Metric:
     aggregation: str = "mean"  # mean over prompts | difference of means | mean over prompt pairs
     lo: float = 0.0  # the range of the aggregate (hi None: unbounded)
     hi: float | None = 1.0
+    margin: Margin | None = None  # the gate's default tolerated drop; None: a rule must give one
 
     @property
     def arrow(self) -> str:
@@ -59,25 +84,32 @@ class Metric:
         return self.name.split("{", 1)[0] if "{" in self.name else None
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "direction": self.direction}
+        return {**asdict(self), "direction": self.direction, "margin": str(self.margin) if self.margin else None}
 
 
 _METRICS = (  # in the order the report and `evalkit metrics` list them
     Metric("ft_hit", "text", True, "the response's first word (first k characters for CJK) is an accepted answer start",
-           per_sample=True, binary=True),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN),
     Metric("ft_hit_prob", "distribution", True,
            "P(response begins with an accepted start): teacher-forced product over its tokens in context, "
-           "summed over the starts", unit="probability", per_sample=True),
+           "summed over the starts", unit="probability", per_sample=True,
+           margin=Margin("relative", 0.10, "its scale depends on the model (0.07 en / 0.01 zh on the default model, "
+                         "0.5 and more on larger ones): keeping 90 % of the baseline's mass means the same at every "
+                         "scale, where an absolute 0.02 was 30 % of it on the default model")),
     Metric("ft_token_hit", "distribution", True,
-           "the most likely first token is the first token of an accepted start", per_sample=True, binary=True),
+           "the most likely first token is the first token of an accepted start", per_sample=True, binary=True,
+           margin=_SHARE_MARGIN),
     Metric("opener_rate", "text", False, "the response begins with an entry of the opener lexicon (Sure, 好的 ...)",
-           per_sample=True, binary=True),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN),
     Metric("opener_mass", "distribution", False,
            "P(response begins with an opener of the lexicon), summed over the entries", unit="probability",
-           per_sample=True),
+           per_sample=True, margin=Margin("relative", 0.25, "a small probability (0-0.05 on the default model): "
+                                          "an absolute margin either never fires or fires on noise")),
     Metric("prior_drift", "distribution", False,
            "1 - JSD2(first-token distribution, content-free prior): 1 = the prompt changed nothing",
-           unit="probability", per_sample=True),
+           unit="probability", per_sample=True,
+           margin=Margin("delta", 0.02, "a similarity on a fixed 0-1 scale (0.43 en / 0.57 zh on the default "
+                         "model); moving 0.02 toward the prior is a change worth a look, whatever the model")),
     Metric("top3_mass", "distribution", True,
            "mass of the 3 most likely first tokens at temperature T (the exact 'sample it 20 times' test)",
            unit="probability", per_sample=True),
@@ -91,7 +123,7 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            per_sample=True),
     Metric("answer_hit", "text", True,
            "the whole answer is right: a checkable answer (answers_full) occurs in the greedy continuation",
-           per_sample=True, binary=True),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN),
     Metric("ft_answer_mismatch", "distribution", False,
            "the first token and the whole answer disagree: ft_token_hit differs from answer_hit",
            per_sample=True, binary=True),
@@ -100,7 +132,7 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            "token predict the answer? (0.5 = no better than chance)", unit="auroc", aggregation="auroc"),
     Metric("needle_recall", "needle", True,
            "the needle's key appears in the response (digits, separators, width and case normalised)",
-           per_sample=True, binary=True),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN),
     Metric("needle_recall@depth{D}", "derived", True, "needle_recall of the documents with the needle at depth D"),
     Metric("needle_recall@len{L}", "derived", True, "needle_recall of the documents of L tokens"),
     Metric("start_gap", "derived", False,
@@ -146,6 +178,10 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
+
+# the metrics the gate's default rules check, each under its registered margin
+HEADLINE_METRICS = ("ft_hit", "ft_hit_prob", "answer_hit", "opener_rate", "opener_mass", "needle_recall")
+assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric without a default margin"
 _FAMILIES = {m.family: m for m in _METRICS if m.family}
 
 # first-token signals whose AUROC against answer_hit is reported (lead_auroc.{S}), in table order
@@ -183,6 +219,16 @@ def get(name: str) -> Metric | None:
         if name.startswith(prefix) and _MEMBERS[metric.name[len(prefix):]](name[len(prefix):]):
             return metric
     return None
+
+
+def margin(name: str) -> Margin | None:
+    """The gate's default margin for `name`, None when the registry gives none.
+
+    >>> str(margin("ft_hit_prob")), str(margin("ft_hit")), margin("entropy")
+    ('10 % of baseline', '0.05', None)
+    """
+    metric = get(name)
+    return None if metric is None else metric.margin
 
 
 def higher_is_better(name: str) -> bool | None:

@@ -21,6 +21,7 @@ import numpy as np
 
 __all__ = [
     "Delta",
+    "bootstrap_means",
     "interval",
     "jsd",
     "mean_stderr",
@@ -169,7 +170,7 @@ def _finite_array(values: Sequence[float], name: str) -> np.ndarray:
     return arr
 
 
-def _bootstrap_means(d: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+def bootstrap_means(d: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
     """``n_boot`` means of ``d`` resampled with replacement (length ``len(d)``)."""
     n = d.size
     values, counts = np.unique(d, return_counts=True)
@@ -248,7 +249,7 @@ def paired_bootstrap(
         raise ValueError(f"paired_bootstrap: alpha must be in (0, 1), got {alpha}")
 
     d = av - bv  # per-prompt candidate − baseline
-    means = _bootstrap_means(d, n_boot, seed)
+    means = bootstrap_means(d, n_boot, seed)
     lo, hi = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
     return Delta(
         mean_a=float(av.mean()),
