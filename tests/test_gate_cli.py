@@ -1,7 +1,9 @@
 """`evalkit gate` and `evalkit promote` end to end, on runs stored by the fake LM.
 
 Baseline: mode=hit (every first word hits); degraded candidate: mode=other (none
-does, every response opens with an opener); equal candidate: mode=hit again.
+does, every response opens with an opener); equal candidate: mode=hit again; all on 200
+prompts a task, where "no discordant pair" shows a drop below the 0.05 margin. A 20-prompt
+equal run ("small") cannot show that: it is inconclusive (exit 3).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def invoke(*args, env=None):
     return CliRunner(catch_exceptions=False).invoke(cli, [str(a) for a in args], env=env)
 
 
-def fake_run(db, mode, limit=40, name=None):
+def fake_run(db, mode, limit=200, name=None):
     res = invoke("run", "--model", "evalkit-fake", "--model-args", f"mode={mode}", "--tasks", "firsttoken",
                  "--limit", limit, "--name", name or mode, "--db", db, env={"HF_HUB_OFFLINE": "1"})
     assert res.exit_code == 0, res.output
@@ -42,7 +44,8 @@ def stored(tmp_path_factory):
     db = tmp_path_factory.mktemp("gate") / "runs.duckdb"
     ids = {"base": fake_run(db, "hit", name="baseline"),
            "bad": fake_run(db, "other", name="degraded"),
-           "equal": fake_run(db, "hit", name="equal")}
+           "equal": fake_run(db, "hit", name="equal"),
+           "small": fake_run(db, "hit", limit=20, name="small")}
     # a done run on prompts no other run has, and a failed run
     for key, status in (("elsewhere", "done"), ("failed", "failed")):
         run_id = f"9999-{key}"
@@ -82,8 +85,43 @@ def test_degraded_candidate_fails_with_exit_1(runs):
     assert res.exit_code == 1
     assert "## evalkit gate: FAIL" in res.stdout
     assert re.search(r"\| \*\*FAIL\*\* \| regression \| firsttoken_en \| ft_hit \|", res.stdout)
-    assert "lies wholly above 0.02 over 40 prompts" in res.stdout
+    assert "n = 200) lies wholly past the margin 0.05" in res.stdout
+    assert "Holm's correction over the" in res.stdout
     one_error_line(res, f"gate failed for candidate {runs['bad']}")
+
+
+def test_equal_candidate_on_few_prompts_is_inconclusive_with_exit_3(runs):
+    res = invoke("gate", "--candidate", runs["small"], "--baseline", runs["base"])
+    assert res.exit_code == 3, res.output
+    assert "## evalkit gate: INCONCLUSIVE" in res.stdout
+    assert "| *inconclusive* | regression | firsttoken_en | ft_hit |" in res.stdout
+    assert "about 73 prompts would decide it" in res.stdout  # 0 discordant pairs of 20
+    one_error_line(res, f"gate inconclusive for candidate {runs['small']}")
+
+
+@pytest.mark.parametrize("choice, code", [("pass", 0), ("fail", 1)])
+def test_on_inconclusive_maps_exit_3(runs, choice, code):
+    res = invoke("gate", "--candidate", runs["small"], "--baseline", runs["base"], "--on-inconclusive", choice)
+    assert res.exit_code == code, res.output
+    assert "## evalkit gate: INCONCLUSIVE" in res.stdout
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("evalkit: note:" if choice == "pass" else "evalkit: error:")
+    assert f"gate inconclusive for candidate {runs['small']}" in line and f"(--on-inconclusive {choice}" in line
+    # a clear verdict is not touched by the option
+    assert invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"], "--on-inconclusive",
+                  "pass").exit_code == 1
+    assert invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], "--on-inconclusive",
+                  "fail").exit_code == 0
+
+
+def test_junit_shows_inconclusive_checks_as_errors(runs, tmp_path):
+    junit = tmp_path / "gate.xml"
+    assert invoke("gate", "--candidate", runs["small"], "--baseline", runs["base"], "--junit", junit).exit_code == 3
+    suite = ET.parse(junit).getroot()
+    errors = [c for c in suite.findall("testcase") if c.find("error") is not None]
+    assert errors and int(suite.get("errors")) == len(errors)
+    assert {c.find("error").get("type") for c in errors} == {"inconclusive"}
+    assert {p.get("name"): p.get("value") for p in suite.iter("property")}["outcome"] == "inconclusive"
 
 
 def test_equal_candidate_passes_with_exit_0(runs):
@@ -111,7 +149,7 @@ def test_rules_check_thresholds_and_regressions(runs, tmp_path):
     assert load_rules(EXAMPLES / "gate-rules.yaml").regressions
     rules = tmp_path / "rules.yaml"
     rules.write_text('thresholds:\n  ft_hit: ">= 0.5"\n  firsttoken_zh/opener_rate: "<= 0.2"\n'
-                     "regressions:\n  ft_hit: 0.02\n  opener_rate: 0.02\n", encoding="utf-8")
+                     "regressions:\n  ft_hit: 0.05\n  opener_rate: default\n", encoding="utf-8")
     ok = invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], "--rules", rules)
     assert ok.exit_code == 0, ok.output
     assert "| pass | threshold | firsttoken_en | ft_hit |" in ok.stdout
@@ -142,7 +180,7 @@ def test_junit_file_parses_and_counts_failures(runs, tmp_path):
     assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == len(failed) >= 4
     assert {c.get("name") for c in failed} >= {"firsttoken_en/ft_hit", "firsttoken_zh/opener_rate"}
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    assert props == {"candidate": runs["bad"], "baseline": runs["base"]}
+    assert props == {"candidate": runs["bad"], "baseline": runs["base"], "outcome": "fail"}
 
 
 def test_github_step_summary_is_appended(runs, tmp_path):

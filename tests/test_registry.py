@@ -85,6 +85,16 @@ def test_metrics_command_lists_the_registry():
     assert by_name["entropy"]["direction"] == "lower" and by_name["entropy"]["hi"] is None
     table = CliRunner().invoke(cli, ["metrics"], catch_exceptions=False).output
     assert "ft_hit_prob" in table and "↓ lower" in table and "needle_recall@depth{D}" in table
+    assert by_name["ft_hit_prob"]["margin"] == "10 % of baseline" and by_name["entropy"]["margin"] is None
+
+
+def test_metrics_margins_lists_each_default_margin_with_its_reason():
+    out = CliRunner().invoke(cli, ["metrics", "--margins"], catch_exceptions=False).output
+    lines = out.splitlines()[2:]
+    assert {line.split()[0] for line in lines} == {m.name for m in registry.all_metrics() if m.margin}
+    for m in registry.HEADLINE_METRICS:
+        (line,) = [x for x in lines if x.split()[0] == m]
+        assert f"{registry.margin(m)} *" in line and registry.margin(m).why[:40] in line
 
 
 def test_every_metric_is_documented_for_users():

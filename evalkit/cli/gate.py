@@ -63,7 +63,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
         raise RunFailed(f"gate failed for candidate {result.candidate_id}: {reasons[0]}{more}")
     what = f"gate inconclusive for candidate {result.candidate_id}: {reasons[0]}{more}"
     if on_inconclusive == "pass":
-        click.echo(f"{what} (--on-inconclusive pass: exit 0)", err=True)
+        click.echo(f"evalkit: note: {what} (--on-inconclusive pass: exit 0)", err=True)
         return
     if on_inconclusive == "fail":
         raise RunFailed(f"{what} (--on-inconclusive fail)")

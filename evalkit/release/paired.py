@@ -212,8 +212,7 @@ def paired_continuous(cand: Sequence[float], base: Sequence[float], *, higher_is
     p_fail = float((1 + np.count_nonzero(means <= 0)) / (n_boot + 1))
     status = _status(e_lo, e_hi)
     lo, hi = e_lo + margin, e_hi + margin
-    method = "paired bootstrap" + ("" if delta is not None else f", margin {relative:g} × baseline")
-    return Evidence(method=method, estimate=est, lo=lo, hi=hi, limit=margin, status=status, p_fail=p_fail,
+    return Evidence(method="paired bootstrap", estimate=est, lo=lo, hi=hi, limit=margin, status=status, p_fail=p_fail,
                       n=n, decide_n=_decide_n(_normal_ci_at(est, lo, hi, n), est, margin, n)
                       if status == "inconclusive" else None)
 
