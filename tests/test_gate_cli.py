@@ -322,3 +322,7 @@ def test_ci_example_workflow_runs_gate_then_promote():
             "--junit gate.xml") in script
     assert "evalkit promote latest --tag prod" in script
     assert script.index("evalkit gate") < script.index("evalkit promote latest")
+    # exit 3 (inconclusive) is handled: a warning, and no promotion
+    assert '3) echo "::warning::' in script and 'echo "promote=false"' in script
+    promote = [s for s in steps if s.get("name") == "Promote on pass"][0]
+    assert "steps.gate.outputs.promote == 'true'" in promote["if"]

@@ -267,14 +267,15 @@ def test_the_shipped_gate_example_passes_the_default_model_and_fails_its_int8_va
     shutil.copytree(root / "examples", work / "examples")
     db = work / "reports" / "evalkit.duckdb"
     summary = tmp_path / "summary.md"
+    outputs = tmp_path / "outputs.txt"
     env = {**os.environ, "EVALKIT_DB": str(db), "GITHUB_STEP_SUMMARY": str(summary), "HF_HUB_OFFLINE": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+           "GITHUB_OUTPUT": str(outputs), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
     def step(script):
         return subprocess.run(["bash", "-e", "-c", script], cwd=work, env=env, capture_output=True, text=True)
 
     def candidate(*extra):
-        res = CliRunner().invoke(cli, ["run", "--tasks", "firsttoken", "--limit", "10", "--db", str(db), *extra],
+        res = CliRunner().invoke(cli, ["run", "--tasks", "firsttoken", "--limit", "20", "--db", str(db), *extra],
                                  catch_exceptions=False)
         assert res.exit_code == 0, res.output
         return re.search(r"^run (\S+)", res.stdout, re.M).group(1)
@@ -282,15 +283,23 @@ def test_the_shipped_gate_example_passes_the_default_model_and_fails_its_int8_va
     first = candidate("--name", "candidate")
     out = step(gate_step)
     assert out.returncode == 0 and "first baseline" in summary.read_text(), out.stdout + out.stderr
+    assert outputs.read_text().splitlines()[-1] == "promote=true"
     assert step(promote_step).returncode == 0
 
     out = step(gate_step)  # the default model, gated against itself with the example rules
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PASS" in out.stdout and (work / "gate.xml").is_file()
+    assert outputs.read_text().splitlines()[-1] == "promote=true"
 
     worse = candidate("--name", "candidate", "--quant", "int8-dynamic")
     out = step(gate_step)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert f"gate failed for candidate {worse}" in out.stderr and "prior_drift" in out.stdout
+    assert f"gate failed for candidate {worse}" in out.stderr and "| **FAIL** | regression | firsttoken_en |" in out.stdout
+    assert outputs.read_text().splitlines() == ["promote=true"] * 2  # nothing new: not promoted
+
+    # the default rules at 20 prompts (the case that once passed): not a pass
+    res = CliRunner().invoke(cli, ["gate", "--candidate", worse, "--baseline", first, "--db", str(db)])
+    assert res.exit_code in (1, 3), res.output
+    assert "## evalkit gate: PASS" not in res.stdout
     assert first != worse
     print("\n" + out.stderr.strip().splitlines()[-1])
