@@ -469,3 +469,87 @@ def test_junit_all_pass():
     assert root.get("failures") == "0" and root.get("errors") == "0"
     assert root.findall("testcase/failure") == []
     assert root.find("properties/property[@name='outcome']").get("value") == "pass"
+
+
+# ------------------------------------------------------------- three outcomes, Holm
+
+
+def _probs(values):
+    return [{"ft_hit_prob": v} for v in values]
+
+
+def test_an_uncertain_drop_is_inconclusive_not_a_pass():
+    """The case that once passed: 20 prompts, P(answer) down ~9x, ft_hit from 0.15 to 0.05."""
+    base = [0.3, 0.25, 0.2, 0.18, 0.15, 0.12, 0.1, 0.1, 0.08, 0.07, 0.06, 0.05, 0.05, 0.04, 0.03, 0.02, 0.01,
+            0.01, 0.005, 0.001]
+    cand = [v / 9 for v in base]
+    hit_b, hit_c = hits(20, 3), hits(20, 1)
+    b = make_run("base", {"firsttoken_en": [{**h, **p} for h, p in zip(hit_b, _probs(base))]})
+    c = make_run("cand", {"firsttoken_en": [{**h, **p} for h, p in zip(hit_c, _probs(cand))]})
+    verdict = decide(c, b, DEFAULT_RULES)
+    assert verdict.outcome == "fail" and not verdict.passed
+    (prob,) = only(verdict, metric="ft_hit_prob")
+    assert prob.status == "fail" and prob.limit == pytest.approx(0.1 * sum(base) / 20)
+    (hit,) = only(verdict, metric="ft_hit")
+    assert hit.status == "inconclusive" and hit.decide_n > 20 and "prompts would decide it" in hit.reason
+    # without the probabilities, the 0/1 drop alone cannot decide: inconclusive, never a pass
+    only_hits = decide(make_run("cand", {"firsttoken_en": hit_c}), make_run("base", {"firsttoken_en": hit_b}),
+                       DEFAULT_RULES)
+    assert only_hits.outcome == "inconclusive"
+
+
+def test_holm_turns_a_marginal_fail_into_inconclusive_among_many_checks():
+    # one task with a marginal drop (one-sided p about 0.01), then nine more checks that pass
+    lost = hits(200, 150)
+    for i in range(5):  # 5 lost, 0 gained of 200: Tango's Z at no drop is about sqrt(5)
+        lost[i]["ft_hit"] = 0.0
+    base_docs, cand_docs = hits(200, 150), lost
+    alone = decide(make_run("c", {"t0": cand_docs}), make_run("b", {"t0": base_docs}),
+                   parse_rules({"regressions": {"ft_hit": 0.0}}))
+    (row,) = alone.rows
+    assert row.status == "fail" and 0.0025 < row.p_fail < 0.025
+    many_c = {"t0": cand_docs, **{f"t{i}": hits(200, 150) for i in range(1, 10)}}
+    many_b = {"t0": base_docs, **{f"t{i}": hits(200, 150) for i in range(1, 10)}}
+    verdict = decide(make_run("c", many_c), make_run("b", many_b), parse_rules({"regressions": {"ft_hit": 0.0}}))
+    (row,) = only(verdict, task="t0")
+    assert verdict.family == 10
+    assert row.status == "inconclusive" and "not after Holm over 10 checks" in row.reason
+    assert verdict.outcome == "inconclusive"
+
+
+def test_threshold_with_an_interval_is_inconclusive_near_its_bound():
+    run = make_run("c", {"t": hits(20, 11)})  # 0.55, Wilson [0.34, 0.74]
+    (row,) = decide(run, None, parse_rules({"thresholds": {"ft_hit": ">= 0.5"}})).rows
+    assert row.status == "inconclusive" and row.method == "Wilson interval"
+    assert row.ci[0] < 0.5 < row.ci[1] and row.decide_n > 20
+
+
+def test_threshold_reads_a_stored_interval_when_there_are_no_samples():
+    run = RunData("c", {("firsttoken", "lead_auroc.top3_mass"): 0.85}, {},
+                  intervals={("firsttoken", "lead_auroc.top3_mass"): (0.7, 0.95, 150)})
+    (row,) = decide(run, None, parse_rules({"thresholds": {"lead_auroc.top3_mass": ">= 0.6"}})).rows
+    assert row.status == "pass" and row.method == "stored interval" and row.ci == (0.7, 0.95)
+    (row,) = decide(run, None, parse_rules({"thresholds": {"lead_auroc.top3_mass": ">= 0.8"}})).rows
+    assert row.status == "inconclusive"
+
+
+def test_relative_margin_from_the_rules_file():
+    base = [{"ft_hit_prob": 0.1 + 0.001 * i} for i in range(100)]
+    slightly = [{"ft_hit_prob": v["ft_hit_prob"] * 0.97} for v in base]
+    halved = [{"ft_hit_prob": v["ft_hit_prob"] * 0.5} for v in base]
+    rules = parse_rules({"regressions": {"ft_hit_prob": {"relative": 0.1}}})
+    b = make_run("b", {"t": base})
+    (ok,) = decide(make_run("c", {"t": slightly}), b, rules).rows
+    (bad,) = decide(make_run("c", {"t": halved}), b, rules).rows
+    assert (ok.status, bad.status) == ("pass", "fail")
+    assert ok.margin == "10 % of baseline" and ok.limit == pytest.approx(0.01495)
+
+
+def test_markdown_and_junit_show_inconclusive():
+    run = make_run("b", {"t": hits(20, 10)})
+    verdict = decide(make_run("c", {"t": hits(20, 10)}), run, REG)
+    md = to_markdown(verdict, "c", "b")
+    assert md.splitlines()[0].startswith("## evalkit gate: INCONCLUSIVE")
+    assert "| *inconclusive* | regression | t | ft_hit |" in md and "Holm's correction over the 1 checks" in md
+    root = ET.fromstring(to_junit(verdict, "c", "b").encode("utf-8"))
+    assert root.get("errors") == "1" and root.find("testcase/error").get("type") == "inconclusive"
