@@ -268,7 +268,7 @@ def test_kv_cache_migration_marks_earlier_hf_runs_full(tmp_path):
 def test_the_last_migration_keeps_every_leaderboard_column(tmp_path):
     """m015 (attention and conflicts) comes after m014 and adds views of its own; the leaderboard
     keeps every column the earlier migrations gave it."""
-    assert MIGRATIONS[-1].__name__ == "m015_attention_and_conflict"
+    assert MIGRATIONS[-2].__name__ == "m015_attention_and_conflict"
     with open_writer(tmp_path / "lb.duckdb") as con:
         cols = {r[0] for r in con.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = 'leaderboard'").fetchall()}
@@ -281,8 +281,9 @@ def test_quant_detail_migration_keeps_every_leaderboard_column(tmp_path):
     quant_detail; a run stored before it has no detail. It comes after m016 in the list: a file
     that already records m016 as version 14 takes m014 as version 15."""
     names = [m.__name__ for m in MIGRATIONS]
-    assert names[-7:] == ["m010_metric_intervals", "m011_run_model_name", "m012_answers_and_lead_indicators",
-                          "m013_kv_cache", "m016_topk_units", "m014_quant_detail", "m015_attention_and_conflict"]
+    assert names[-8:] == ["m010_metric_intervals", "m011_run_model_name", "m012_answers_and_lead_indicators",
+                          "m013_kv_cache", "m016_topk_units", "m014_quant_detail", "m015_attention_and_conflict",
+                          "m017_db_identity"]
     path = tmp_path / "old.duckdb"
     con = older_db(path, names.index("m014_quant_detail"))
     before = [r[0] for r in con.execute("DESCRIBE leaderboard").fetchall()]
@@ -295,8 +296,23 @@ def test_quant_detail_migration_keeps_every_leaderboard_column(tmp_path):
         assert after == before + ["quant_detail"]
         assert {"ci_lo", "ci_hi", "model_name", "kv_cache"} <= set(after)
         assert con.execute("SELECT quant, quant_detail FROM leaderboard").fetchall() == [("bf16", None)]
-        assert con.execute("SELECT version, name FROM schema_version ORDER BY version DESC LIMIT 3").fetchall() == [
-            (16, "m015_attention_and_conflict"), (15, "m014_quant_detail"), (14, "m016_topk_units")]
+        assert con.execute("SELECT version, name FROM schema_version ORDER BY version DESC LIMIT 4").fetchall() == [
+            (17, "m017_db_identity"), (16, "m015_attention_and_conflict"), (15, "m014_quant_detail"),
+            (14, "m016_topk_units")]
+
+
+def test_every_db_gets_its_own_identity(tmp_path):
+    """m017: a uuid and a signing key per DB, kept across reopenings; two DBs never share them."""
+    from evalkit.store.spool import identity
+
+    with open_writer(tmp_path / "a.duckdb") as con:
+        a = identity(con)
+    with open_writer(tmp_path / "a.duckdb") as con:
+        assert identity(con) == a
+    with open_writer(tmp_path / "b.duckdb") as con:
+        b = identity(con)
+    assert len(a.db_uuid) == 32 and len(a.key) == 64
+    assert a.db_uuid != b.db_uuid and a.key != b.key
 
 
 def test_read_only_open_needs_an_existing_db(tmp_path):

@@ -446,6 +446,17 @@ def m016_topk_units(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE first_token_topk ADD COLUMN unit VARCHAR")
 
 
+def m017_db_identity(con: duckdb.DuckDBPyConnection) -> None:
+    # Who this DB is, apart from its file name: a run kept in a spool file names the DB it
+    # belongs to by `db_uuid`, and signs its content with `spool_key` (HMAC-SHA256), so that
+    # a file planted in the spool folder, or another DB's kept run, is never brought in.
+    import secrets
+    import uuid
+
+    con.execute("INSERT INTO evalkit_meta VALUES ('db_uuid', ?), ('spool_key', ?)",
+                [uuid.uuid4().hex, secrets.token_hex(32)])
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -465,4 +476,5 @@ MIGRATIONS: list[Migration] = [
     # schema_version number, so a migration is appended even when its name's number is lower
     m014_quant_detail,
     m015_attention_and_conflict,
+    m017_db_identity,
 ]

@@ -60,13 +60,17 @@ def _check_columns(fields) -> None:
         raise ValueError(f"unknown run columns: {sorted(unknown)}")
 
 
-def insert_run(path, row: dict[str, Any]) -> None:
-    """Record a run as it starts (status 'running')."""
+def insert_run(path, row: dict[str, Any]):
+    """Record a run as it starts (status 'running'); return the DB's `spool.Identity`, which binds
+    the run's results to this DB should they have to be kept in a spool file."""
+    from evalkit.store import spool
+
     _check_columns(row)
     cols = list(row)
     with transaction(path) as con:
         con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [row[c] for c in cols])
+        return spool.identity(con)
 
 
 def update_run(path, run_id: str, **fields: Any) -> None:

@@ -1,18 +1,36 @@
-"""Finished runs that could not be written yet: kept in a file beside the DB, brought in later.
+"""Finished runs that could not be written yet: kept in a file bound to their DB, brought in later.
 
-Owns: `keep` (a run's whole row and results as a small evalkit DuckDB file in the
-spool folder `<db>.spool/`, or in the system's temporary folder when that cannot be
-written, e.g. a full disk) and `ingest` (bring spooled runs into the DB: the run row
-replaced, its results inserted, in one transaction, then the spool file removed).
-Every writer brings pending spool files in when it opens the DB, and `evalkit ingest`
-does it on demand. Does not: decide when a write has failed (the runner does).
+Owns: `identity` (the DB's `db_uuid` and `spool_key` from `evalkit_meta`, migration m017),
+`keep` (a run's whole row and results as a small evalkit DuckDB file, with a manifest
+beside it that names the DB's uuid and the run and signs the file's SHA-256 with the DB's
+key), `pending_files` and `ingest` (bring kept runs into the DB: each file verified, the
+run row replaced and its results inserted in one transaction, then the file and its
+manifest removed). Does not: decide when a write has failed (the runner does).
+
+Where a kept run waits: the spool folder `<db>.spool/`, or, when that cannot be written
+(a full disk, a file in the way), a per-user folder named by the DB's uuid,
+`<tmp>/evalkit-spool-<uid>/<db_uuid>/` — never a folder named after the DB's file name, which
+another project's `evalkit.duckdb` would share.
+
+What is trusted (docs/robustness.md): only a file whose manifest names this DB's uuid,
+whose signature verifies with this DB's key, whose SHA-256 matches, and which holds exactly
+the run its manifest names. A run already `done` in the DB is never replaced. Anything else
+in a spool folder — a planted `*.duckdb`, an empty or truncated file, another DB's kept run —
+is set aside as `NAME.bad` with one warning and never blocks a writer. `evalkit ingest PATH`
+refuses such a file with one line and leaves it as it is: ingest removes only files it
+verified as kept by this DB.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+import logging
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +41,31 @@ from evalkit.store import runs
 from evalkit.store.db import db_path, inspect_con, migrate, open_writer
 
 SUFFIX = ".duckdb"
+MANIFEST = ".spool.json"  # beside RUN.duckdb: RUN.duckdb.spool.json
+FORMAT = 1
+log = logging.getLogger("evalkit")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a DB is: its uuid (names its fallback folder and its kept runs) and its signing key."""
+
+    db_uuid: str
+    key: str
+
+    def sign(self, run_id: str, sha256: str) -> str:
+        message = f"evalkit-spool/{FORMAT}\n{self.db_uuid}\n{run_id}\n{sha256}".encode()
+        return hmac.new(bytes.fromhex(self.key), message, hashlib.sha256).hexdigest()
+
+
+def identity(con: duckdb.DuckDBPyConnection, database: str | None = None) -> Identity | None:
+    """The open DB's identity, None for a DB written before m017 (migrate gives it one)."""
+    prefix = f'"{database}".main.' if database else ""
+    rows = dict(con.execute(f"SELECT key, value FROM {prefix}evalkit_meta "
+                            "WHERE key IN ('db_uuid', 'spool_key')").fetchall())
+    if "db_uuid" not in rows or "spool_key" not in rows:
+        return None
+    return Identity(rows["db_uuid"], rows["spool_key"])
 
 
 def spool_dir(db: Path) -> Path:
@@ -30,28 +73,49 @@ def spool_dir(db: Path) -> Path:
     return Path(str(db) + ".spool")
 
 
-def _fallback_dir(db: Path) -> Path:
-    return Path(tempfile.gettempdir()) / "evalkit-spool" / Path(db).name
+def fallback_dir(ident: Identity) -> Path:
+    """The per-user folder of one DB's kept runs when its spool folder cannot be written."""
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"evalkit-spool-{uid}" / ident.db_uuid
 
 
-def keep(db: Path, row: dict[str, Any], *, metrics, samples, topk, lead=(), attention=()) -> Path:
+def _folders(db: Path, ident: Identity | None) -> list[Path]:
+    return [spool_dir(db)] + ([fallback_dir(ident)] if ident else [])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def manifest_of(path: Path) -> Path:
+    return Path(str(path) + MANIFEST)
+
+
+def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(), attention=()) -> Path:
     """Write one finished run (its complete `runs` row and its results) to a spool file; return its path.
 
-    Written under a temporary name and renamed when complete, so a reader never takes a
-    half-written file for a spooled run. Raises OSError / duckdb.Error when neither the
-    spool folder nor the temporary folder can hold it.
+    The file is written under a temporary name and renamed when complete; its manifest
+    (uuid, run, SHA-256, signature) is written the same way after it, so a file without a
+    manifest is never a kept run. Raises OSError / duckdb.Error when neither the spool folder
+    nor the DB's fallback folder can hold it.
     """
     errors = []
-    for folder in (spool_dir(db), _fallback_dir(db)):
+    for folder in (spool_dir(db), fallback_dir(ident)):
         try:
-            return _write(folder, row, metrics=metrics, samples=samples, topk=topk, lead=lead, attention=attention)
+            return _write(folder, ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,
+                          attention=attention)
         except (OSError, duckdb.Error) as exc:
             errors.append(f"{folder}: {str(exc).splitlines()[0]}")
     raise OSError("cannot keep the run's results anywhere (" + "; ".join(errors) + ")")
 
 
-def _write(folder: Path, row: dict[str, Any], *, metrics, samples, topk, lead=(), attention=()) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
+def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(),
+           attention=()) -> Path:
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     final = folder / f"{row['id']}{SUFFIX}"
     partial = folder / f".{row['id']}{SUFFIX}.partial"
     partial.unlink(missing_ok=True)
@@ -70,26 +134,79 @@ def _write(folder: Path, row: dict[str, Any], *, metrics, samples, topk, lead=()
     finally:
         con.close()
     Path(str(partial) + ".wal").unlink(missing_ok=True)
+    sha = _sha256(partial)
     os.replace(partial, final)
+    manifest = {"format": FORMAT, "db_uuid": ident.db_uuid, "run_id": row["id"], "sha256": sha,
+                "signature": ident.sign(row["id"], sha)}
+    tmp = folder / f".{row['id']}{MANIFEST}.partial"
+    tmp.write_text(json.dumps(manifest), encoding="utf-8")
+    os.replace(tmp, manifest_of(final))
     return final
 
 
-def pending_files(db: Path) -> list[Path]:
-    """Spool files waiting to be brought into `db`, oldest first."""
+def pending_files(db: Path, ident: Identity | None = None) -> list[Path]:
+    """Kept-run files (each with a manifest) in `db`'s spool folder and, given its identity, its
+    fallback folder, oldest first. Listed, not verified: `ingest` verifies each."""
     files = []
-    for folder in (spool_dir(db), _fallback_dir(db)):
+    for folder in _folders(db, ident):
         if folder.is_dir():
-            files += sorted(folder.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
+            files += sorted((p for p in folder.glob(f"*{SUFFIX}") if manifest_of(p).is_file()),
+                            key=lambda p: p.stat().st_mtime)
     return files
 
 
 def pending_ids(db: Path) -> set[str]:
-    """Ids of the runs whose results wait in spool files (a reader shows them as `kept`)."""
+    """Ids of the runs whose results wait in the spool folder (a reader shows them as `kept`)."""
     return {p.name[: -len(SUFFIX)] for p in pending_files(db)}
 
 
-def _ingest_file(con: duckdb.DuckDBPyConnection, path: Path) -> str:
-    """Bring one spool file into the open DB (one transaction); return the run id."""
+def _strangers(db: Path, ident: Identity | None) -> list[Path]:
+    """Files in the spool folders that are no kept run: a `*.duckdb` without its manifest."""
+    out = []
+    for folder in _folders(db, ident):
+        if folder.is_dir():
+            out += [p for p in folder.glob(f"*{SUFFIX}") if not manifest_of(p).is_file()]
+    return out
+
+
+def verify(path: Path, ident: Identity) -> str:
+    """The run id of a kept-run file that this DB wrote, checked; BadInput saying what is wrong otherwise."""
+    manifest = manifest_of(path)
+    try:
+        meta = json.loads(manifest.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"{path} is not a spool file of this DB (its manifest {manifest.name} cannot be read: "
+                       f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    run_id, sha, sig = meta.get("run_id"), meta.get("sha256"), meta.get("signature")
+    if meta.get("db_uuid") != ident.db_uuid:
+        raise BadInput(f"{path} was kept for another DB (uuid {meta.get('db_uuid')!r}), not this one")
+    if not all(isinstance(v, str) for v in (run_id, sha, sig)) or path.name != f"{run_id}{SUFFIX}":
+        raise BadInput(f"{path} is not a spool file of this DB (its manifest does not name it)")
+    if not hmac.compare_digest(ident.sign(run_id, sha), sig):
+        raise BadInput(f"{path} is not a spool file of this DB (its signature does not verify)")
+    if _sha256(path) != sha:
+        raise BadInput(f"{path} changed after it was kept (its SHA-256 differs from its manifest's)")
+    return run_id
+
+
+def _set_aside(path: Path, why: str) -> None:
+    """Rename a file that is no kept run of this DB (and its manifest) to NAME.bad, with one warning."""
+    moved = []
+    for p in (path, manifest_of(path)):
+        if p.exists():
+            try:
+                os.replace(p, Path(str(p) + ".bad"))
+                moved.append(p.name)
+            except OSError:
+                pass
+    where = f"; set aside as {path.name}.bad" if moved else "; left in place (its folder cannot be written)"
+    log.warning("evalkit: %s%s", why, where)
+
+
+def _ingest_file(con: duckdb.DuckDBPyConnection, path: Path, run_id: str) -> None:
+    """Bring one verified kept-run file into the open DB (one transaction)."""
     alias = "evalkit_spool"
     con.execute(f"ATTACH '{str(path).replace(chr(39), chr(39) * 2)}' AS {alias} (READ_ONLY)")
     try:
@@ -97,9 +214,11 @@ def _ingest_file(con: duckdb.DuckDBPyConnection, path: Path) -> str:
         if state.kind != "evalkit" or state.pending or state.unknown:
             raise BadInput(f"{path} is not an evalkit spool file of this version")
         ids = [r[0] for r in con.execute(f"SELECT id FROM {alias}.main.runs").fetchall()]
-        if len(ids) != 1:
-            raise BadInput(f"{path} is not an evalkit spool file (it holds {len(ids)} runs, not 1)")
-        run_id = ids[0]
+        if ids != [run_id]:
+            raise BadInput(f"{path} is not an evalkit spool file (it holds runs {ids}, not {run_id!r} alone)")
+        done = con.execute("SELECT status FROM main.runs WHERE id = ?", [run_id]).fetchall()
+        if done and done[0][0] == "done":
+            raise BadInput(f"{path} would replace run {run_id}, which is already done; a kept run never does")
         con.execute("BEGIN TRANSACTION")
         try:
             for table in ("runs", *runs.RESULT_TABLES):
@@ -113,26 +232,54 @@ def _ingest_file(con: duckdb.DuckDBPyConnection, path: Path) -> str:
             raise
     finally:
         con.execute(f"DETACH {alias}")
-    return run_id
 
 
 def ingest_pending(con: duckdb.DuckDBPyConnection, db: Path, files: Iterable[Path] | None = None) -> list[str]:
-    """Bring spool files (default: all pending for `db`) into the open DB; remove each once it is in."""
+    """Bring kept runs (default: every pending one of `db`) into the open DB; remove each once it is in.
+
+    Named `files` that do not verify raise BadInput and stay as they are; found ones that do
+    not verify are set aside, so a bad file never blocks a writer.
+    """
+    ident = identity(con)
+    if ident is None:  # a DB migrated before m017 cannot have kept runs of its own
+        return []
+    named = files is not None
+    if not named:
+        for stranger in _strangers(db, ident):
+            _set_aside(stranger, f"{stranger} is no run kept by this DB (it has no manifest)")
     done = []
-    for path in list(files) if files is not None else pending_files(db):
-        done.append(_ingest_file(con, path))
+    for path in list(files) if named else pending_files(db, ident):
+        try:
+            run_id = verify(path, ident)
+            _ingest_file(con, path, run_id)
+        except (BadInput, duckdb.Error) as exc:
+            if named:
+                raise BadInput(str(exc).splitlines()[0]) from None
+            _set_aside(path, str(exc).splitlines()[0])
+            continue
         path.unlink(missing_ok=True)
+        manifest_of(path).unlink(missing_ok=True)
+        done.append(run_id)
     return done
 
 
 def ingest(db, paths: Iterable[str | os.PathLike] = ()) -> list[str]:
-    """`evalkit ingest [PATH ...]`: bring in the named spool files, or every pending one; return run ids."""
+    """`evalkit ingest [PATH ...]`: bring in the named kept runs, or every pending one; return run ids.
+
+    A named file must be a run this DB kept (see `verify`); anything else is refused with
+    one line and left as it is — the DB itself, another DB, a planted or changed file.
+    """
     files = [Path(p) for p in paths]
+    target = db_path(db)
     for path in files:
         if not path.is_file():
             raise BadInput(f"no spool file at {path}")
-    path = db_path(db)
-    with open_writer(path, upkeep=False) as con:
-        ids = ingest_pending(con, path, files or None)
+        if target.exists() and os.path.samefile(path, target):
+            raise BadInput(f"{path} is the DB itself, not a spool file")
+        if not manifest_of(path).is_file():
+            raise BadInput(f"{path} is not an evalkit spool file of this DB (no manifest {manifest_of(path).name} "
+                           "beside it); it is left as it is")
+    with open_writer(target, upkeep=False) as con:
+        ids = ingest_pending(con, target, files or None)
         runs.mark_abandoned(con)
     return ids
