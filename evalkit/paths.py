@@ -1,20 +1,42 @@
-"""Files evalkit writes for the user, checked before any work: never the DB, never an input.
+"""Files evalkit writes for the user: checked before any work, then written without following links.
 
 Owns: `check_output_file` (`--junit`, `$GITHUB_STEP_SUMMARY`) and `check_output_dir`
 (`report --out`, `export --parquet`, `needle-heatmap --out`): a path that is a folder
 where a file is wanted (or the reverse), whose folder is missing or not writable, that
 is the DB, its WAL or an input file of the same command, or that holds any DuckDB file
-is refused with one line (BadInput), before anything is read or written. Does not:
-write anything.
+is refused with one line (BadInput), before anything is read or written.
+
+And the three ways an output is written, none of which opens an existing path for writing:
+
+- `write_file(path, data)`: the data goes to a new file (O_CREAT|O_EXCL, so never a link)
+  in the same folder, is flushed to disk, then `os.replace`s `path`. A link at `path` is
+  replaced itself, its target never touched; a failure leaves the old file and no temporary.
+- `append_file(path, text)`: appends with O_NOFOLLOW; a link at `path` is refused. Used for
+  `$GITHUB_STEP_SUMMARY`, a file the CI runner owns and reads back after the step: appending
+  keeps earlier steps' text and the file itself, which a read-and-replace could race with.
+- `atomic_folder(path)`: a new sibling folder to fill; on success it takes `path`'s place
+  whole (the old folder renamed aside, the new one renamed in, the old one removed), so a
+  reader finds the old contents or the new ones, never a mix. A kill -9 between the two
+  renames leaves no folder at `path` and the old one beside it as `.NAME.old-*`.
+
+An OSError while writing (disk full, permission denied, read-only file system) is one
+BadInput line naming the path. Does not: decide what is written, or clean up temporaries
+a killed process left (they are dot-files beside the output, never the output).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
-from collections.abc import Iterable
+import secrets
+import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from evalkit.errors import BadInput
+
+_NAME_KEEP = 180  # characters of the output's name kept in a temporary's name (NAME_MAX is 255)
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -46,36 +68,192 @@ def _refuse_overwrite(path: Path, what: str, protected: list[Path]) -> None:
             raise BadInput(f"{what} {path} is a DuckDB database; evalkit does not overwrite one")
 
 
-def check_output_file(path: str | os.PathLike, what: str, protect: Iterable[str | os.PathLike | None] = ()) -> Path:
-    """Refuse an output file path that cannot or must not be written; return it as a Path."""
+def check_output_file(path: str | os.PathLike, what: str, protect: Iterable[str | os.PathLike | None] = (),
+                      append: bool = False) -> Path:
+    """Refuse an output file path that cannot or must not be written; return it as a Path.
+
+    append: the file is appended to (`append_file`), so a link there is refused; otherwise
+    it is replaced (`write_file`), which needs its folder writable.
+    """
     path = Path(path)
+    if append and path.is_symlink():
+        raise BadInput(f"{what} {path} is a symbolic link; evalkit does not append through links")
     if path.is_dir():
         raise BadInput(f"{what} {path} is a folder, not a file")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise BadInput(f"cannot write {what} {path}: its folder does not exist")
     _refuse_overwrite(path, what, _protected(protect))
-    if path.exists() and not os.access(path, os.W_OK) or not path.exists() and not os.access(parent, os.W_OK):
+    if append:
+        writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK)
+    else:  # a link is replaced, whatever its target allows
+        writable = os.access(parent, os.W_OK) and (path.is_symlink() or not path.exists()
+                                                   or os.access(path, os.W_OK))
+    if not writable:
         raise BadInput(f"cannot write {what} {path}: permission denied")
     return path
 
 
 def check_output_dir(path: str | os.PathLike, what: str, names: Iterable[str] = (),
-                     protect: Iterable[str | os.PathLike | None] = ()) -> Path:
+                     protect: Iterable[str | os.PathLike | None] = (), whole: bool = False) -> Path:
     """Refuse an output folder (created if missing) that cannot hold `names` without
-    overwriting the DB or an input; return it as a Path."""
+    overwriting the DB or an input; return it as a Path.
+
+    whole: the folder is replaced as a whole (`atomic_folder`), so it may hold nothing but
+    `names`, must not be a link to nothing, and the folder it sits in must be writable.
+    """
     path = Path(path)
+    names = list(names)
     if path.exists() and not path.is_dir():
         raise BadInput(f"{what} {path} is a file, not a folder")
+    if whole and path.is_symlink() and not path.exists():
+        raise BadInput(f"{what} {path} is a symbolic link to nothing; remove it or choose another folder")
     existing = path
     while not existing.exists():
         existing = existing.parent
+    if whole and existing == path:  # the folder is renamed, so the one above it is written
+        existing = Path(os.path.realpath(path)).parent
     if not existing.is_dir() or not os.access(existing, os.W_OK):
         raise BadInput(f"cannot write {what} {path}: {existing} is not a writable folder")
+    if whole and path.is_dir():
+        strangers = sorted(set(os.listdir(path)) - set(names))
+        if strangers:
+            raise BadInput(f"cannot write {what} {path}: it holds {strangers[0]}, which is not part of what "
+                           f"evalkit writes there and would be removed; choose an empty or new folder")
     protected = _protected(protect)
     for name in names:
         target = path / name
-        if target.is_dir():
+        if target.is_dir() and not target.is_symlink():
             raise BadInput(f"cannot write {what} {path}: {target} is a folder")
         _refuse_overwrite(target, what, protected)
     return path
+
+
+# ------------------------------------------------------------------ writing
+
+
+def _cannot(what: str, path: Path, exc: OSError) -> BadInput:
+    reason = (exc.strerror or str(exc) or type(exc).__name__).replace("\n", " ")
+    return BadInput(f"cannot write {what} {path}: {reason}")
+
+
+def _temp_name(folder: Path, name: str, kind: str) -> Path:
+    """A free-looking dot-name beside `name`: `.NAME.KIND-<random>` (created with O_EXCL or mkdir)."""
+    return folder / f".{name[:_NAME_KEEP]}.{kind}-{secrets.token_hex(6)}"
+
+
+def _fsync(path: Path, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable; some file systems cannot sync a folder, which is no error."""
+    with contextlib.suppress(OSError):
+        _fsync(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def write_file(path: str | os.PathLike, data: str | bytes, what: str = "output") -> Path:
+    """Write `data` (str as UTF-8) to `path` atomically, replacing a file or link there; return the path.
+
+    Raises BadInput (one line naming the path) when it cannot be written.
+    """
+    path = Path(path)
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    folder = path.parent
+    tmp = _temp_name(folder, path.name, "tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as exc:
+        raise _cannot(what, path, exc) from None
+    try:
+        try:
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _cannot(what, path, exc) from None
+        raise
+    _fsync_folder(folder)
+    return path
+
+
+def append_file(path: str | os.PathLike, text: str, what: str = "output") -> Path:
+    """Append `text` (UTF-8) to `path`, created if missing; a link at `path` is refused (BadInput)."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) or path.is_symlink():
+            raise BadInput(f"{what} {path} is a symbolic link; evalkit does not append through links") from None
+        raise _cannot(what, path, exc) from None
+    try:
+        view = memoryview(text.encode("utf-8"))
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        raise _cannot(what, path, exc) from None
+    finally:
+        os.close(fd)
+    return path
+
+
+def _swap_in(new: Path, target: Path) -> None:
+    """Put folder `new` at `target`: the old folder there renamed aside, `new` renamed in, the old removed."""
+    aside = _temp_name(target.parent, target.name, "old") if os.path.lexists(target) else None
+    if aside is not None:
+        os.rename(target, aside)
+    try:
+        os.rename(new, target)
+    except BaseException:
+        if aside is not None and not os.path.lexists(target):
+            os.rename(aside, target)
+        raise
+    _fsync_folder(target.parent)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Path]:
+    """Yield a new empty folder beside `path` to fill; when the block ends without an error it
+    replaces `path` whole (its files synced first), else it is removed and `path` is untouched.
+
+    `path` may be a link to a folder: the folder it points to is replaced and the link kept.
+    Check it first with `check_output_dir(..., whole=True)`. Raises BadInput (one line naming
+    the path) when the folder cannot be made or swapped in; errors of the block pass unchanged.
+    """
+    path = Path(path)
+    target = Path(os.path.realpath(path))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        new = _temp_name(target.parent, target.name, "new")
+        os.mkdir(new, 0o777)
+        if target.is_dir():  # keep the folder's own permissions
+            os.chmod(new, target.stat().st_mode & 0o7777)
+    except OSError as exc:
+        raise _cannot(what, path, exc) from None
+    try:
+        yield new
+        try:
+            for entry in new.iterdir():
+                if entry.is_file():
+                    _fsync(entry)
+            _fsync_folder(new)
+            _swap_in(new, target)
+        except OSError as exc:
+            raise _cannot(what, path, exc) from None
+    finally:
+        if new.exists():
+            shutil.rmtree(new, ignore_errors=True)

@@ -38,7 +38,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
     """
     from evalkit import api
     from evalkit.errors import GateInconclusive, RunFailed
-    from evalkit.paths import check_output_file
+    from evalkit.paths import append_file, check_output_file, write_file
     from evalkit.store.db import db_path
 
     inputs = [db_path(db), rules_file]
@@ -46,15 +46,13 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
         check_output_file(junit_file, "--junit", protect=inputs)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        check_output_file(summary, "$GITHUB_STEP_SUMMARY", protect=[*inputs, junit_file])
+        check_output_file(summary, "$GITHUB_STEP_SUMMARY", protect=[*inputs, junit_file], append=True)
     result = api.gate(candidate, baseline, rules_file, db=db)
     click.echo(result.markdown, nl=False)
-    if summary:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(result.markdown + "\n")
+    if summary:  # appended, never through a link: the runner owns the file and reads it back
+        append_file(summary, result.markdown + "\n", "$GITHUB_STEP_SUMMARY")
     if junit_file:
-        with open(junit_file, "w", encoding="utf-8") as fh:
-            fh.write(result.junit)
+        write_file(junit_file, result.junit, "--junit")
     if result.passed:
         return
     reasons = result.verdict.reasons

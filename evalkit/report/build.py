@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import BadInput
-from evalkit.paths import check_output_dir
+from evalkit.paths import check_output_dir, write_file
 from evalkit.scoring import registry
 from evalkit.store.db import db_path, open_reader
 from evalkit.store.queries import resolve_run
@@ -131,10 +131,8 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
 
     render([image.draw for s in sections for image in s.images])  # the figures, several at a time
     images = [out_dir / image.name for s in sections for image in s.images]
-    index = out_dir / "index.html"
-    index.write_text(to_html(data, sections), encoding="utf-8")
-    summary = out_dir / "summary.md"
-    summary.write_text(to_markdown(data, sections), encoding="utf-8")
+    index = write_file(out_dir / "index.html", to_html(data, sections), "report file")
+    summary = write_file(out_dir / "summary.md", to_markdown(data, sections), "report file")
     return Report(out_dir=out_dir, files=[index, summary, *images], sections=sections,
                   run_ids=[r["id"] for r in data.runs])
 

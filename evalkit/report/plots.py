@@ -14,6 +14,7 @@ same tokens as text.
 from __future__ import annotations
 
 import functools
+import io
 import math
 import os
 import sys
@@ -75,11 +76,15 @@ def _grid(n: int, ncols: int, panel_w: float, panel_h: float, *, left: float, ri
 
 
 def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
-    """Write `fig` as a PNG at `path` (its folder made as needed); return the path."""
+    """Write `fig` as a PNG at `path` (its folder made as needed) with `paths.write_file`: a link
+    at `path` is replaced, never written through; return the path."""
+    from evalkit.paths import write_file
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, pil_kwargs={"compress_level": 1})  # zlib level 1: encoding is the slow part
-    return path
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})  # zlib level 1: encoding is the slow part
+    return write_file(path, png.getvalue(), "plot")
 
 
 @functools.lru_cache(maxsize=1)
