@@ -7,9 +7,11 @@
     >>> con.sql("SELECT * FROM leaderboard").df()               # doctest: +SKIP
     >>> evalkit.gate(r.id, "tag:prod").passed                   # doctest: +SKIP
 
-Owns: the three entry points and the `Run` they return. Errors are evalkit's own
-(`evalkit.errors.BadInput` for bad input, `RunFailed` when a run fails), raised, never
-printed. Does not: do anything the library modules do not (`runner`, `store`, `gate`).
+Owns: the three entry points and the `Run` they return. Each starts by checking the
+environment (`envvars.check_environment`), before any row is written or model loaded.
+Errors are evalkit's own (`evalkit.errors.BadInput` for bad input, `RunFailed` when a
+run fails), raised, never printed. Does not: do anything the library modules do not
+(`runner`, `store`, `gate`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from evalkit import envvars
 
 
 @dataclass
@@ -62,6 +66,7 @@ def run(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.Path
     """
     from evalkit.errors import BadInput
 
+    envvars.check_environment()
     cfg = _config(tasks, model, db, options)
     from evalkit.runner.sweep import all_configs
 
@@ -79,6 +84,7 @@ def run_all(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.
     from evalkit.runner.sweep import execute_sweep
     from evalkit.store.db import db_path
 
+    envvars.check_environment()
     cfg = _config(tasks, model, db, options)
     path = db_path(cfg.db)
 
@@ -117,6 +123,7 @@ def connect(db: str | os.PathLike | None = None):
     other process can write the file). Refuses a file that is not an evalkit DB at this schema."""
     from evalkit.store.db import reader_connection
 
+    envvars.check_environment()
     return reader_connection(db)
 
 
@@ -126,4 +133,5 @@ def gate(candidate: str, baseline: str, rules: str | os.PathLike | None = None, 
     `evalkit gate` does; return its `GateResult` (`.passed`, `.verdict.rows`, `.markdown`, `.junit`)."""
     from evalkit.release.db import gate_runs
 
+    envvars.check_environment()
     return gate_runs(db, candidate, baseline, rules)

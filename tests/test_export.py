@@ -157,7 +157,9 @@ def test_only_rank_zero_writes(env, monkeypatch, tmp_path):
         monkeypatch.setenv(key, value)
     db = tmp_path / "evalkit.duckdb"
     result = execute(RunConfig(tasks=["firsttoken"], model="evalkit-fake", model_args="mode=hit", limit=2, db=str(db)))
-    assert result.status == "done"
+    rank = env.get("RANK", env.get("LOCAL_RANK"))
+    assert result.status == f"not stored: this is rank {rank} of {env['WORLD_SIZE']}; rank 0 stores the run"
+    assert result.n_samples == 0 and result.metrics == []
     if db.exists():  # it should not even be created; if it is, it must hold nothing
         assert read_query(db, "SELECT count(*) FROM runs")[1][0][0] == 0
     assert not db.exists(), "a non-zero rank created the DB file"

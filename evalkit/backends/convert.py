@@ -23,20 +23,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from evalkit import envvars
 from evalkit.errors import BadInput
 
 DONE = "evalkit-converted.txt"  # written last: the folder is complete
 
 
 def cache_root() -> Path | None:
-    """The cache folder, or None when `EVALKIT_CACHE=none`."""
-    value = os.environ.get("EVALKIT_CACHE")
-    if value and value.strip().lower() in ("none", "off", "0"):
-        return None
-    if value:
-        return Path(value).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "evalkit"
+    """The cache folder, or None when `EVALKIT_CACHE=none` (see `envvars.cache`)."""
+    return envvars.cache()
 
 
 def gguf_path(args: dict[str, Any]) -> Path | None:

@@ -2,20 +2,20 @@
 
 Exit codes: 0 ok; 1 a gate failed or a run failed at run time; 2 bad input.
 Library code raises `evalkit.errors`; only this package turns those into one
-line on stderr and an exit code. Heavy imports (torch, lm-eval, duckdb) happen
-inside commands, so `evalkit --help` stays fast.
+line on stderr and an exit code. Every command starts by checking the environment
+(`envvars.check_environment`), before it reads or writes anything. Heavy imports
+(torch, lm-eval, duckdb) happen inside commands, so `evalkit --help` stays fast.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import click
 
-from evalkit import __version__
-from evalkit.errors import EvalkitError
+from evalkit import __version__, envvars
+from evalkit.errors import BadInput, EvalkitError
 
 
 class CliError(click.ClickException):
@@ -45,7 +45,7 @@ class EvalkitGroup(click.Group):
 
 @click.group(cls=EvalkitGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="evalkit")
-@click.option("--debug", is_flag=True, envvar="EVALKIT_DEBUG", help="Show tracebacks instead of one-line errors.")
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors [env EVALKIT_DEBUG].")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """evalkit: first-token, opener and needle metrics on lm-eval, kept in DuckDB.
@@ -57,7 +57,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
       evalkit query "SELECT template, metric, value FROM leaderboard"
     """
     ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
+    envvars.check_environment()  # a bad value is one line, exit 2, before any work
+    ctx.obj["debug"] = debug or envvars.debug()
 
 
 # one module per command (or small family of commands), each exporting COMMANDS
@@ -83,7 +84,7 @@ for _name in _COMMAND_MODULES:
 
 def main() -> None:
     """Console entry point: unexpected errors become one line unless --debug."""
-    debug = "--debug" in sys.argv or bool(os.environ.get("EVALKIT_DEBUG"))
+    debug = "--debug" in sys.argv or _debug_env()
     try:
         cli.main(standalone_mode=False, prog_name="evalkit")
     except click.exceptions.Abort:
@@ -103,3 +104,12 @@ def main() -> None:
         first = str(exc).splitlines()[0] if str(exc) else ""
         click.echo(f"evalkit: internal error: {type(exc).__name__}: {first} (rerun with --debug)", err=True)
         sys.exit(1)
+
+
+def _debug_env() -> bool:
+    """EVALKIT_DEBUG, read before click runs; a value it does not accept reads as off here, and
+    the group's `check_environment` refuses it with one line (exit 2)."""
+    try:
+        return envvars.debug()
+    except BadInput:
+        return False

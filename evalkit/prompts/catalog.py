@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from evalkit import envvars
 from evalkit.errors import BadInput
 
 PROMPTS_TASK = "firsttoken_user"  # the task of `--prompts FILE`
@@ -31,10 +31,8 @@ GROUP_TAG = "evalkit"  # the tag every built-in task carries (not a task a user 
 
 def tasks_path() -> Path:
     """The folder of evalkit's task YAMLs: $EVALKIT_TASKS, else the installed `evalkit.tasks`."""
-    override = os.environ.get("EVALKIT_TASKS")
-    if override:
-        path = Path(override)
-    else:
+    path = envvars.tasks()
+    if path is None:
         spec = importlib.util.find_spec("evalkit.tasks")
         if spec is None or not spec.submodule_search_locations:
             raise BadInput("evalkit's task folder is not installed (reinstall evalkit, or set EVALKIT_TASKS)")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from evalkit import envvars
 from evalkit.errors import BadInput
 
 PACKAGED = Path(__file__).resolve().parents[1] / "data" / "templates.yaml"
@@ -52,7 +53,7 @@ def _read(path: Path) -> dict[str, Template]:
 def load_templates(extra: str | os.PathLike | None = None) -> dict[str, Template]:
     """The packaged templates, overridden and extended by `extra` or $EVALKIT_TEMPLATES."""
     templates = _read(PACKAGED)
-    extra = extra or os.environ.get("EVALKIT_TEMPLATES")
+    extra = extra or envvars.templates()
     if extra:
         templates.update(_read(Path(extra)))
     return templates

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-import os
 import subprocess
 import time
 import uuid
@@ -26,7 +25,7 @@ from typing import Any
 
 import duckdb
 
-from evalkit import __version__
+from evalkit import __version__, envvars
 from evalkit.backends import models
 from evalkit.errors import BadInput, DatabaseBusy, ResultsKept, RunFailed
 from evalkit.prompts.catalog import task_manager
@@ -95,8 +94,14 @@ def new_run_id() -> str:
 
 
 def is_main_rank() -> bool:
-    """Only rank 0 writes to DuckDB under `accelerate launch` / torchrun."""
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) or 0) == 0
+    """Only rank 0 writes to DuckDB under `accelerate launch` / torchrun (`envvars.rank`)."""
+    return envvars.rank() == 0
+
+
+def not_stored(result: RunResult) -> RunResult:
+    """What a non-zero rank reports: it stored nothing, so no samples, no metrics and no `done`."""
+    status = f"not stored: this is rank {envvars.rank()} of {envvars.world_size()}; rank 0 stores the run"
+    return RunResult(result.run_id, status, [], 0, result.load_s, result.eval_s, result.duration_s)
 
 
 def attn_implementation(plan: RunPlan, lm) -> str | None:
@@ -210,9 +215,10 @@ def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
     writer = is_main_rank()
     run_id = new_run_id()
     row = run_row(plan, run_id, lm)
+    ident = None  # the DB's identity: a kept run is bound to it
     if writer:
-        runs.insert_run(cfg.db, row)
-    if on_start:
+        ident = runs.insert_run(cfg.db, row)
+    if on_start and writer:  # a non-zero rank's id names no stored run
         on_start(run_id)
 
     restore = exit_on_signals(cfg.db, run_id, t0, writer)
@@ -224,9 +230,9 @@ def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
             beat.stop()
         if writer and rows is not None:
             final = {"status": "done", "finished_at": now(), "duration_s": time.monotonic() - t0}
-            _store(cfg.db, {**row, **final}, rows)
+            _store(cfg.db, ident, {**row, **final}, rows)
         status = "done"
-        return result
+        return result if writer else not_stored(result)
     except ResultsKept:
         status = "kept"
         raise
@@ -324,7 +330,7 @@ def merge_results(parts: list[dict | None]) -> dict | None:
     return merged
 
 
-def _store(db, row: dict[str, Any], rows) -> None:
+def _store(db, ident, row: dict[str, Any], rows) -> None:
     """Write a finished run in one transaction; when the DB cannot take it, keep it in a spool file."""
     metrics, samples, topk, lead, attention = rows
     final = {k: row[k] for k in ("status", "finished_at", "duration_s")}
@@ -335,7 +341,7 @@ def _store(db, row: dict[str, Any], rows) -> None:
     except (DatabaseBusy, duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0]
     try:
-        kept = spool.keep(db_path(db), row, metrics=metrics, samples=samples, topk=topk, lead=lead,
+        kept = spool.keep(db_path(db), ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,
                           attention=attention)
     except OSError as exc:
         raise RunFailed(f"run {row['id']} finished but its results could not be written ({reason}) "

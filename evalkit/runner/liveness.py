@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from evalkit import envvars
 from evalkit.store import runs
 
 SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
@@ -26,7 +27,7 @@ class Heartbeat:
 
     def __init__(self, db, run_id: str) -> None:
         self.db, self.run_id = db, run_id
-        self.interval = float(os.environ.get("EVALKIT_HEARTBEAT_S", "60"))
+        self.interval = envvars.heartbeat_s()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"evalkit-heartbeat-{run_id}", daemon=True)
 

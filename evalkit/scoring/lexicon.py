@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from evalkit import envvars
 from evalkit.errors import BadInput
 
 PACKAGED = Path(__file__).resolve().parents[1] / "data" / "openers.yaml"
@@ -53,4 +54,4 @@ def _load(path: str) -> Lexicon:
 
 def load_lexicon(path: str | os.PathLike | None = None) -> Lexicon:
     """The packaged lexicon, or the file at `path` / $EVALKIT_OPENERS."""
-    return _load(str(path or os.environ.get("EVALKIT_OPENERS") or PACKAGED))
+    return _load(str(path or envvars.openers() or PACKAGED))

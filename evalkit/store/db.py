@@ -23,21 +23,16 @@ from pathlib import Path
 
 import duckdb
 
+from evalkit import envvars
 from evalkit.errors import BadInput, DatabaseBusy
 from evalkit.store.migrations import APPLICATION_ID, MIGRATIONS
 
-DEFAULT_DB = Path("reports") / "evalkit.duckdb"
 MIGRATION_NAMES = [m.__name__ for m in MIGRATIONS]
-
-
-def lock_timeout() -> float:
-    """Seconds evalkit waits for another process's lock ($EVALKIT_LOCK_TIMEOUT, default 120)."""
-    return float(os.environ.get("EVALKIT_LOCK_TIMEOUT", "120"))
 
 
 def db_path(path: str | os.PathLike | None = None) -> Path:
     """The DB file to use: the argument, else $EVALKIT_DB, else reports/evalkit.duckdb."""
-    return Path(path or os.environ.get("EVALKIT_DB") or DEFAULT_DB)
+    return Path(path) if path else envvars.db()
 
 
 def now() -> dt.datetime:
@@ -62,9 +57,10 @@ def is_lock_error(exc: BaseException) -> bool:
 
 def open_waiting(path: Path, open_fn: Callable[[], duckdb.DuckDBPyConnection]):
     """`open_fn()` (a connect or ATTACH of `path`), retried with backoff and jitter while another
-    process holds DuckDB's file lock, for up to `lock_timeout()` seconds (then DatabaseBusy);
+    process holds DuckDB's file lock, for up to $EVALKIT_LOCK_TIMEOUT seconds (then DatabaseBusy);
     any other DuckDB error means the file is not a readable DuckDB file (BadInput)."""
-    deadline = time.monotonic() + lock_timeout()
+    timeout = envvars.lock_timeout()
+    deadline = time.monotonic() + timeout
     delay = 0.05
     while True:
         try:
@@ -73,7 +69,7 @@ def open_waiting(path: Path, open_fn: Callable[[], duckdb.DuckDBPyConnection]):
             if not is_lock_error(exc):
                 raise BadInput(f"{path} is not a readable DuckDB file ({str(exc).splitlines()[0]})") from exc
             if time.monotonic() >= deadline:
-                raise DatabaseBusy(f"{path} is locked by another process (waited {lock_timeout():g} s); "
+                raise DatabaseBusy(f"{path} is locked by another process (waited {timeout:g} s); "
                                    "close it there and try again") from exc
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
