@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from evalkit.cli.options import db_option
@@ -36,7 +34,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
       evalkit gate --candidate 2612021005 --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml
       evalkit gate --candidate latest --baseline tag:prod --on-inconclusive fail
     """
-    from evalkit import api
+    from evalkit import api, envvars
     from evalkit.errors import GateInconclusive, RunFailed
     from evalkit.paths import append_file, check_output_file, write_file
     from evalkit.store.db import db_path
@@ -44,7 +42,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
     inputs = [db_path(db), rules_file]
     if junit_file:
         check_output_file(junit_file, "--junit", protect=inputs)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    summary = envvars.step_summary()
     if summary:
         check_output_file(summary, "$GITHUB_STEP_SUMMARY", protect=[*inputs, junit_file], append=True)
     result = api.gate(candidate, baseline, rules_file, db=db)

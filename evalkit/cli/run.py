@@ -86,13 +86,17 @@ def run_command(**opts):
 
     lists = [f"--{k.replace('_', '-')} {opts[k]}" for k in ("quant", "kv_cache") if "," in (opts.get(k) or "")]
     runs = api.run_all(opts.pop("tasks") or "", opts.pop("model"), on_start=started, on_done=_print_result, **opts)
-    if len(runs) > 1:
-        ids = " ".join(r.id for r in runs)
+    stored = [r for r in runs if not r.status.startswith("not stored")]  # a non-zero rank stores nothing
+    if len(stored) > 1:
+        ids = " ".join(r.id for r in stored)
         click.echo(f"sweep of {len(runs)} runs ({', '.join(lists)}): {ids}")
         click.echo(f"compare them: evalkit compare {ids}")
 
 
 def _print_result(result) -> None:
+    if result.status.startswith("not stored"):  # a non-zero rank of a launch: its id names no stored run
+        click.echo(f"{result.status} (eval {result.eval_s:.1f}s)")
+        return
     click.echo(f"run {result.id}  {result.status}  {result.n_samples} samples  "
                f"load {result.load_s:.1f}s  eval {result.eval_s:.1f}s  total {result.duration_s:.1f}s")
     if result.metrics:
