@@ -3,17 +3,23 @@
 Owns: the sandbox, made of DuckDB's own settings — a read-only connection with external
 access off (no file reads or writes beyond the DB itself, no ATTACH, no extension
 install or load) and the configuration locked so the SQL cannot turn it back on — and,
-as a second layer, refusing every statement type that is not a read; and the merged
+as a second layer, refusing every statement type that is not a read; the merged
 query over several DB files and Parquet exports, whose sources are loaded before the
-same lock is put on. Does not: format output.
+same lock is put on, each source counted once; and the limits on a running statement —
+a timeout and Ctrl-C, both through DuckDB's own `interrupt()`, after which the
+connection is closed and the DB's lock released. Does not: format output.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 
@@ -42,6 +48,11 @@ _EXPLAINED = re.compile(r"^\s*EXPLAIN\b(?:\s+ANALY[SZ]E\b)?(?:\s*\([^)]*\))?\s*(
 # older evalkit may lack the later ones (OPTIONAL): they read as empty tables
 TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags", "lead_indicators", "attention_layers")
 OPTIONAL = frozenset({"lead_indicators", "attention_layers"})
+# seconds the user's SQL may run before it is stopped (`evalkit query --timeout`)
+DEFAULT_TIMEOUT = 300.0
+PARQUET_MAGIC = b"PAR1"  # the first and the last four bytes of every Parquet file
+
+T = TypeVar("T")
 
 
 def check_read_only(sql: str) -> None:
@@ -67,12 +78,66 @@ def check_read_only(sql: str) -> None:
             check_read_only(inner.group(1))
 
 
-def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[tuple]]:
-    """(column names, rows) of already-checked SQL; DuckDB's errors become one-line BadInput."""
+def check_timeout(timeout: float) -> float:
+    """The statement timeout in seconds: a finite number above 0, else BadInput."""
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise BadInput(f"--timeout must be a finite number of seconds > 0, got {timeout:g}")
+    return float(timeout)
+
+
+def interruptible(con: duckdb.DuckDBPyConnection, work: Callable[[], T], timeout: float | None = None) -> T:
+    """`work()` — DuckDB calls on `con` — stopped by DuckDB's own `con.interrupt()` after
+    `timeout` seconds (BadInput) or on Ctrl-C (KeyboardInterrupt, exit 130); it has ended
+    when this returns or raises, so `con` can be closed and its lock released at once.
+
+    `work` runs in a worker thread while this thread waits, because Python runs its SIGINT
+    handler only in the main thread and only between bytecodes: with DuckDB busy on the
+    main thread, Ctrl-C went unseen until the statement ended (DuckDB's own check for
+    signals left a hashing SELECT running 15 s after SIGINT). A wait is where Ctrl-C lands
+    at once, and the wait's own timeout is the timer. Python's KeyboardInterrupt is the
+    handler: caught here, only while `work` runs. The wait is on an Event, not
+    `Thread.join`: a join that Ctrl-C interrupts takes the thread for ended (Python 3.11).
+    """
+    outcome: dict[str, object] = {}  # "value": work's result | "error": what it raised
+    done = threading.Event()  # set once `work` has returned or raised: `con` is idle
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the waiting thread, raised there
+            outcome["error"] = exc
+        finally:
+            done.set()
+
     try:
+        threading.Thread(target=target, name="evalkit-sql", daemon=True).start()
+        finished = done.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
+    except KeyboardInterrupt:
+        con.interrupt()
+        done.wait()
+        raise
+    if not finished:  # past the timeout
+        con.interrupt()
+        done.wait()
+        if "value" not in outcome:  # it did not finish in the moment before the interrupt
+            raise BadInput(f"query stopped after {timeout:g} s (--timeout)")
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]
+
+
+def run_sql(con: duckdb.DuckDBPyConnection, sql: str,
+            timeout: float | None = DEFAULT_TIMEOUT) -> tuple[list[str], list[tuple]]:
+    """(column names, rows) of already-checked SQL, stopped after `timeout` seconds (None: no
+    limit) or on Ctrl-C (`interruptible`); DuckDB's errors become one-line BadInput."""
+
+    def execute() -> tuple[list[str], list[tuple]]:
         cur = con.execute(sql)
         cols = [d[0] for d in cur.description] if cur.description else []
         return cols, cur.fetchall()
+
+    try:
+        return interruptible(con, execute, timeout)
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0]
         if isinstance(exc, duckdb.PermissionException) or "disabled by configuration" in first:
@@ -80,11 +145,13 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> tuple[list[str], list[t
         raise BadInput(f"SQL error: {first}") from exc
 
 
-def read_query(path, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run read-only SQL on one DB in the sandbox; return (column names, rows)."""
+def read_query(path, sql: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[list[str], list[tuple]]:
+    """Run read-only SQL on one DB in the sandbox, for at most `timeout` seconds; return
+    (column names, rows)."""
+    timeout = check_timeout(timeout)
     check_read_only(sql)
     with open_reader(path, sandbox=True) as con:
-        return run_sql(con, sql)
+        return run_sql(con, sql, timeout)
 
 
 def _literal(text: str | os.PathLike) -> str:
@@ -106,14 +173,71 @@ def _attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
         raise BadInput(problem)
 
 
+def is_parquet_file(path: Path) -> bool:
+    """A Parquet file begins and ends with the magic bytes 'PAR1'."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() < 12:  # magic, a footer length, magic
+                return False
+            fh.seek(-4, os.SEEK_END)
+            return head == PARQUET_MAGIC and fh.read(4) == PARQUET_MAGIC
+    except OSError:
+        return False
+
+
 def _parquet_files(folder: Path) -> dict[str, Path]:
-    """table -> Parquet file of one export folder; every table must be there."""
+    """table -> Parquet file of one export folder; every table must be there, and be Parquet."""
     if not folder.is_dir():
         raise BadInput(f"no evalkit export at {folder} (run `evalkit export --parquet {folder}`)")
     missing = [t for t in TABLES if t not in OPTIONAL and not (folder / f"{t}.parquet").is_file()]
     if missing:
         raise BadInput(f"{folder} is not a complete evalkit export: {missing[0]}.parquet is missing")
-    return {t: folder / f"{t}.parquet" for t in TABLES if (folder / f"{t}.parquet").is_file()}
+    files = {t: folder / f"{t}.parquet" for t in TABLES if (folder / f"{t}.parquet").is_file()}
+    for file in files.values():
+        if is_duckdb_file(file):
+            raise BadInput(f"{file} is a DuckDB file, not Parquet (a DuckDB file goes with --db)")
+        if not is_parquet_file(file):
+            raise BadInput(f"{file} is not a Parquet file (re-export the folder with `evalkit export --parquet`)")
+    return files
+
+
+def _load_parquet(con: duckdb.DuckDBPyConnection, files: dict[str, Path], prefix: str) -> None:
+    """Each table of one export as the in-memory table `prefix` + table (empty where the
+    export lacks an OPTIONAL table); a file DuckDB cannot read is BadInput naming it."""
+    for table in TABLES:
+        if table not in files:  # an older export without this (OPTIONAL) table
+            con.execute(_empty_table_sql(table, f"{prefix}{table}"))
+            continue
+        try:
+            con.execute(f"CREATE TABLE {prefix}{table} AS SELECT * FROM read_parquet({_literal(files[table])})")
+        except duckdb.Error as exc:  # Parquet magic, but a damaged file
+            raise BadInput(f"{files[table]} is not a readable Parquet file "
+                           f"({str(exc).strip().splitlines()[0]})") from exc
+
+
+def _distinct_sources(paths: Sequence[str | os.PathLike], option: str) -> None:
+    """Refuse a source named twice (the same path, `./`, a symlink or a hard link to it).
+
+    Refused rather than dropped: a repeat is a mistake in the command (a glob that also
+    matches a symlink), and a silent repeat would count every row twice while a silent
+    drop would hide it; the library writes no notes (it formats no output), so one line
+    that names both spellings is what the user sees. A copy of a file is another file
+    and is not caught here.
+    """
+    seen: dict[tuple[int, int], str] = {}  # (device, inode) -> the source as first spelled
+    for given in paths:
+        path = os.fspath(given)
+        try:
+            st = os.stat(path)
+        except OSError:  # missing: refused when it is opened
+            continue
+        first = seen.get((st.st_dev, st.st_ino))
+        if first is not None:
+            raise BadInput(f"{option} {path} is the same source as {option} {first}: name each source once "
+                           "(it would count twice)")
+        seen[(st.st_dev, st.st_ino)] = path
 
 
 def _empty_table_sql(table: str, name: str) -> str:
@@ -144,6 +268,7 @@ def merged_query(
     db_paths: Sequence[str | os.PathLike] = (),
     parquet_dirs: Sequence[str | os.PathLike] = (),
     sql: str = "",
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> tuple[list[str], list[tuple]]:
     """Read-only SQL over several DB files and Parquet exports; return (column names, rows).
 
@@ -152,28 +277,29 @@ def merged_query(
     table (runs, metrics, ...) is then a view unioning (UNION ALL BY NAME) that table
     over all sources, the DB's own views (leaderboard, ...) are rebuilt on top, and
     only then is external access turned off and the configuration locked, so the
-    user's SQL reaches the named sources and nothing else.
+    user's SQL reaches the named sources and nothing else. Each source counts once: one
+    named twice is refused (`_distinct_sources`). `timeout` bounds the user's SQL, not
+    the loading of the sources; Ctrl-C stops either.
     """
-    db_paths = [Path(p) for p in db_paths]
-    parquet_dirs = [Path(p) for p in parquet_dirs]
-    if len(db_paths) <= 1 and not parquet_dirs:
-        return read_query(db_path(db_paths[0]) if db_paths else None, sql)
+    timeout = check_timeout(timeout)
+    _distinct_sources(db_paths, "--db")
+    _distinct_sources(parquet_dirs, "--parquet")
+    dbs = [Path(p) for p in db_paths]
+    exports = [Path(p) for p in parquet_dirs]
+    if len(dbs) <= 1 and not exports:
+        return read_query(db_path(dbs[0]) if dbs else None, sql, timeout)
     check_read_only(sql)
     con = duckdb.connect(":memory:", config={k: v for k, v in SANDBOX_CONFIG.items()
                                              if k not in ("enable_external_access", "lock_configuration")})
     try:
         sources: list[dict[str, str]] = []  # per source: table -> relation
-        for i, path in enumerate(db_paths):
+        for i, path in enumerate(dbs):
             alias = f"evalkit_src{i}"
             _attach(con, path, alias)
             sources.append({t: f"{alias}.main.{t}" for t in TABLES})
-        for j, folder in enumerate(parquet_dirs):
+        for j, folder in enumerate(exports):
             files = _parquet_files(folder)
-            for table in TABLES:
-                if table in files:
-                    con.execute(f"CREATE TABLE evalkit_pq{j}_{table} AS SELECT * FROM read_parquet({_literal(files[table])})")
-                else:  # an older export without this (OPTIONAL) table
-                    con.execute(_empty_table_sql(table, f"evalkit_pq{j}_{table}"))
+            interruptible(con, functools.partial(_load_parquet, con, files, f"evalkit_pq{j}_"))
             sources.append({t: f"evalkit_pq{j}_{t}" for t in TABLES})
         for table in TABLES:
             parts = [f"SELECT * FROM {src[table]}" for src in sources if table in src]
@@ -186,6 +312,6 @@ def merged_query(
                 pass
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
-        return run_sql(con, sql)
+        return run_sql(con, sql, timeout)
     finally:
         con.close()
