@@ -553,3 +553,22 @@ def test_markdown_and_junit_show_inconclusive():
     assert "| *inconclusive* | regression | t | ft_hit |" in md and "Holm's correction over the 1 checks" in md
     root = ET.fromstring(to_junit(verdict, "c", "b").encode("utf-8"))
     assert root.get("errors") == "1" and root.find("testcase/error").get("type") == "inconclusive"
+
+
+def test_two_runs_identical_on_every_prompt_pass_the_default_rules_at_full_size_only():
+    """q4_1 against fp32 on the default model: the same per-prompt values (transformers computes
+    the dequantized weights in fp32 either way). On the firsttoken tasks' 230 / 240 prompts
+    (161 / 148 with checkable answers) no discordant pair rules out a 0.05 drop; on 20 it does not."""
+
+    def docs(n, n_checkable, offset):
+        return [{"ft_hit": float((i + offset) % 9 == 0), "ft_hit_prob": ((i * 37 + offset) % 100) / 700,
+                 "opener_rate": float((i + offset) % 25 == 0), "opener_mass": ((i * 13) % 50) / 1000,
+                 **({"answer_hit": float(i % 3 == 0)} if i < n_checkable else {})} for i in range(n)]
+
+    full = {"firsttoken_en": docs(230, 161, 0), "firsttoken_zh": docs(240, 148, 5)}
+    verdict = decide(make_run("fp32", full), make_run("q4_1", full), DEFAULT_RULES)
+    assert verdict.outcome == "pass", [r.reason for r in verdict.rows if r.status != "pass"]
+    assert {r.method for r in verdict.rows if r.status == "pass"} == {"Tango score interval",
+                                                                      "identical on every prompt"}
+    small = {task: rows[:20] for task, rows in full.items()}
+    assert decide(make_run("fp32", small), make_run("q4_1", small), DEFAULT_RULES).outcome == "inconclusive"
