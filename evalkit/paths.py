@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import secrets
 import shutil
@@ -257,3 +258,12 @@ def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Pat
     finally:
         if new.exists():
             shutil.rmtree(new, ignore_errors=True)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read now in 1 MiB blocks (a kept run's, a converted model's)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -21,20 +21,13 @@ from click.testing import CliRunner
 
 from evalkit.cli import cli
 from evalkit.store import spool
+from tests.test_trust import rows
 
 FAKE_RUN = ["run", "--model", "evalkit-fake", "--model-args", "mode=hit", "--tasks", "firsttoken"]
 
 
 def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-
-
-def rows(db: Path, sql: str, *params):
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        return con.execute(sql, list(params)).fetchall()
-    finally:
-        con.close()
 
 
 def sha(path: Path) -> str:

@@ -30,7 +30,6 @@ reader of the manifest; only a size that differs skips the hash.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from typing import Any
 
 from evalkit import envvars
 from evalkit.errors import BadInput
+from evalkit.paths import file_sha256
 
 DONE = "evalkit-converted.txt"  # written last: the folder is complete
 MANIFEST = "evalkit-manifest.json"  # written before DONE: {"files": {name: {size, mtime_ns, sha256}}}
@@ -74,15 +74,6 @@ def sha256(path: Path) -> str:
 @functools.lru_cache(maxsize=16)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     return file_sha256(Path(path))
-
-
-def file_sha256(path: Path) -> str:
-    """The file's sha256, read now (no cache)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def gguf_model_type(path: Path) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
+from evalkit.paths import file_sha256
 from evalkit.store import runs
 from evalkit.store.db import db_path, inspect_con, migrate, open_writer
 
@@ -83,14 +84,6 @@ def _folders(db: Path, ident: Identity | None) -> list[Path]:
     return [spool_dir(db)] + ([fallback_dir(ident)] if ident else [])
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def manifest_of(path: Path) -> Path:
     return Path(str(path) + MANIFEST)
 
@@ -134,7 +127,7 @@ def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, sampl
     finally:
         con.close()
     Path(str(partial) + ".wal").unlink(missing_ok=True)
-    sha = _sha256(partial)
+    sha = file_sha256(partial)
     os.replace(partial, final)
     manifest = {"format": FORMAT, "db_uuid": ident.db_uuid, "run_id": row["id"], "sha256": sha,
                 "signature": ident.sign(row["id"], sha)}
@@ -186,7 +179,7 @@ def verify(path: Path, ident: Identity) -> str:
         raise BadInput(f"{path} is not a spool file of this DB (its manifest does not name it)")
     if not hmac.compare_digest(ident.sign(run_id, sha), sig):
         raise BadInput(f"{path} is not a spool file of this DB (its signature does not verify)")
-    if _sha256(path) != sha:
+    if file_sha256(path) != sha:
         raise BadInput(f"{path} changed after it was kept (its SHA-256 differs from its manifest's)")
     return run_id
 
