@@ -397,6 +397,35 @@ CASES: list[Case] = [
           "the model has 2 layers"),
     _case("gate/regression-on-a-descriptive-metric", [*RULES, "{rules_descriptive}"],
           "sink_rate describes without ranking"),
+    # ---- environment values: checked before any work (evalkit/envvars.py) ------------------------
+    _case("env/lock-timeout-nan", ["runs", "--db", "{db}"], "EVALKIT_LOCK_TIMEOUT='nan'",
+          env=[("EVALKIT_LOCK_TIMEOUT", "nan")]),
+    _case("env/lock-timeout-abc", ["runs", "--db", "{db}"], "EVALKIT_LOCK_TIMEOUT='abc'",
+          env=[("EVALKIT_LOCK_TIMEOUT", "abc")]),
+    _case("env/heartbeat-abc", ["run", *FAKE, "--tasks", "firsttoken", "--limit", "1", "--db", "{db}"],
+          "EVALKIT_HEARTBEAT_S='abc'", env=[("EVALKIT_HEARTBEAT_S", "abc")]),
+    _case("env/rank-left-over", ["run", *FAKE, "--tasks", "firsttoken", "--limit", "1", "--db", "{db}"],
+          "not a distributed launch", env=[("RANK", "1")]),
+    _case("env/rank-abc", ["run", *FAKE, "--tasks", "firsttoken", "--limit", "1", "--db", "{db}"], "RANK='abc'",
+          env=[("RANK", "abc")]),
+    _case("env/debug-maybe", ["runs", "--db", "{db}"], "EVALKIT_DEBUG='maybe'", env=[("EVALKIT_DEBUG", "maybe")]),
+    _case("env/query-timeout-nan", ["query", "SELECT 1", "--db", "{db}"], "EVALKIT_QUERY_TIMEOUT",
+          env=[("EVALKIT_QUERY_TIMEOUT", "nan")]),
+    # ---- model files and model args: refused before the load and the run row ------------------------
+    _case("run/text-file-named-gguf", ["run", "--model", "hf", "--model-args", "pretrained={tmp},gguf_file={text_gguf}",
+                                       "--tasks", "firsttoken", "--db", "{db}"], "not a readable GGUF file"),
+    _case("run/config-json-not-json", ["run", "--model", "hf", "--model-args", "pretrained={bad_config_model}",
+                                       "--tasks", "firsttoken", "--db", "{db}"], "is not JSON"),
+    _case("run/empty-model-folder", ["run", "--model", "hf", "--model-args", "pretrained={empty_model}",
+                                     "--tasks", "firsttoken", "--db", "{db}"], "holds no config.json"),
+    _case("run/unknown-model-arg", ["run", "--model", "hf", "--model-args", "pretrained={tiny},attn_implmentation=eager",
+                                    "--tasks", "firsttoken", "--db", "{db}"], "did you mean attn_implementation"),
+    # ---- query: limits and sources ------------------------------------------------------------------
+    _case("query/timeout-zero", ["query", "SELECT 1", "--db", "{db}", "--timeout", "0"], "--timeout"),
+    _case("query/same-db-twice", ["query", "SELECT 1", "--db", "{db}", "--db", "{db}"], "same source"),
+    _case("query/parquet-text-file", ["query", "SELECT 1", "--parquet", "{text_parquet}"], "not a Parquet file"),
+    # ---- ingest: never a file it did not write -----------------------------------------------------
+    _case("ingest/the-db-itself", ["ingest", "{db}", "--db", "{db}"], "is the DB itself"),
 ]
 
 
@@ -458,6 +487,21 @@ def make_inputs(folder: Path, db: Path, db2: Path, prefix: str, tiny: Path | Non
     shadow.mkdir()
     (shadow / "mine.yaml").write_text("task: firsttoken_en\ndataset_path: nowhere\n", encoding="utf-8")
     paths["shadow_tasks"] = str(shadow)
+    (folder / "text.gguf").write_text("this is a text file, not a GGUF model\n", encoding="utf-8")
+    paths["text_gguf"] = str(folder / "text.gguf")
+    bad_config = folder / "bad_config_model"
+    bad_config.mkdir()
+    (bad_config / "config.json").write_text("{not json", encoding="utf-8")
+    paths["bad_config_model"] = str(bad_config)
+    (folder / "empty_model").mkdir()
+    paths["empty_model"] = str(folder / "empty_model")
+    parquet = folder / "text_parquet"
+    parquet.mkdir()
+    from evalkit.store.sandbox import TABLES
+
+    for table in TABLES:  # a complete set of names, each a text file
+        (parquet / f"{table}.parquet").write_text("not parquet\n", encoding="utf-8")
+    paths["text_parquet"] = str(parquet)
     for name, data in files.items():
         path = folder / f"{name}{suffix.get(name, '.jsonl')}"
         path.write_bytes(data)

@@ -271,10 +271,11 @@ def check_hf_model(args: dict[str, Any]) -> None:
     model loads: a local model whose files do not read (`model_config`), or a model arg none
     of HFLM, evalkit's subclass, `from_pretrained` or the model's config takes (`hf_model_keys`).
     A hub id is not checked: its config is not here to say which keys it takes."""
-    config = model_config(args)
-    if config is None:
-        return
-    known = hf_model_keys()
+    with quant.quiet_imports():  # transformers' model classes import torchao, which warns on import
+        config = model_config(args)
+        if config is None:
+            return
+        known = hf_model_keys()
     for key in args:
         if key not in known and not hasattr(config, key):
             from evalkit.scoring.registry import suggest
