@@ -342,8 +342,8 @@ def _threshold_test(run: RunData, task: str, rule: Threshold, value: float, test
         if _binary(rule.metric, values):
             return paired.threshold_binary(values, rule.op, rule.value, alpha)
         return paired.threshold_continuous(values, rule.op, rule.value, alpha, tests["n_boot"], tests["seed"])
-    stored = run.intervals.get((task, rule.metric))
-    if stored and _value(stored[0]) is not None and _value(stored[1]) is not None:
+    stored = _interval(run, (task, rule.metric))
+    if stored is not None:
         return paired.threshold_stored(value, stored[0], stored[1], rule.op, rule.value, stored[2])
     return None
 
@@ -436,9 +436,8 @@ def _regression_from_intervals(candidate: RunData, baseline: RunData, rule: Regr
     intervals of both runs, unpaired; inconclusive when either run stored none."""
     key = (task, rule.metric)
     a, b = _value(candidate.metrics.get(key)), _value(baseline.metrics.get(key))
-    ia, ib = candidate.intervals.get(key), baseline.intervals.get(key)
-    if a is None or b is None or not ia or not ib or None in (_value(ia[0]), _value(ia[1]),
-                                                             _value(ib[0]), _value(ib[1])):
+    ia, ib = _interval(candidate, key), _interval(baseline, key)
+    if a is None or b is None or ia is None or ib is None:
         return VerdictRow(
             status="inconclusive",
             reason=f"no shared prompt has a per-sample {rule.metric!r} in both runs and no interval is stored "
@@ -446,13 +445,21 @@ def _regression_from_intervals(candidate: RunData, baseline: RunData, rule: Regr
             observed=a, baseline=b, **common,
         )
     margin = rule.margin.value if rule.margin.kind == "delta" else rule.margin.value * abs(b)
-    n = min(x for x in (ia[2], ib[2], 10**9) if x)
+    counts = [m for m in (ia[2], ib[2]) if m]
     t = paired.unpaired_stored((a, ia[0], ia[1]), (b, ib[0], ib[1]), higher_is_better=higher, margin=margin,
-                               n=n if n < 10**9 else 0)
+                               n=min(counts) if counts else 0)
     common["limit"] = t.limit
     return VerdictRow(status=t.status, reason=_test_reason(word, t, _margin_text(t.limit, rule)), observed=a,
                       baseline=b, drop=t.estimate, ci=(t.lo, t.hi), n=t.n or None, method=t.method,
                       p_fail=t.p_fail, decide_n=t.decide_n, **common)
+
+
+def _interval(run: RunData, key: tuple[str, str]) -> tuple[float, float, int | None] | None:
+    """The finite interval stored with one of the run's aggregates, None when there is none."""
+    stored = run.intervals.get(key)
+    if not stored or _value(stored[0]) is None or _value(stored[1]) is None:
+        return None
+    return stored
 
 
 def check_names(rules: Rules, candidate: RunData, baseline: RunData | None) -> None:
