@@ -1,15 +1,15 @@
 """evalkit: first-token, opener and needle metrics on lm-eval, stored in DuckDB.
 
-The Python API — `evalkit.run`, `evalkit.connect`, `evalkit.gate` — lives in `evalkit.api`
+The Python API — `evalkit.run`, `evalkit.connect`, `evalkit.promote`, `evalkit.gate` — lives in `evalkit.api`
 and is imported on first use, so `import evalkit` (and `evalkit --help`) stays light.
 """
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "connect", "gate", "run", "run_all"]
+__all__ = ["__version__", "connect", "gate", "promote", "run", "run_all"]
 
 
 def __getattr__(name: str):
-    if name in ("run", "run_all", "connect", "gate", "Run"):
+    if name in ("run", "run_all", "connect", "gate", "promote", "Run"):
         from evalkit import api
 
         return getattr(api, name)

@@ -1,4 +1,4 @@
-"""The Python API, for notebooks and scripts: `run` (`run_all`), `connect`, `gate` (the CLI is built on it).
+"""The Python API, for notebooks and scripts: `run` (`run_all`), `connect`, `promote`, `gate` (the CLI is built on it).
 
     >>> import evalkit
     >>> r = evalkit.run(tasks="firsttoken", limit=20)          # doctest: +SKIP
@@ -125,6 +125,15 @@ def connect(db: str | os.PathLike | None = None):
 
     envvars.check_environment()
     return reader_connection(db)
+
+
+def promote(run: str, tag: str, *, db: str | os.PathLike | None = None) -> bool:
+    """Tag a done run (`tag:NAME` then names the newest run with it), as `evalkit promote` does;
+    return whether a new tag row was written (False when the run already had the tag)."""
+    from evalkit.release.db import promote as promote_run
+
+    envvars.check_environment()
+    return promote_run(db, run, tag)[1]
 
 
 def gate(candidate: str, baseline: str, rules: str | os.PathLike | None = None, *,

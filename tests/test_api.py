@@ -51,3 +51,36 @@ def test_needle_lengths_take_a_preset_name_as_the_cli_does():
     assert _config("needle_en", "hf", None, {"needle_lengths": [1024]}).needle_lengths == [1024]
     with pytest.raises(BadInput, match="needle_lengths: expected numbers or one of default, long, got 'longer'"):
         _config("needle_en", "hf", None, {"needle_lengths": "longer"})
+
+
+def test_promote_tags_a_done_run(tmp_path):
+    db = tmp_path / "api.duckdb"
+    run = evalkit.run(tasks="firsttoken", model="evalkit-fake", model_args="mode=hit", limit=3, db=db)
+    assert evalkit.promote(run.id, "prod", db=db) is True
+    assert evalkit.promote(run.id, "prod", db=db) is False
+    assert evalkit.gate(run.id, "tag:prod", db=db).outcome == "pass"
+    with pytest.raises(BadInput, match="bad tag name"):
+        evalkit.promote(run.id, "has space", db=db)
+
+
+@pytest.mark.slow
+def test_the_readmes_python_example_runs_as_written(default_model_available, tmp_path):
+    """The README's Python API block, verbatim, in a fresh folder with no EVALKIT_DB: the default
+    model at --limit 20 into ./reports/evalkit.duckdb, promoted, and gated against itself."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python API"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    env = {k: v for k, v in os.environ.items() if k != "EVALKIT_DB"}
+    env["HF_HUB_OFFLINE"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "reports" / "evalkit.duckdb").is_file()
+    assert re.search(r"^\S+ done 40$", out.stdout, re.M), out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "pass []"
