@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from evalkit.kinds import CheckStatus
+from evalkit.scoring.stats import bootstrap_means
 
 # the most prompts a "would decide it" estimate reports; beyond it the row says "more than"
 MAX_DECIDE_N = 1_000_000
@@ -169,13 +170,6 @@ def paired_binary(cand: Sequence[float], base: Sequence[float], *, higher_is_bet
 
 
 # --------------------------------------------------------------------- paired continuous
-
-
-def bootstrap_means(values: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """``n_boot`` means of ``values`` resampled with replacement (the project's bootstrap)."""
-    from evalkit.scoring.stats import bootstrap_means as means
-
-    return means(values, n_boot, seed)
 
 
 def paired_continuous(cand: Sequence[float], base: Sequence[float], *, higher_is_better: bool,
