@@ -164,7 +164,7 @@ def paired_binary(cand: Sequence[float], base: Sequence[float], *, higher_is_bet
 
     return Evidence(
         method="Tango score interval", estimate=est, lo=lo, hi=hi, limit=margin, status=status,
-        p_fail=p_fail, n=n, decide_n=_decide_n(ci_at, est, margin, n) if status == "inconclusive" else None,
+        p_fail=p_fail, n=n, decide_n=_decide_n(status, ci_at, est, margin, n),
         note=f"discordant pairs {lost} lost / {gained} gained, McNemar exact p = {mcnemar_exact_p(lost, gained):.2g}",
     )
 
@@ -207,8 +207,7 @@ def paired_continuous(cand: Sequence[float], base: Sequence[float], *, higher_is
     status = _status(e_lo, e_hi)
     lo, hi = e_lo + margin, e_hi + margin
     return Evidence(method="paired bootstrap", estimate=est, lo=lo, hi=hi, limit=margin, status=status, p_fail=p_fail,
-                      n=n, decide_n=_decide_n(_normal_ci_at(est, lo, hi, n), est, margin, n)
-                      if status == "inconclusive" else None)
+                      n=n, decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, margin, n))
 
 
 def unpaired_stored(cand: tuple[float, float, float], base: tuple[float, float, float], *,
@@ -225,8 +224,7 @@ def unpaired_stored(cand: tuple[float, float, float], base: tuple[float, float, 
     status = _status(lo - margin, hi - margin)
     return Evidence(method="stored intervals, unpaired", estimate=est, lo=lo, hi=hi, limit=margin,
                       status=status, p_fail=p_fail, n=n,
-                      decide_n=_decide_n(_normal_ci_at(est, lo, hi, n), est, margin, n)
-                      if status == "inconclusive" and n > 0 else None)
+                      decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, margin, n))
 
 
 # ---------------------------------------------------------------------------- thresholds
@@ -279,8 +277,7 @@ def threshold_binary(values: Sequence[float], op: str, bound: float, alpha: floa
     p_fail = float(norm.sf(short / sd)) if sd > 0 else float(short <= 0)
     status = _threshold_status(op, lo, hi, bound)
     return Evidence(method="Wilson interval", estimate=p, lo=lo, hi=hi, limit=bound, status=status,
-                      p_fail=p_fail, n=n, decide_n=_decide_n(lambda m: wilson(p * m, m, alpha), p, bound, n)
-                      if status == "inconclusive" else None)
+                      p_fail=p_fail, n=n, decide_n=_decide_n(status, lambda m: wilson(p * m, m, alpha), p, bound, n))
 
 
 def threshold_continuous(values: Sequence[float], op: str, bound: float, alpha: float = 0.05,
@@ -296,8 +293,7 @@ def threshold_continuous(values: Sequence[float], op: str, bound: float, alpha: 
     p_fail = float((1 + np.count_nonzero(~wrong)) / (n_boot + 1))
     status = _threshold_status(op, lo, hi, bound)
     return Evidence(method="bootstrap interval", estimate=est, lo=lo, hi=hi, limit=bound, status=status,
-                      p_fail=p_fail, n=n, decide_n=_decide_n(_normal_ci_at(est, lo, hi, n), est, bound, n)
-                      if status == "inconclusive" else None)
+                      p_fail=p_fail, n=n, decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, bound, n))
 
 
 def threshold_stored(value: float, lo: float, hi: float, op: str, bound: float, n: int | None) -> Evidence:
@@ -311,8 +307,7 @@ def threshold_stored(value: float, lo: float, hi: float, op: str, bound: float, 
     status = _threshold_status(op, lo, hi, bound)
     m = n or 0
     return Evidence(method="stored interval", estimate=value, lo=lo, hi=hi, limit=bound, status=status,
-                      p_fail=p_fail, n=m, decide_n=_decide_n(_normal_ci_at(value, lo, hi, m), value, bound, m)
-                      if status == "inconclusive" and m > 0 else None)
+                      p_fail=p_fail, n=m, decide_n=_decide_n(status, _normal_ci_at(value, lo, hi, m), value, bound, m))
 
 
 # ------------------------------------------------------------------- prompts to decide
@@ -323,14 +318,16 @@ def _normal_ci_at(est: float, lo: float, hi: float, n: int) -> Callable[[float],
     return lambda m: (est - (est - lo) * math.sqrt(n / m), est + (hi - est) * math.sqrt(n / m))
 
 
-def _decide_n(ci_at: Callable[[float], tuple[float, float]], est: float, limit: float, n: int) -> int | None:
+def _decide_n(status: CheckStatus, ci_at: Callable[[float], tuple[float, float]], est: float, limit: float,
+              n: int) -> int | None:
     """About how many prompts, with the same observed rates and spread, would put the interval
-    wholly on one side of ``limit``; None when no number would (the estimate sits on it).
+    wholly on one side of ``limit``; None when no number would (the estimate sits on it), and for a
+    check that is already decided.
 
-    >>> _decide_n(lambda m: (0.1 - 1 / m ** 0.5, 0.1 + 1 / m ** 0.5), 0.1, 0.0, 1)
+    >>> _decide_n("inconclusive", lambda m: (0.1 - 1 / m ** 0.5, 0.1 + 1 / m ** 0.5), 0.1, 0.0, 1)
     101
     """
-    if est == limit or n <= 0:
+    if status != "inconclusive" or est == limit or n <= 0:
         return None
 
     def decided(m: float) -> bool:
