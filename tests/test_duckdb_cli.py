@@ -1,5 +1,6 @@
 """The DB file opens in DuckDB's own 1.x clients: the `duckdb` CLI of the duckdb-cli package (DuckDB
-1.5) runs every `evalkit query` example of the README on a freshly written evalkit DB."""
+1.5) runs every `evalkit query` example of the README and docs/storage-and-sql.md on a freshly written
+evalkit DB."""
 
 from __future__ import annotations
 
@@ -23,13 +24,14 @@ def duckdb_cli() -> str:
         return str(exe)
     found = shutil.which("duckdb")
     if not found:
-        pytest.skip("the duckdb CLI is not installed (pip install duckdb-cli, part of evalkit[test])")
+        pytest.skip("the duckdb CLI is not installed (pip install duckdb-cli, part of the test extra: pip install -e '.[test]')")
     return found
 
 
 def readme_queries() -> list[str]:
-    """The SQL of every `evalkit query "..."` example in the README (a run id placeholder kept as text)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The SQL of every `evalkit query "..."` example in the README and docs/storage-and-sql.md (a run
+    id placeholder kept as text)."""
+    text = "\n".join((ROOT / name).read_text(encoding="utf-8") for name in ("README.md", "docs/storage-and-sql.md"))
     found = re.findall(r'evalkit query (?:--\S+ \S+ )*"((?:SELECT|WITH)[^"]*)"', text, re.S)
     return [" ".join(q.split()) for q in found]
 

@@ -35,7 +35,7 @@ def wheel(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                            "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (path,) = out.glob("evalkit-*.whl")
+    (path,) = out.glob("evalkit_firsttoken-*.whl")  # the distribution name, normalised
     return path
 
 
