@@ -19,10 +19,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from evalkit.defaults import (
+    DEFAULT_ATTENTION_LAYERS,
+    DEFAULT_INSPECT_TASK,
+    DEFAULT_INSPECT_TOP_K,
+    DEFAULT_MODEL,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TEMPLATE,
+)
 from evalkit.errors import BadInput
 from evalkit.prompts.templates import render_prompt
 
-DEFAULT_TASK = "firsttoken_en"  # the task whose generation settings inspect imitates
+DEFAULT_TASK = DEFAULT_INSPECT_TASK  # the task whose generation settings inspect imitates
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ class Inspection:
     attention: list[AttendedToken] = field(default_factory=list)  # with --attention: top prompt tokens
     attention_layers: list[int] = field(default_factory=list)  # the layers averaged (0 = the first)
     n_layers: int = 0
-    sink_rate: float | None = None  # the prompt's Sink1 (first 64 tokens, epsilon 0.3)
+    sink_rate: float | None = None  # the prompt's Sink1 (defaults.SINK_TOKENS, SINK_EPSILON)
     question_attn: float | None = None  # mass on the prompt text inside the template (None without one)
     kv_cache: str = "full"  # the KV-cache policy every forward pass ran under
 
@@ -72,16 +80,16 @@ class Inspection:
 def inspect_prompt(
     prompt: str,
     *,
-    template: str = "chat",
+    template: str = DEFAULT_TEMPLATE,
     quant: str | None = None,
-    top_k: int = 10,
+    top_k: int = DEFAULT_INSPECT_TOP_K,
     model_args: str | None = None,
-    temperature: float = 0.8,
+    temperature: float = DEFAULT_TEMPERATURE,
     templates_file: str | None = None,
     task: str = DEFAULT_TASK,
     device: str | None = None,
     attention: bool = False,
-    attention_layers: int = 4,
+    attention_layers: int = DEFAULT_ATTENTION_LAYERS,
     kv_cache: str | None = None,
 ) -> Inspection:
     """Validate everything, load the model as a run does, and inspect `prompt`'s first step.
@@ -117,7 +125,7 @@ def inspect_prompt(
     gen = generation_kwargs(task)
     if kv_cache and "," in kv_cache:
         raise BadInput(f"--kv-cache {kv_cache!r}: inspect takes one policy (a comma list is for evalkit run)")
-    plan = models.resolve("hf", model_args, quant_name=quant, device=device, kv_cache=kv_cache,
+    plan = models.resolve(DEFAULT_MODEL, model_args, quant_name=quant, device=device, kv_cache=kv_cache,
                           attention=attention)
     check_device(plan.device)
     lm = models.load(plan, batch_size=1)
@@ -136,7 +144,8 @@ def inspect_prompt(
     return result
 
 
-def first_step_view(model, tokenizer, context: str, *, top_k: int = 10, temperature: float = 0.8,
+def first_step_view(model, tokenizer, context: str, *, top_k: int = DEFAULT_INSPECT_TOP_K,
+                    temperature: float = DEFAULT_TEMPERATURE,
                     max_new_tokens: int = 16, stop: list[str] | tuple[str, ...] = ("\n\n",),
                     kv_policy=None, attention_layers: int = 0, question: str | None = None) -> Inspection:
     """Probe `context` once and lay its first step out for reading (prompt/model fields empty).

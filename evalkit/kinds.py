@@ -21,6 +21,40 @@ ThresholdOp = Literal[">=", ">", "<=", "<", "=="]
 # what exit 3 (inconclusive) becomes under `evalkit gate --on-inconclusive`
 OnInconclusive = Literal["pass", "fail"]
 
+# --- the metric registry (`scoring.registry.Metric`) ---
+# where a metric's value is read: the response text, the first-step distribution, N samples,
+# a needle or conflict document, the prefill's attention, a whole run, or two runs side by side
+MetricLevel = Literal["text", "distribution", "sampled", "needle", "attention", "conflict", "derived", "pair"]
+# share (of prompts, 0..1) | probability | nats | bits | difference | auroc | ratio (of two means)
+MetricUnit = Literal["share", "probability", "nats", "bits", "difference", "auroc", "ratio"]
+# how per-prompt values become the reported number
+Aggregation = Literal["mean", "difference of means", "mean over pairs", "mean over shared prompts", "auroc",
+                      "ratio of means"]
+
+# --- the backends ---
+# `--kv-cache`: all keys | the newest W | S sinks + the newest W | fp8-rounded | group-quantized |
+# llama.cpp's own cache type (llamacpp only)
+KVPolicyKind = Literal["full", "window", "sinkwindow", "fp8", "quantized", "ggml"]
+# what computes a run's numbers (runs.engine): transformers in this process, llama.cpp's kernels in
+# this process, an OpenAI-compatible server's logprobs, vLLM in this process
+Engine = Literal["transformers", "llama.cpp", "openai-server", "vllm"]
+KVQuantBackend = Literal["quanto", "hqq"]  # the library of a quantized:BACKEND:BITS cache
+# how a `--quant` variant reaches the weights: cast after loading | quantized while loading |
+# quantized after loading | a checkpoint already quantized (backends/quant.py)
+QuantMethod = Literal["cast", "load", "after", "checkpoint"]
+
+# --- runs (runs.status) ---
+# running: started, its process alive or not yet found gone; done: stored whole; failed: an error
+# (runs.error says which); interrupted: SIGINT/SIGTERM, or found abandoned (`runs.abandoned_ids`)
+RunStatus = Literal["running", "done", "failed", "interrupted"]
+# a run's status as `evalkit runs` / `show` show it: a stored status, or `kept` (a finished run whose
+# results wait in a spool file) or `abandoned` (a running run whose process is gone), `store.queries`
+ShownStatus = Literal["running", "done", "failed", "interrupted", "kept", "abandoned"]
+
 ROW_STATUSES: tuple[str, ...] = get_args(RowStatus)
 MARGIN_KINDS: tuple[str, ...] = get_args(MarginKind)
 ON_INCONCLUSIVE: tuple[str, ...] = get_args(OnInconclusive)
+THRESHOLD_OPS: tuple[str, ...] = get_args(ThresholdOp)
+METRIC_LEVELS: tuple[str, ...] = get_args(MetricLevel)
+KV_POLICY_KINDS: tuple[str, ...] = get_args(KVPolicyKind)
+RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)

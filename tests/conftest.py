@@ -1,8 +1,11 @@
-"""Shared fixtures: a tmp DB for every test, the tiny random Llama, a fake lm-eval LM."""
+"""Shared fixtures: a tmp DB for every test, the tiny random Llama, a fake lm-eval LM, the CLI in-process."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from click.testing import CliRunner
 
 from tests.fake_lm import register_fake_lm
 
@@ -41,3 +44,30 @@ def default_model_available():
         default_model_dir()
     except BadInput as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def invoke():
+    """`invoke("runs", "--db", db, env=None)`: the evalkit CLI in-process (click's CliRunner), every
+    argument as text, exceptions not caught so a real bug shows its traceback."""
+    from evalkit.cli import cli
+
+    def run_cli(*args, env=None):
+        return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False, env=env)
+
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def fake_run(invoke):
+    """`fake_run(db, mode="hit", name=None, limit=2)`: one `evalkit run` of the fake LM ("evalkit-fake",
+    tests/fake_lm.py) on the firsttoken tasks, stored in `db`; returns its run id. Session-scoped, so a
+    module's stored runs can be made once (before the per-test environment: hence no hub here)."""
+
+    def run(db, mode="hit", name=None, limit=2):
+        res = invoke("run", "--model", "evalkit-fake", "--model-args", f"mode={mode}", "--tasks", "firsttoken",
+                     "--limit", limit, *(["--name", name] if name else []), "--db", db, env={"HF_HUB_OFFLINE": "1"})
+        assert res.exit_code == 0, res.output
+        return re.search(r"^run (\S+)\s+done", res.stdout, re.MULTILINE).group(1)
+
+    return run

@@ -20,10 +20,8 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
 from evalkit import envvars
-from evalkit.cli import cli
 from evalkit.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,10 +49,6 @@ def no_launch(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def invoke(*args, env=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False, env=env)
-
-
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -76,7 +70,7 @@ def one_error_line(res, text: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def stored_db(tmp_path_factory):
+def stored_db(invoke, tmp_path_factory):
     """A DB holding one done fake-LM run."""
     db = tmp_path_factory.mktemp("envvars") / "stored.duckdb"
     res = invoke(*FAKE_RUN, "--db", db)
@@ -96,7 +90,7 @@ def test_every_kind_has_bad_values_and_every_record_is_whole():
 
 
 @pytest.mark.parametrize("name,value", CASES, ids=[f"{n}={v.strip() or 'blank'}" for n, v in CASES])
-def test_a_bad_value_is_one_line_before_any_work(name, value, stored_db, tmp_path):
+def test_a_bad_value_is_one_line_before_any_work(invoke, name, value, stored_db, tmp_path):
     db, fresh = tmp_path / "copy.duckdb", tmp_path / "fresh.duckdb"
     shutil.copy(stored_db, db)
     before = digest(db)
@@ -110,7 +104,7 @@ def test_a_bad_value_is_one_line_before_any_work(name, value, stored_db, tmp_pat
 
 @pytest.mark.parametrize("name,value", [("EVALKIT_LOCK_TIMEOUT", "nan"), ("EVALKIT_HEARTBEAT_S", "abc"),
                                         ("RANK", "abc"), ("EVALKIT_DEBUG", "maybe")])
-def test_read_only_commands_check_the_environment_too(name, value, stored_db):
+def test_read_only_commands_check_the_environment_too(invoke, name, value, stored_db):
     before = digest(stored_db)
     for args in (["runs"], ["query", "SELECT 1"], ["gate", "--candidate", "latest", "--baseline", "latest"]):
         one_error_line(invoke(*args, "--db", stored_db, env={name: value}), f"{name}={value!r}: expected ")
@@ -170,7 +164,7 @@ def test_the_heartbeat_bound_keeps_a_live_run_from_looking_abandoned():
 # ------------------------------------------------------------------------ ranks
 
 
-def test_a_rank_left_over_in_the_shell_is_refused(stored_db, tmp_path):
+def test_a_rank_left_over_in_the_shell_is_refused(invoke, stored_db, tmp_path):
     db, fresh = tmp_path / "copy.duckdb", tmp_path / "fresh.duckdb"
     shutil.copy(stored_db, db)
     before = run_rows(db)
@@ -185,7 +179,7 @@ def test_a_rank_left_over_in_the_shell_is_refused(stored_db, tmp_path):
     assert not fresh.exists()
 
 
-def test_a_non_zero_rank_of_a_launch_says_rank_zero_stores_the_run(tmp_path):
+def test_a_non_zero_rank_of_a_launch_says_rank_zero_stores_the_run(invoke, tmp_path):
     db = tmp_path / "launch.duckdb"
     launch = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RUN_ID": "t1"}
     res = invoke(*FAKE_RUN, "--db", db, env={**launch, "RANK": "1", "LOCAL_RANK": "1"})
@@ -222,7 +216,7 @@ def test_debug_spellings(value, on, monkeypatch):
     assert _debug_env() is on
 
 
-def test_debug_zero_is_off(tmp_path):
+def test_debug_zero_is_off(invoke, tmp_path):
     missing = tmp_path / "missing.duckdb"
     one_error_line(invoke("runs", "--db", missing, env={"EVALKIT_DEBUG": "0"}), "no evalkit database")
     with pytest.raises(BadInput, match="no evalkit database"):  # on: the traceback, not one line

@@ -13,12 +13,6 @@ from evalkit.store.export import export_parquet
 from evalkit.store.sandbox import TABLES, merged_query, read_query
 
 
-def fake_run(db, mode="hit", limit=2, name=None):
-    cfg = RunConfig(tasks=["firsttoken"], model="evalkit-fake", model_args=f"mode={mode}", limit=limit,
-                    name=name, db=str(db))
-    return execute(cfg).run_id
-
-
 def all_rows(query, table):
     """Every row of a table, in one canonical order (sources may return rows in any order)."""
     cols, rows = query(f"SELECT * FROM {table}")
@@ -26,7 +20,7 @@ def all_rows(query, table):
 
 
 @pytest.fixture(scope="module")
-def two_dbs(tmp_path_factory):
+def two_dbs(fake_run, tmp_path_factory):
     """Two DB files as if from two machines: A with 2 runs (one tagged), B with 1."""
     from evalkit.store.db import transaction
 

@@ -17,34 +17,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
-
-from evalkit.cli import cli
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def invoke(*args, env=None):
-    return CliRunner(catch_exceptions=False).invoke(cli, [str(a) for a in args], env=env)
-
-
-def fake_run(db, mode, limit=200, name=None):
-    res = invoke("run", "--model", "evalkit-fake", "--model-args", f"mode={mode}", "--tasks", "firsttoken",
-                 "--limit", limit, "--name", name or mode, "--db", db, env={"HF_HUB_OFFLINE": "1"})
-    assert res.exit_code == 0, res.output
-    return re.search(r"^run (\S+)\s+done", res.stdout, re.M).group(1)
-
-
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory):
+def stored(fake_run, tmp_path_factory):
     """A DB with three done fake-LM runs (baseline, degraded, equal) and two odd ones."""
     from evalkit.store import db as store_db
     from evalkit.store import runs
 
     db = tmp_path_factory.mktemp("gate") / "runs.duckdb"
-    ids = {"base": fake_run(db, "hit", name="baseline"),
-           "bad": fake_run(db, "other", name="degraded"),
-           "equal": fake_run(db, "hit", name="equal"),
+    ids = {"base": fake_run(db, "hit", name="baseline", limit=200),
+           "bad": fake_run(db, "other", name="degraded", limit=200),
+           "equal": fake_run(db, "hit", name="equal", limit=200),
            "small": fake_run(db, "hit", limit=20, name="small")}
     # a done run on prompts no other run has, and a failed run
     for key, status in (("elsewhere", "done"), ("failed", "failed")):
@@ -80,7 +66,7 @@ def one_error_line(res, fragment):
 # ----------------------------------------------------------------------- verdicts
 
 
-def test_degraded_candidate_fails_with_exit_1(runs):
+def test_degraded_candidate_fails_with_exit_1(invoke, runs):
     res = invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"])
     assert res.exit_code == 1
     assert "## evalkit gate: FAIL" in res.stdout
@@ -90,7 +76,7 @@ def test_degraded_candidate_fails_with_exit_1(runs):
     one_error_line(res, f"gate failed for candidate {runs['bad']}")
 
 
-def test_equal_candidate_on_few_prompts_is_inconclusive_with_exit_3(runs):
+def test_equal_candidate_on_few_prompts_is_inconclusive_with_exit_3(invoke, runs):
     res = invoke("gate", "--candidate", runs["small"], "--baseline", runs["base"])
     assert res.exit_code == 3, res.output
     assert "## evalkit gate: INCONCLUSIVE" in res.stdout
@@ -100,7 +86,7 @@ def test_equal_candidate_on_few_prompts_is_inconclusive_with_exit_3(runs):
 
 
 @pytest.mark.parametrize("choice, code", [("pass", 0), ("fail", 1)])
-def test_on_inconclusive_maps_exit_3(runs, choice, code):
+def test_on_inconclusive_maps_exit_3(invoke, runs, choice, code):
     res = invoke("gate", "--candidate", runs["small"], "--baseline", runs["base"], "--on-inconclusive", choice)
     assert res.exit_code == code, res.output
     assert "## evalkit gate: INCONCLUSIVE" in res.stdout
@@ -114,7 +100,7 @@ def test_on_inconclusive_maps_exit_3(runs, choice, code):
                   "fail").exit_code == 0
 
 
-def test_junit_shows_inconclusive_checks_as_errors(runs, tmp_path):
+def test_junit_shows_inconclusive_checks_as_errors(invoke, runs, tmp_path):
     junit = tmp_path / "gate.xml"
     assert invoke("gate", "--candidate", runs["small"], "--baseline", runs["base"], "--junit", junit).exit_code == 3
     suite = ET.parse(junit).getroot()
@@ -124,7 +110,7 @@ def test_junit_shows_inconclusive_checks_as_errors(runs, tmp_path):
     assert {p.get("name"): p.get("value") for p in suite.iter("property")}["outcome"] == "inconclusive"
 
 
-def test_equal_candidate_passes_with_exit_0(runs):
+def test_equal_candidate_passes_with_exit_0(invoke, runs):
     res = invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"])
     assert res.exit_code == 0, res.output
     assert "## evalkit gate: PASS" in res.stdout
@@ -135,13 +121,13 @@ def test_equal_candidate_passes_with_exit_0(runs):
 
 
 @pytest.mark.parametrize("who", ["base", "bad"])
-def test_a_run_gated_against_itself_passes(runs, who):
+def test_a_run_gated_against_itself_passes(invoke, runs, who):
     res = invoke("gate", "--candidate", runs[who], "--baseline", runs[who])
     assert res.exit_code == 0, res.output
     assert "PASS" in res.stdout
 
 
-def test_rules_check_thresholds_and_regressions(runs, tmp_path):
+def test_rules_check_thresholds_and_regressions(invoke, runs, tmp_path):
     """Text-level rules on the fake LM's runs (the shipped example is for a model with logprobs:
     tests/test_integration_smollm2.py runs it on the default model)."""
     from evalkit.release.rules import load_rules
@@ -158,7 +144,7 @@ def test_rules_check_thresholds_and_regressions(runs, tmp_path):
     assert "| **FAIL** | threshold | firsttoken_zh | opener_rate |" in bad.stdout
 
 
-def test_gate_only_reads_the_db(runs):
+def test_gate_only_reads_the_db(invoke, runs):
     before = digest()
     invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"])
     invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"])
@@ -168,7 +154,7 @@ def test_gate_only_reads_the_db(runs):
 # ----------------------------------------------------------------------- outputs
 
 
-def test_junit_file_parses_and_counts_failures(runs, tmp_path):
+def test_junit_file_parses_and_counts_failures(invoke, runs, tmp_path):
     junit = tmp_path / "out" / "gate.xml"
     junit.parent.mkdir()
     res = invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"], "--junit", junit)
@@ -183,7 +169,7 @@ def test_junit_file_parses_and_counts_failures(runs, tmp_path):
     assert props == {"candidate": runs["bad"], "baseline": runs["base"], "outcome": "fail"}
 
 
-def test_github_step_summary_is_appended(runs, tmp_path):
+def test_github_step_summary_is_appended(invoke, runs, tmp_path):
     summary = tmp_path / "summary.md"
     summary.write_text("# earlier step\n", encoding="utf-8")
     env = {"GITHUB_STEP_SUMMARY": str(summary)}
@@ -194,7 +180,7 @@ def test_github_step_summary_is_appended(runs, tmp_path):
     assert text.index("## evalkit gate: PASS") < text.index("## evalkit gate: FAIL")
 
 
-def test_no_step_summary_without_the_variable(runs, tmp_path, monkeypatch):
+def test_no_step_summary_without_the_variable(invoke, runs, tmp_path, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
@@ -223,7 +209,7 @@ def test_no_step_summary_without_the_variable(runs, tmp_path, monkeypatch):
          "bad operator"),
     ],
 )
-def test_bad_input_exits_2_and_leaves_the_db_alone(runs, tmp_path, case, args, fragment):
+def test_bad_input_exits_2_and_leaves_the_db_alone(invoke, runs, tmp_path, case, args, fragment):
     (tmp_path / "broken.yaml").write_text("thresholds: [unclosed\n", encoding="utf-8")
     (tmp_path / "unknown.yaml").write_text("limits:\n  ft_hit: 0.1\n", encoding="utf-8")
     (tmp_path / "badop.yaml").write_text('thresholds:\n  ft_hit: "=> 0.5"\n', encoding="utf-8")
@@ -237,13 +223,13 @@ def test_bad_input_exits_2_and_leaves_the_db_alone(runs, tmp_path, case, args, f
     assert digest() == before
 
 
-def test_junit_into_a_missing_folder_is_bad_input(runs, tmp_path):
+def test_junit_into_a_missing_folder_is_bad_input(invoke, runs, tmp_path):
     res = invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], "--junit", tmp_path / "no" / "g.xml")
     assert res.exit_code == 2
     one_error_line(res, "its folder does not exist")
 
 
-def test_gate_needs_both_runs(runs):
+def test_gate_needs_both_runs(invoke, runs):
     res = invoke("gate", "--candidate", runs["bad"])
     assert res.exit_code == 2
     assert "--baseline" in res.stderr
@@ -252,7 +238,7 @@ def test_gate_needs_both_runs(runs):
 # ----------------------------------------------------------------------- promote
 
 
-def test_promote_then_gate_against_the_tag(runs):
+def test_promote_then_gate_against_the_tag(invoke, runs):
     res = invoke("promote", runs["base"], "--tag", "prod")
     assert res.exit_code == 0, res.output
     assert res.stdout.strip() == f"run {runs['base']} tagged prod"
@@ -277,7 +263,7 @@ def test_promote_then_gate_against_the_tag(runs):
     assert show.exit_code == 0 and runs["equal"] in show.stdout
 
 
-def test_promote_by_unique_prefix(runs):
+def test_promote_by_unique_prefix(invoke, runs):
     prefix = runs["equal"][:-2]
     if sum(r.startswith(prefix) for r in runs.values()) != 1:
         pytest.skip("prefix not unique among the stored runs")
@@ -295,7 +281,7 @@ def test_promote_by_unique_prefix(runs):
         ("tag:nope", "prod", "no run has the tag 'nope'"),
     ],
 )
-def test_promote_bad_input_exits_2_and_writes_nothing(runs, ref, tag, fragment):
+def test_promote_bad_input_exits_2_and_writes_nothing(invoke, runs, ref, tag, fragment):
     before = digest()
     res = invoke("promote", ref.format(**runs), "--tag", tag)
     assert res.exit_code == 2, res.output
@@ -307,7 +293,7 @@ def test_promote_bad_input_exits_2_and_writes_nothing(runs, ref, tag, fragment):
 
 
 @pytest.mark.parametrize("command", ["gate", "promote", "report"])
-def test_help_has_examples(command):
+def test_help_has_examples(invoke, command):
     res = invoke(command, "--help")
     assert res.exit_code == 0
     assert "Examples:" in res.stdout and f"evalkit {command}" in res.stdout

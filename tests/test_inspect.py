@@ -9,19 +9,13 @@ import re
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from evalkit.cli import cli
 from evalkit.cli.inspect import bar
 from evalkit.inspection import token_label
 from evalkit.prompts.templates import get_template
 from tests.tiny import load_tiny
 
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(.+?)\s+(\d\.\d{6})\s+([█▏▎▍▌▋▊▉]*)\s+(\d\.\d{6})$")
-
-
-def invoke(*args):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +35,7 @@ def rows_of(output):
 
 
 @pytest.mark.parametrize("prompt", ["What is recursion?", "法国的首都是哪里？"])
-def test_bars_match_an_independent_softmax(tiny_model_dir, tiny, prompt):
+def test_bars_match_an_independent_softmax(invoke, tiny_model_dir, tiny, prompt):
     model, tokenizer = tiny
     res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--top-k", "10")
     assert res.exit_code == 0, res.output
@@ -76,7 +70,7 @@ def test_bars_match_an_independent_softmax(tiny_model_dir, tiny, prompt):
     assert "greedy first unit" in res.output and "greedy response" in res.output
 
 
-def test_json_output_and_templates(tiny_model_dir, tiny):
+def test_json_output_and_templates(invoke, tiny_model_dir, tiny):
     model, tokenizer = tiny
     prompt = "Say hello."
     res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--template", "direct",
@@ -116,7 +110,7 @@ def test_json_output_and_templates(tiny_model_dir, tiny):
         (["inspect", "Hi", "--temperature", "inf"], "--temperature must be a finite number"),
     ],
 )
-def test_bad_input_exits_2(args, message):
+def test_bad_input_exits_2(invoke, args, message):
     res = invoke(*args)
     assert res.exit_code == 2
     assert message in res.output
@@ -132,7 +126,7 @@ def test_token_labels_show_bytes_of_partial_characters(tiny):
     assert raw == "递归 Paris".encode()
 
 
-def test_first_step_equals_a_runs(tiny_model_dir, tmp_path):
+def test_first_step_equals_a_runs(invoke, tiny_model_dir, tmp_path):
     """inspect loads the model as a run does and answers with the task's own generation settings:
     the stored response, first unit and top-k of a run's prompt are what inspect shows for it."""
     db = tmp_path / "run.duckdb"
@@ -153,7 +147,7 @@ def test_first_step_equals_a_runs(tiny_model_dir, tmp_path):
     assert [t["prob"] for t in data["tokens"]] == pytest.approx([math.exp(lp) for _, lp in topk], abs=1e-6)
 
 
-def test_attention_lists_what_the_last_position_looks_at(tiny_model_dir, tiny):
+def test_attention_lists_what_the_last_position_looks_at(invoke, tiny_model_dir, tiny):
     """--attention: the top prompt tokens by the last position's attention, mean over heads and the last
     layers, equal a direct computation from transformers' eager output_attentions."""
     from transformers import AutoModelForCausalLM

@@ -46,7 +46,7 @@ def figures(out) -> list:
 
 def test_render_draws_in_workers_the_same_pngs_as_one_by_one(tmp_path, two_cpus):
     for _, draw in figures(tmp_path / "serial"):
-        draw()
+        plots.draw_with_fonts(draw)
     marks = [tmp_path / f"pid{i}" for i in range(4)]
     drawn = figures(tmp_path / "workers")
     plots.render([draw for _, draw in drawn] + [partial(write_pid, m) for m in marks])
@@ -72,3 +72,25 @@ def test_render_stays_in_process_beside_other_threads(tmp_path, monkeypatch):
         stop.set()
         other.join()
     assert {(tmp_path / n).read_text() for n in "ab"} == {str(os.getpid())}
+
+
+def test_cjk_text_is_drawn_with_a_cjk_font_where_one_is_installed_else_escaped(tmp_path):
+    import warnings
+
+    families, drawable = plots.plot_fonts()
+    if len(families) == 1:  # no CJK font installed: escapes, as before
+        assert plots.plot_label("递归") == "\\u9012\\u5f52"
+        return
+    assert families[0] == "DejaVu Sans" and families[1] in plots.CJK_FAMILIES
+    assert plots.plot_label("递归") == "递归" and ord("递") in drawable
+    prompts = [{"title": "firsttoken_zh / zh-1", "question": "中国的首都是哪里？",
+                "tokens": [plots.token_label("北"), plots.token_label(" Sure")], "probs": {"base": [0.7, 0.2]}}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns "Glyph ... missing from font(s)" for a glyph it cannot draw
+        plots.draw_with_fonts(partial(plots.first_token_plot, prompts, ["base"], tmp_path / "zh.png"))
+    assert (tmp_path / "zh.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(len(plots.plot_fonts()[0]) == 1, reason="no CJK font installed (apt-get install fonts-wqy-microhei)")
+def test_a_cjk_font_is_found():
+    assert len(plots.plot_fonts()[0]) == 2

@@ -19,9 +19,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
-from evalkit.cli import cli
 from evalkit.store.export import export_parquet
 from tests.test_bad_input import seed_db
 
@@ -30,8 +28,10 @@ LONG = "SELECT max(md5(x::VARCHAR)) FROM range(10000000000) t(x)"
 COUNT_RUNS = "SELECT count(*) AS n FROM runs"
 
 
-def invoke(*args, env=None):
-    return CliRunner(catch_exceptions=False).invoke(cli, ["query", *map(str, args)], env=env)
+@pytest.fixture
+def query(invoke):
+    """`query(SQL, *options, env=None)`: `evalkit query` in-process."""
+    return lambda *args, env=None: invoke("query", *args, env=env)
 
 
 def one_error_line(res, fragment: str) -> str:
@@ -93,12 +93,12 @@ def test_the_long_statement_runs_past_the_timeout():
     (["--parquet", "{export}", "--db", "{b}"], {}, 2),
     (["--db", "{a}"], {"EVALKIT_QUERY_TIMEOUT": "1"}, 1),
 ], ids=["one-db", "two-dbs", "export-and-db", "env-var"])
-def test_a_long_query_stops_at_the_timeout_and_frees_the_lock(work, sources, env, runs):
+def test_a_long_query_stops_at_the_timeout_and_frees_the_lock(query, work, sources, env, runs):
     a, b = work / "a.duckdb", work / "b.duckdb"
     args = [s.format(a=a, b=b, export=work / "a-export") for s in sources]
     timeout = [] if env else ["--timeout", "1"]
     started = time.monotonic()
-    res = invoke(LONG, *timeout, *args, env=env)
+    res = query(LONG, *timeout, *args, env=env)
     took = time.monotonic() - started
     assert res.exit_code == 2, res.output
     assert one_error_line(res, "query stopped") == "evalkit: error: query stopped after 1 s (--timeout)"
@@ -106,7 +106,7 @@ def test_a_long_query_stops_at_the_timeout_and_frees_the_lock(work, sources, env
     assert not sql_threads(), "the statement's thread outlived it"
     assert writer_can_open(a) and writer_can_open(b)
     # a statement that ends in time is untouched by the limit
-    fast = invoke(COUNT_RUNS, *args, "--format", "csv", env=env)
+    fast = query(COUNT_RUNS, *args, "--format", "csv", env=env)
     assert fast.exit_code == 0 and fast.stdout.split() == ["n", str(runs)], fast.output
 
 
@@ -144,7 +144,7 @@ def test_ctrl_c_stops_a_running_query_and_frees_the_lock(work):
     (option, spelling) for option in ("--db", "--parquet") for spelling in ("same", "dot", "symlink", "hardlink")
     if (option, spelling) != ("--parquet", "hardlink")  # a folder has no hard links
 ])
-def test_each_source_counts_once(work, option, spelling):
+def test_each_source_counts_once(query, work, option, spelling):
     source = work / ("a.duckdb" if option == "--db" else "a-export")
     again = {
         "same": str(source),
@@ -156,14 +156,14 @@ def test_each_source_counts_once(work, option, spelling):
         os.symlink(source, again)
     if spelling == "hardlink":
         os.link(source, again)
-    once = invoke(COUNT_RUNS, option, source, "--format", "csv")
+    once = query(COUNT_RUNS, option, source, "--format", "csv")
     assert once.exit_code == 0 and once.stdout.split() == ["n", "1"], once.output
-    twice = invoke(COUNT_RUNS, option, source, option, again, "--format", "csv")
+    twice = query(COUNT_RUNS, option, source, option, again, "--format", "csv")
     assert twice.exit_code == 2, twice.output
     line = one_error_line(twice, "is the same source as")
     assert again in line and str(source) in line
     # two sources that are not the same still union
-    both = invoke(COUNT_RUNS, option, source, "--db", work / "b.duckdb", "--format", "csv")
+    both = query(COUNT_RUNS, option, source, "--db", work / "b.duckdb", "--format", "csv")
     assert both.exit_code == 0 and both.stdout.split() == ["n", "2"], both.output
 
 
@@ -173,7 +173,7 @@ def test_each_source_counts_once(work, option, spelling):
     ("damaged", "runs.parquet is not a readable Parquet file"),
     ("empty", "runs.parquet is not a Parquet file"),
 ])
-def test_a_bad_parquet_file_is_one_line(work, content, fragment):
+def test_a_bad_parquet_file_is_one_line(query, work, content, fragment):
     folder = work / "a-export"
     file = folder / "runs.parquet"
     good = file.read_bytes()
@@ -185,19 +185,19 @@ def test_a_bad_parquet_file_is_one_line(work, content, fragment):
         file.write_bytes(good[:4] + b"\0" * 64 + good[-8:])
     else:
         file.write_bytes(b"")
-    res = invoke(COUNT_RUNS, "--parquet", folder)
+    res = query(COUNT_RUNS, "--parquet", folder)
     assert res.exit_code == 2, res.output
     assert str(file) in one_error_line(res, fragment)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "abc", ""])
-def test_the_timeout_is_a_finite_number_above_zero(work, value):
-    res = invoke(COUNT_RUNS, "--timeout", value, "--db", work / "a.duckdb")
+def test_the_timeout_is_a_finite_number_above_zero(query, work, value):
+    res = query(COUNT_RUNS, "--timeout", value, "--db", work / "a.duckdb")
     assert res.exit_code == 2, res.output
     line = one_error_line(res, "--timeout")
     if value not in ("abc", ""):
         assert line == f"evalkit: error: --timeout must be a finite number of seconds > 0, got {value}"
     if value:  # an empty variable is an unset one
-        env = invoke(COUNT_RUNS, "--db", work / "a.duckdb", env={"EVALKIT_QUERY_TIMEOUT": value})
+        env = query(COUNT_RUNS, "--db", work / "a.duckdb", env={"EVALKIT_QUERY_TIMEOUT": value})
         assert env.exit_code == 2, env.output
         one_error_line(env, f"EVALKIT_QUERY_TIMEOUT={value!r}")

@@ -10,32 +10,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from evalkit.cli import cli
 
 PNG = b"\x89PNG\r\n\x1a\n"
+FAKE = " · evalkit-fake · chat"  # the configuration in a fake-LM run's label: model · template (no quant, engine)
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
 
-def invoke(*args, env=None):
-    return CliRunner(catch_exceptions=False).invoke(cli, [str(a) for a in args], env=env)
-
-
-def fake_run(db, mode, name, limit=10):
-    res = invoke("run", "--model", "evalkit-fake", "--model-args", f"mode={mode}", "--tasks", "firsttoken",
-                 "--limit", limit, "--name", name, "--db", db, env={"HF_HUB_OFFLINE": "1"})
-    assert res.exit_code == 0, res.output
-    return re.search(r"^run (\S+)\s+done", res.stdout, re.MULTILINE).group(1)
-
-
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory):
+def stored(fake_run, tmp_path_factory):
     """Three done fake-LM runs: two of the same model (mode=hit) and a degraded one (mode=other)."""
     db = tmp_path_factory.mktemp("report") / "runs.duckdb"
-    ids = {"base": fake_run(db, "hit", "baseline"),
-           "bad": fake_run(db, "other", "degraded"),
-           "again": fake_run(db, "hit", "again")}
+    ids = {"base": fake_run(db, "hit", name="baseline", limit=10),
+           "bad": fake_run(db, "other", name="degraded", limit=10),
+           "again": fake_run(db, "hit", name="again", limit=10)}
     return db, ids
 
 
@@ -46,13 +33,19 @@ def runs(stored):
     return ids
 
 
-def report(out, *args):
-    res = invoke("report", "--out", out, *args)
-    assert res.exit_code == 0, res.output
-    files = [Path(line) for line in res.stdout.splitlines()]
-    assert files[:2] == [Path(out) / "index.html", Path(out) / "summary.md"]
-    assert all(f.exists() for f in files)
-    return files, (Path(out) / "index.html").read_text("utf-8"), (Path(out) / "summary.md").read_text("utf-8")
+@pytest.fixture
+def report(invoke):
+    """`report(out, *args)`: `evalkit report --out OUT ARGS`; (files written, index.html, summary.md)."""
+
+    def write(out, *args):
+        res = invoke("report", "--out", out, *args)
+        assert res.exit_code == 0, res.output
+        files = [Path(line) for line in res.stdout.splitlines()]
+        assert files[:2] == [Path(out) / "index.html", Path(out) / "summary.md"]
+        assert all(f.exists() for f in files)
+        return files, (Path(out) / "index.html").read_text("utf-8"), (Path(out) / "summary.md").read_text("utf-8")
+
+    return write
 
 
 def add_topk(ids):
@@ -131,7 +124,7 @@ def add_conflict(run_id):
 # ----------------------------------------------------------------------- files and sections
 
 
-def test_report_writes_html_markdown_and_pngs(runs, tmp_path):
+def test_report_writes_html_markdown_and_pngs(report, runs, tmp_path):
     out = tmp_path / "rep"
     files, page, md = report(out)
     names = {f.name for f in files}
@@ -146,7 +139,7 @@ def test_report_writes_html_markdown_and_pngs(runs, tmp_path):
     assert not re.search(r"""(src|href)=["']?(https?:|//)|@import|url\(""", page)
 
 
-def test_leaderboard_numbers_come_from_the_view(runs, tmp_path):
+def test_leaderboard_numbers_come_from_the_view(report, runs, tmp_path):
     _, _page, md = report(tmp_path / "rep")
     from evalkit.store.sandbox import read_query
 
@@ -158,12 +151,12 @@ def test_leaderboard_numbers_come_from_the_view(runs, tmp_path):
         line = next(ln for ln in md.splitlines() if ln.startswith("| firsttoken_en |") and f"| {name}" in ln)
         assert cell in line
     # the best run per task is emphasised; the degraded run is not
-    degraded = next(ln for ln in md.splitlines() if ln.startswith("| firsttoken_en |") and "| degraded |" in ln)
+    degraded = next(ln for ln in md.splitlines() if ln.startswith("| firsttoken_en |") and f"| degraded{FAKE} |" in ln)
     assert "**" not in degraded
     assert "ft_hit ↑" in md and "opener_rate ↓" in md
 
 
-def test_sections_without_data_are_omitted_with_a_reason(runs, tmp_path):
+def test_sections_without_data_are_omitted_with_a_reason(report, runs, tmp_path):
     files, page, md = report(tmp_path / "rep")
     assert "Omitted: no first_token_topk rows for the selected runs" in page
     assert "_Omitted: no first_token_topk rows for the selected runs" in md
@@ -174,7 +167,7 @@ def test_sections_without_data_are_omitted_with_a_reason(runs, tmp_path):
     assert not any(f.name.startswith(("first_token", "needle", "sink")) for f in files)
 
 
-def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
+def test_first_token_bars_pick_the_prompts_where_runs_disagree(report, runs, tmp_path):
     add_topk(runs)
     files, page, _md = report(tmp_path / "rep", "--prompts", 2)
     assert (tmp_path / "rep" / "first_token.png").read_bytes()[:8] == PNG
@@ -194,29 +187,29 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(runs, tmp_path):
     assert "\ufffd" not in page3.split("First-token distributions", 1)[1].split("Needle", 1)[0]
 
 
-def test_prompts_zero_leaves_the_distributions_out(runs, tmp_path):
+def test_prompts_zero_leaves_the_distributions_out(report, runs, tmp_path):
     add_topk(runs)
     files, page, _md = report(tmp_path / "rep", "--prompts", "0")
     assert "Omitted: no prompts asked for (--prompts 0)" in page
     assert "first_token.png" not in {f.name for f in files}
 
 
-def test_needle_heatmap_when_needle_rows_exist(runs, tmp_path):
+def test_needle_heatmap_when_needle_rows_exist(report, runs, tmp_path):
     add_needle(runs["base"])
     _files, page, md = report(tmp_path / "rep")
     assert (tmp_path / "rep" / "needle_1.png").read_bytes()[:8] == PNG
     assert "Omitted: no needle rows" not in page
-    assert "| baseline | en | no | 6 | 0.667 |" in md
+    assert f"| baseline{FAKE} | en | no | 6 | 0.667 |" in md
     # start_gap first, then middle_gap, then recall
-    assert "| baseline | needle_en | 0.250 | 0.500 | 0.917 [0.803, 1.031] |" in md
+    assert f"| baseline{FAKE} | needle_en | 0.250 | 0.500 | 0.917 [0.803, 1.031] |" in md
     # per length from the needle_gaps view: depth 0 and 1 found, the middle lost without the hint
-    assert "| baseline | needle_en | no | 256 | 1.000 | 0.500 | -0.500 | 1.000 |" in md
-    assert "| baseline | needle_en | yes | 512 | 1.000 | 1.000 | 0.000 | 0.000 |" in md
+    assert f"| baseline{FAKE} | needle_en | no | 256 | 1.000 | 0.500 | -0.500 | 1.000 |" in md
+    assert f"| baseline{FAKE} | needle_en | yes | 512 | 1.000 | 1.000 | 0.000 | 0.000 |" in md
     assert md.index("start_gap by length") < md.index("recall by language and hint")
     assert "Omitted: no attention rows" in page
 
 
-def test_attention_section_reads_the_attention_views(runs, tmp_path):
+def test_attention_section_reads_the_attention_views(report, runs, tmp_path):
     add_needle(runs["base"])
     add_attention(runs["base"])
     files, page, md = report(tmp_path / "rep")
@@ -226,31 +219,46 @@ def test_attention_section_reads_the_attention_views(runs, tmp_path):
         assert (tmp_path / "rep" / name).read_bytes()[:8] == PNG
     assert "Omitted: no attention rows" not in page
     # 24 prompts, sink_rate 0.75 each; layer 1 is the strongest (1.0)
-    assert "| baseline | evalkit-fake chat | 24 | 0.750 | 2 | 1 (1.000) |" in md
+    assert f"| baseline{FAKE} | 24 | 0.750 | 2 | 1 (1.000) |" in md
     # recall · needle_attn at depth 0, 0.5 and 1 (needle_attn = 0.02 + 0.1 d)
-    assert "| baseline | needle_en | no | 256 | 1.00 · 0.020 | 0.00 · 0.070 | 1.00 · 0.120 |" in md
-    assert "| baseline | needle_en | yes | 256 | 1.00 · 0.020 | 1.00 · 0.070 | 1.00 · 0.120 |" in md
-    assert "Runs without attention rows (not run with --attention): degraded, again." in md
+    assert f"| baseline{FAKE} | needle_en | no | 256 | 1.00 · 0.020 | 0.00 · 0.070 | 1.00 · 0.120 |" in md
+    assert f"| baseline{FAKE} | needle_en | yes | 256 | 1.00 · 0.020 | 1.00 · 0.070 | 1.00 · 0.120 |" in md
+    assert f"Runs without attention rows (not run with --attention): degraded{FAKE}, again{FAKE}." in md
 
 
-def test_conflict_table_with_recency_index_by_length(runs, tmp_path):
+def test_conflict_table_with_recency_index_by_length(report, runs, tmp_path):
     add_conflict(runs["bad"])
     _files, page, md = report(tmp_path / "rep")
     assert "Omitted: no needle_conflict rows" not in page
     # 256: the last sentence always wins, and the answer flips with the order in both pairs
-    assert "| degraded | needle_conflict_en | 256 | 4 | 0.000 | 1.000 | 0.000 | 0.000 | 1.000 | 1.000 | 2 |" in md
+    assert f"| degraded{FAKE} | needle_conflict_en | 256 | 4 | 0.000 | 1.000 | 0.000 | 0.000 | 1.000 | 1.000 | 2 |" in md
     # 512: the first sentence wins; one complete pair, which flips too
-    assert "| degraded | needle_conflict_en | 512 | 3 | 1.000 | 0.000 | 0.000 | 0.000 | -1.000 | 1.000 | 1 |" in md
+    assert f"| degraded{FAKE} | needle_conflict_en | 512 | 3 | 1.000 | 0.000 | 0.000 | 0.000 | -1.000 | 1.000 | 1 |" in md
 
 
-def test_trend_needs_two_runs_of_one_configuration(runs, tmp_path):
+def test_trend_needs_two_runs_of_one_configuration(report, runs, tmp_path):
     files, page, md = report(tmp_path / "rep", "--runs", f"{runs['base']},{runs['bad']}")
-    assert "Omitted: no configuration (model x quant x KV cache x template) has two or more done runs" in page
+    assert "Omitted: no configuration (model x model_fingerprint x " in page
     assert "trend.png" not in {f.name for f in files}
     files, page, md = report(tmp_path / "rep2", "--runs", runs["base"], "--runs", runs["again"])
     assert "trend.png" in {f.name for f in files}
     assert "evalkit-fake · chat: 2 runs" in md
     assert runs["bad"] not in page
+
+
+@pytest.mark.parametrize("column, value", [("first_temperature", 0.7), ("ban_openers", True)])
+def test_trend_never_joins_runs_that_compare_calls_different(report, runs, tmp_path, column, value):
+    """The trend key is compare's run dimensions: a first-step temperature or an opener ban
+    makes another configuration, as `evalkit compare` says."""
+    from evalkit.compare import DIMENSIONS
+    from evalkit.store.db import transaction
+
+    assert column in DIMENSIONS
+    with transaction(None) as con:
+        con.execute(f"UPDATE runs SET {column} = ? WHERE id = ?", [value, runs["again"]])
+    files, page, md = report(tmp_path / "rep", "--runs", runs["base"], "--runs", runs["again"])
+    assert "trend.png" not in {f.name for f in files}
+    assert f"x {column}" in page
 
 
 def test_default_is_the_newest_twelve_done_runs(tmp_path):
@@ -275,7 +283,7 @@ def test_default_is_the_newest_twelve_done_runs(tmp_path):
 # ----------------------------------------------------------------------- bad input
 
 
-def test_bad_input_exits_2(runs, tmp_path):
+def test_bad_input_exits_2(invoke, runs, tmp_path):
     import hashlib
 
     db = Path(os.environ["EVALKIT_DB"])
@@ -290,7 +298,7 @@ def test_bad_input_exits_2(runs, tmp_path):
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
-def test_no_finished_runs_is_bad_input(tmp_path):
+def test_no_finished_runs_is_bad_input(invoke, tmp_path):
     res = invoke("report", "--out", tmp_path / "rep")
     assert res.exit_code == 2 and "no evalkit database" in res.stderr
     from evalkit.store.db import open_writer
@@ -312,9 +320,14 @@ def chromium(*args, tmp_path):
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-def test_report_renders_in_headless_chromium(runs, tmp_path):
+def test_report_renders_in_headless_chromium(report, runs, tmp_path):
+    """Every section rendered and screenshot whole; with EVALKIT_REPORT_SHOTS=DIR the screenshot is kept
+    as DIR/report.png, with the report's files beside it, to look at."""
     add_topk(runs)
-    out = tmp_path / "rep"
+    add_needle(runs["base"])
+    add_attention(runs["base"])
+    add_conflict(runs["bad"])
+    out = Path(os.environ["EVALKIT_REPORT_SHOTS"]) if os.environ.get("EVALKIT_REPORT_SHOTS") else tmp_path / "rep"
     files, _page, _md = report(out)
     url = (out / "index.html").resolve().as_uri()
 
@@ -324,9 +337,178 @@ def test_report_renders_in_headless_chromium(runs, tmp_path):
     assert html.count("<table") >= 4  # runs, leaderboard, one per first-token prompt
     imgs = re.findall(r'<img src="([^"]+)"', html)
     assert set(imgs) == {f.name for f in files if f.suffix == ".png"}
-    assert "<h2>Leaderboard</h2>" in html and "<h2>First-token distributions</h2>" in html
+    assert "<h2>Leaderboard</h2>" in html and "<h2>First-token distributions: where the runs disagree most</h2>" in html
 
-    shot = tmp_path / "shot.png"
-    res = chromium(f"--screenshot={shot}", "--window-size=1280,2000", url, tmp_path=tmp_path)
+    shot = out / "report.png" if os.environ.get("EVALKIT_REPORT_SHOTS") else tmp_path / "shot.png"
+    res = chromium(f"--screenshot={shot}", "--hide-scrollbars", "--window-size=1280,12000", url, tmp_path=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert shot.read_bytes()[:8] == PNG and shot.stat().st_size > 20_000
+
+
+# ----------------------------------------------------------------------- readability (issue 26, item 10)
+
+
+@pytest.mark.parametrize("context, system, asked", [
+    ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+     "<|im_start|>user\nWhat is recursion?<|im_end|>\n<|im_start|>assistant\n", None, "What is recursion?"),
+    ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+     "<|end_header_id|>\n\n中国的首都是哪里？<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", None,
+     "中国的首都是哪里？"),
+    ("<bos><start_of_turn>user\nName a colour.<end_of_turn>\n<start_of_turn>model\n", None, "Name a colour."),
+    ("<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nName a colour. [/INST]", None, "Name a colour."),
+    ("Answer directly.\n\nWhat is 2+2?", "Answer directly.", "What is 2+2?"),
+    ("What is 2+2?", None, "What is 2+2?"),
+])
+def test_question_is_the_users_turn_not_the_template(context, system, asked):
+    from evalkit.report.reading import question
+
+    assert question(context, system) == asked
+
+
+def test_prompt_headings_show_the_question(report, runs, tmp_path):
+    """A heading is task / id and the user's question, never the chat template's system text."""
+    from evalkit.store.db import transaction
+
+    add_topk(runs)
+    system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face. " * 3
+    with transaction(None) as con:
+        con.execute("UPDATE samples SET prompt = ? WHERE doc_id = 'en-0002'",
+                    [f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nWhat is the capital of France?"
+                     "<|im_end|>\n<|im_start|>assistant\n"])
+    _files, page, md = report(tmp_path / "rep", "--prompts", 3)
+    captions = [c for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
+    assert captions[0] == "firsttoken_en / en-0002: “What is the capital of France?” — accepted: Paris"
+    assert not any("SmolLM" in c or "&lt;" in c for c in captions), captions
+    assert "*firsttoken_en / en-0002: “What is the capital of France?” — accepted: Paris*" in md
+
+
+def test_short_text_keeps_the_start_and_the_end():
+    from evalkit.report.sections import short_text
+
+    text = "Q: " + "filler " * 100 + "What is the secret number?"
+    short = short_text(text, 60)
+    assert len(short) == 60 and short.startswith("Q: filler") and short.endswith("secret number?")
+
+
+def test_runs_are_labelled_model_quant_template_engine(report, runs, tmp_path):
+    from evalkit.store.db import transaction
+
+    with transaction(None) as con:
+        con.execute("UPDATE runs SET quant = 'q4_1', engine = 'llama.cpp', model_name = 'SmolLM2-360M' WHERE id = ?",
+                    [runs["bad"]])
+        con.execute("UPDATE runs SET name = NULL WHERE id IN (?, ?)", [runs["base"], runs["again"]])
+    _files, page, md = report(tmp_path / "rep")
+    assert "| firsttoken_en | degraded · SmolLM2-360M · q4_1 · chat · llama.cpp |" in md
+    # two unnamed runs of one configuration: told apart by the end of their ids
+    for key in ("base", "again"):
+        assert f"| firsttoken_en | evalkit-fake · chat · {runs[key][-6:]} |" in md
+    assert "| id | name | status | model | quant | quant applied | kv cache | template | engine |" in md
+
+
+def test_one_run_reads_1_run(report, runs, tmp_path):
+    _files, page, md = report(tmp_path / "rep", "--runs", runs["base"])
+    assert "1 run from" in page and "1 run from" in md and "1 run, done." in md
+    assert "1 runs" not in page and "1 runs" not in md
+    _files, page, md = report(tmp_path / "rep2")
+    assert "3 runs from" in md and "3 runs, all done." in md
+
+
+def test_one_run_shows_its_least_certain_prompts(report, runs, tmp_path):
+    add_topk(runs)
+    _files, page, md = report(tmp_path / "rep", "--runs", runs["base"], "--prompts", 2)
+    assert "## First-token distributions: the least certain prompts" in md
+    assert "disagree most" not in md.split("## First-token", 1)[1].split("## Does", 1)[0]
+    captions = [c for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
+    # top-1 probabilities of the base run: zh-0001 0.6, en-0001 0.7, en-0002 0.9
+    assert [c.split(":")[0] for c in captions] == ["firsttoken_zh / zh-0001", "firsttoken_en / en-0001"]
+
+
+def _lead_images(runs_db_ids, tmp_path):
+    from evalkit.report.build import build_report
+
+    rep = build_report(None, runs_db_ids, tmp_path / "rep", prompts=0)
+    return {i.name: i for s in rep.sections for i in s.images}
+
+
+def test_roc_panels_name_the_task_n_and_right_answers(runs, tmp_path):
+    from evalkit.store.db import transaction
+    from evalkit.store.sandbox import read_query
+
+    with transaction(None) as con:  # one wrong answer, so firsttoken_en has both classes
+        con.execute("UPDATE samples SET answer_hit = false WHERE run_id = ? AND doc_id = (SELECT min(doc_id) FROM "
+                    "samples WHERE run_id = ? AND task = 'firsttoken_en' AND answer_hit)", [runs["base"], runs["base"]])
+    images = _lead_images([runs["base"], runs["bad"]], tmp_path)
+    panels = images["roc_1.png"].draw.args[0]
+    _, rows = read_query(None, "SELECT task, count(*), sum(answer_hit::INT) FROM samples WHERE run_id = "
+                               f"'{runs['base']}' AND answer_hit IS NOT NULL GROUP BY task ORDER BY task")
+    assert [p["title"] for p in panels] == [f"{t}: n = {n}, {k} right" for t, n, k in rows]
+    assert "baseline · evalkit-fake · chat" in images["roc_1.png"].draw.keywords["title"]
+    assert (tmp_path / "rep" / "roc_1.png").read_bytes()[:8] == PNG
+    # the degraded run gets every answer wrong: a note, not a figure of empty panels
+    assert "roc_2.png" not in images
+    md = (tmp_path / "rep" / "summary.md").read_text("utf-8")
+    assert "No ROC curve to draw for degraded · evalkit-fake · chat: in each task every checkable answer" in md
+
+
+def _reliability_db(n_prompts):
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE samples (run_id VARCHAR, task VARCHAR, doc_id VARCHAR, ft_hit_prob DOUBLE, "
+                "answer_hit BOOLEAN)")
+    con.executemany("INSERT INTO samples VALUES ('r', 't', ?, ?, ?)",
+                    [(f"d{i:04d}", i / n_prompts, i % 3 != 0) for i in range(n_prompts)])
+    return con
+
+
+@pytest.mark.parametrize("n_prompts, bins", [(7, 1), (45, 2), (250, 10), (1000, 10)])
+def test_reliability_bins_hold_equal_counts_of_at_least_the_minimum(n_prompts, bins):
+    from evalkit.report.reading import MIN_BIN_SIZE, _reliability
+
+    rows = _reliability(_reliability_db(n_prompts), ["r"])
+    assert len(rows) == bins and sum(r["n"] for r in rows) == n_prompts
+    sizes = [r["n"] for r in rows]
+    assert max(sizes) - min(sizes) <= 1
+    assert min(sizes) >= min(MIN_BIN_SIZE, n_prompts)
+    xs = [r["ft_hit_prob"] for r in rows]
+    assert xs == sorted(xs)
+    for r in rows:
+        assert r["accuracy"] == pytest.approx(r["n_right"] / r["n"])
+        assert r["ci_lo"] <= r["accuracy"] <= r["ci_hi"]
+        from evalkit.scoring.stats import interval
+
+        assert (r["ci_lo"], r["ci_hi"]) == interval([1] * r["n_right"] + [0] * (r["n"] - r["n_right"]), binary=True)
+
+
+def test_reliability_plot_draws_bins_with_intervals(tmp_path):
+    from evalkit.report.plots import reliability_plot
+    from evalkit.report.reading import MIN_BIN_SIZE, _reliability
+
+    rows = _reliability(_reliability_db(250), ["r"])
+    path = reliability_plot({"a · SmolLM2 · chat": rows}, tmp_path / "reliability.png", min_bin=MIN_BIN_SIZE)
+    assert path.read_bytes()[:8] == PNG
+
+
+def test_trend_has_a_panel_per_metric_and_a_line_per_task(runs, tmp_path):
+    from evalkit.report.build import build_report
+    from evalkit.report.plots import _line_style
+    from evalkit.report.sections import MAX_TREND_TASKS
+
+    rep = build_report(None, [runs["base"], runs["again"]], tmp_path / "rep", prompts=0)
+    trend = next(i for s in rep.sections for i in s.images if i.name == "trend.png")
+    series = trend.draw.args[0]
+    metrics = list(dict.fromkeys(s["metric"] for s in series))
+    assert [s["metric"] for s in series] == sorted((s["metric"] for s in series), key=metrics.index)  # grouped
+    for metric in metrics:
+        tasks = [s["task"] for s in series if s["metric"] == metric]
+        assert len(tasks) == len(set(tasks)) <= MAX_TREND_TASKS
+    styles = [tuple(sorted(_line_style(i).items())) for i in range(MAX_TREND_TASKS)]
+    assert all(a != b for a, b in zip(styles, styles[1:]))
+    assert "evalkit-fake · chat: 2 runs" in trend.draw.keywords["title"]
+
+
+def test_trend_leaves_out_a_metric_of_one_run(report, runs, tmp_path):
+    add_needle(runs["base"])  # needle metrics in the baseline run only
+    files, page, md = report(tmp_path / "rep", "--runs", f"{runs['base']},{runs['again']}")
+    assert "trend.png" in {f.name for f in files}
+    assert "_Left out of the plot, with a value in one run only for some task: middle_gap, needle_recall, start_gap._" in md

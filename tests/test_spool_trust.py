@@ -17,27 +17,15 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
-from evalkit.cli import cli
 from evalkit.store import spool
 from tests.test_trust import rows
 
 FAKE_RUN = ["run", "--model", "evalkit-fake", "--model-args", "mode=hit", "--tasks", "firsttoken"]
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-
-
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def done_run(db: Path, *extra) -> str:
-    res = invoke(*FAKE_RUN, "--limit", "2", "--db", db, *extra)
-    assert res.exit_code == 0, res.output
-    return re.search(r"^run (\S+)\s+done", res.stdout, re.M).group(1)
 
 
 @pytest.fixture
@@ -49,35 +37,39 @@ def private_tmp(tmp_path, monkeypatch):
     return folder
 
 
-def kept_run(db: Path, monkeypatch) -> tuple[str, Path]:
-    """A run whose final write fails (a full disk): its results are kept; return (run id, file)."""
+@pytest.fixture
+def kept_run(invoke, monkeypatch):
+    """`kept_run(db)`: a run whose final write fails (a full disk): its results are kept; (run id, file)."""
     import evalkit.store.runs as runs
 
-    real = runs.finish_run
+    def run(db: Path) -> tuple[str, Path]:
+        real = runs.finish_run
 
-    def full_disk(*args, **kwargs):
-        raise duckdb.IOException("Could not write file: No space left on device")
+        def full_disk(*args, **kwargs):
+            raise duckdb.IOException("Could not write file: No space left on device")
 
-    monkeypatch.setattr(runs, "finish_run", full_disk)
-    res = invoke(*FAKE_RUN, "--limit", "2", "--db", db)
-    monkeypatch.setattr(runs, "finish_run", real)
-    assert res.exit_code == 1, res.output
-    run_id = re.search(r"run (\S+) finished", res.stderr).group(1)
-    kept = Path(re.search(r"kept in (\S+) and", res.stderr).group(1))
-    assert kept.is_file() and spool.manifest_of(kept).is_file()
-    return run_id, kept
+        monkeypatch.setattr(runs, "finish_run", full_disk)
+        res = invoke(*FAKE_RUN, "--limit", "2", "--db", db)
+        monkeypatch.setattr(runs, "finish_run", real)
+        assert res.exit_code == 1, res.output
+        run_id = re.search(r"run (\S+) finished", res.stderr).group(1)
+        kept = Path(re.search(r"kept in (\S+) and", res.stderr).group(1))
+        assert kept.is_file() and spool.manifest_of(kept).is_file()
+        return run_id, kept
+
+    return run
 
 
-def test_a_planted_db_file_never_replaces_the_prod_run(tmp_path, private_tmp, caplog):
+def test_a_planted_db_file_never_replaces_the_prod_run(invoke, fake_run, tmp_path, private_tmp, caplog):
     db = tmp_path / "evalkit.duckdb"
-    prod = done_run(db)
+    prod = fake_run(db)
     assert invoke("promote", prod, "--tag", "prod").exit_code == 0
     before = rows(db, "SELECT model, status FROM runs WHERE id = ?", prod), \
         rows(db, "SELECT count(*), sum(value) FROM metrics WHERE run_id = ?", prod)
 
     # a colleague's DB, its run renamed to the prod run's id and its metrics inflated
     other = tmp_path / "other.duckdb"
-    forged = done_run(other)
+    forged = fake_run(other)
     con = duckdb.connect(str(other))
     for table, key in (("runs", "id"), ("metrics", "run_id"), ("samples", "run_id"),
                        ("first_token_topk", "run_id"), ("lead_indicators", "run_id")):
@@ -93,7 +85,7 @@ def test_a_planted_db_file_never_replaces_the_prod_run(tmp_path, private_tmp, ca
         {"format": 1, "db_uuid": "0" * 32, "run_id": "second", "sha256": sha(other), "signature": "ab" * 32}))
 
     with caplog.at_level(logging.WARNING, logger="evalkit"):
-        done_run(db)  # any writer looks at the spool folder
+        fake_run(db)  # any writer looks at the spool folder
     after = rows(db, "SELECT model, status FROM runs WHERE id = ?", prod), \
         rows(db, "SELECT count(*), sum(value) FROM metrics WHERE run_id = ?", prod)
     assert after == before
@@ -103,33 +95,33 @@ def test_a_planted_db_file_never_replaces_the_prod_run(tmp_path, private_tmp, ca
     assert "has no manifest" in said and "was kept for another DB" in said and "set aside" in said
 
 
-def test_a_truncated_or_empty_kept_file_is_set_aside_and_writers_go_on(tmp_path, private_tmp, monkeypatch, caplog):
+def test_a_truncated_or_empty_kept_file_is_set_aside_and_writers_go_on(fake_run, kept_run, tmp_path, private_tmp, monkeypatch, caplog):
     db = tmp_path / "evalkit.duckdb"
-    run_id, kept = kept_run(db, monkeypatch)
+    run_id, kept = kept_run(db)
     data = kept.read_bytes()
     kept.write_bytes(data[: len(data) // 2])  # truncated
     (kept.parent / "empty.duckdb").write_bytes(b"")
     with caplog.at_level(logging.WARNING, logger="evalkit"):
-        done_run(db)
-        done_run(db)
+        fake_run(db)
+        fake_run(db)
     assert rows(db, "SELECT status FROM runs WHERE id = ?", run_id) != [("done",)]
     assert rows(db, "SELECT count(*) FROM runs WHERE status = 'done'") == [(2,)]
     assert (kept.parent / f"{kept.name}.bad").is_file() and (kept.parent / "empty.duckdb.bad").is_file()
     assert "changed after it was kept" in " ".join(r.getMessage() for r in caplog.records)
 
 
-def test_a_kept_run_comes_in_only_to_its_own_db(tmp_path, private_tmp, monkeypatch):
+def test_a_kept_run_comes_in_only_to_its_own_db(invoke, fake_run, kept_run, tmp_path, private_tmp, monkeypatch):
     """Two projects' DBs share a file name; the spool folder of the first cannot be made, so its kept run
     waits in the per-user folder named by its DB's uuid. The other DB's writers leave it there."""
     a, b = tmp_path / "a" / "evalkit.duckdb", tmp_path / "b" / "evalkit.duckdb"
     a.parent.mkdir()
     b.parent.mkdir()
-    done_run(a)
-    done_run(b)
+    fake_run(a)
+    fake_run(b)
     spool.spool_dir(a).write_text("a file in the way\n")
-    run_id, kept = kept_run(a, monkeypatch)
+    run_id, kept = kept_run(a)
     assert kept.parent.parent.parent == private_tmp and kept.parent.name != "evalkit.duckdb"
-    done_run(b)
+    fake_run(b)
     assert invoke("ingest", "--db", b).exit_code == 0
     assert kept.is_file() and rows(b, "SELECT count(*) FROM runs WHERE id = ?", run_id) == [(0,)]
     assert rows(a, "SELECT status FROM runs WHERE id = ?", run_id) == [("running",)]
@@ -139,11 +131,11 @@ def test_a_kept_run_comes_in_only_to_its_own_db(tmp_path, private_tmp, monkeypat
     assert not kept.exists() and not spool.manifest_of(kept).exists()
 
 
-def test_ingest_refuses_another_db_and_the_db_itself_and_leaves_both(tmp_path, private_tmp):
+def test_ingest_refuses_another_db_and_the_db_itself_and_leaves_both(invoke, fake_run, tmp_path, private_tmp):
     db = tmp_path / "evalkit.duckdb"
     other = tmp_path / "colleague.duckdb"
-    done_run(db)
-    done_run(other)
+    fake_run(db)
+    fake_run(other)
     invoke("promote", "latest", "--tag", "theirs", "--db", other)
     for path, said in ((other, "not an evalkit spool file of this DB"), (db, "is the DB itself")):
         before = sha(path)
@@ -153,9 +145,9 @@ def test_ingest_refuses_another_db_and_the_db_itself_and_leaves_both(tmp_path, p
     assert rows(other, "SELECT count(*) FROM tags") == [(1,)]
 
 
-def test_a_changed_kept_file_is_refused_by_ingest_and_left_as_it_is(tmp_path, private_tmp, monkeypatch):
+def test_a_changed_kept_file_is_refused_by_ingest_and_left_as_it_is(invoke, kept_run, tmp_path, private_tmp, monkeypatch):
     db = tmp_path / "evalkit.duckdb"
-    run_id, kept = kept_run(db, monkeypatch)
+    run_id, kept = kept_run(db)
     con = duckdb.connect(str(kept))
     con.execute("UPDATE metrics SET value = 1.0")
     con.execute("CHECKPOINT")
@@ -167,26 +159,26 @@ def test_a_changed_kept_file_is_refused_by_ingest_and_left_as_it_is(tmp_path, pr
     assert rows(db, "SELECT status FROM runs WHERE id = ?", run_id) == [("running",)]
 
 
-def test_a_kept_file_never_replaces_a_done_run(tmp_path, private_tmp, monkeypatch, caplog):
+def test_a_kept_file_never_replaces_a_done_run(invoke, fake_run, kept_run, tmp_path, private_tmp, monkeypatch, caplog):
     db = tmp_path / "evalkit.duckdb"
-    run_id, kept = kept_run(db, monkeypatch)
+    run_id, kept = kept_run(db)
     con = duckdb.connect(str(db))
     con.execute("UPDATE runs SET status = 'done', model = 'the stored one' WHERE id = ?", [run_id])
     con.close()
     res = invoke("ingest", kept, "--db", db)
     assert res.exit_code == 2 and "already done" in res.stderr, res.output
     with caplog.at_level(logging.WARNING, logger="evalkit"):
-        done_run(db)
+        fake_run(db)
     assert rows(db, "SELECT model FROM runs WHERE id = ?", run_id) == [("the stored one",)]
     assert (kept.parent / f"{kept.name}.bad").is_file()
 
 
-def test_a_kept_run_still_lands_complete(tmp_path, private_tmp, monkeypatch):
+def test_a_kept_run_still_lands_complete(invoke, fake_run, kept_run, tmp_path, private_tmp, monkeypatch):
     db = tmp_path / "evalkit.duckdb"
-    run_id, kept = kept_run(db, monkeypatch)
+    run_id, kept = kept_run(db)
     listed = invoke("runs", "--db", db)
     assert re.search(rf"^{run_id}\s+\S+ \S+\s+kept\b", listed.stdout, re.M), listed.output
-    done_run(db)
+    fake_run(db)
     assert rows(db, "SELECT status, (SELECT count(*) FROM samples WHERE run_id = r.id) FROM runs r WHERE id = ?",
                 run_id) == [("done", 4)]
     assert not kept.exists() and not list(spool.spool_dir(db).iterdir())

@@ -22,18 +22,12 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
-from evalkit.cli import cli
 from tests.test_bad_input import _special_dbs
 from tests.test_interrupts import StderrLines, evalkit_process, read_status
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_RUN = ["run", "--model", "evalkit-fake", "--model-args", "mode=hit", "--tasks", "firsttoken"]
-
-
-def invoke(*args, env=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False, env=env)
 
 
 def rows(db: Path, sql: str, *params):
@@ -52,7 +46,7 @@ def digest(folder: Path) -> dict[str, str]:
 # ---- no finished run is lost ------------------------------------------------------------------------
 
 
-def test_a_run_that_finishes_behind_a_long_reader_is_kept_and_lands_after(tmp_path):
+def test_a_run_that_finishes_behind_a_long_reader_is_kept_and_lands_after(invoke, tmp_path):
     """Timeline: the run starts; another process opens the DB read-only and holds it; the run finishes
     its 10 requests, waits 1 s (EVALKIT_LOCK_TIMEOUT) for the lock, keeps its results in the spool and
     exits 1 saying where; the reader lets go; readers show the run `kept`; `evalkit ingest` brings it
@@ -113,7 +107,7 @@ def test_a_run_that_finishes_behind_a_long_reader_is_kept_and_lands_after(tmp_pa
     print("\n".join(timeline))
 
 
-def test_kept_runs_come_in_with_the_next_write(tmp_path, monkeypatch):
+def test_kept_runs_come_in_with_the_next_write(invoke, tmp_path, monkeypatch):
     """A full disk (simulated: the final write raises DuckDB's IO error) keeps the results; the next
     run's first write brings the kept run in."""
     import evalkit.store.runs as runs
@@ -139,7 +133,7 @@ def test_kept_runs_come_in_with_the_next_write(tmp_path, monkeypatch):
 # ---- a dead run does not stay `running` -----------------------------------------------------------
 
 
-def test_a_killed_run_is_shown_abandoned_and_recorded_by_the_next_writer(tmp_path):
+def test_a_killed_run_is_shown_abandoned_and_recorded_by_the_next_writer(invoke, tmp_path):
     db = tmp_path / "evalkit.duckdb"
     proc = evalkit_process([*FAKE_RUN, "--limit", "20"], db, delay=0.5, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)
@@ -218,7 +212,7 @@ WANT = {"duckdb_empty": "empty DuckDB file", "older_db": "evalkit migrate", "for
 
 
 @pytest.mark.parametrize("kind", list(WANT))
-def test_read_only_commands_leave_other_files_alone(kind, tmp_path):
+def test_read_only_commands_leave_other_files_alone(invoke, kind, tmp_path):
     dbs = _special_dbs(tmp_path)
     before = digest(tmp_path)
     seen = []
@@ -231,7 +225,7 @@ def test_read_only_commands_leave_other_files_alone(kind, tmp_path):
     print(f"\n{kind}:\n" + "\n".join(seen))
 
 
-def test_migrate_upgrades_an_older_db_that_readers_refuse(tmp_path):
+def test_migrate_upgrades_an_older_db_that_readers_refuse(invoke, tmp_path):
     older = Path(_special_dbs(tmp_path)["older_db"])
     assert "evalkit migrate" in invoke("runs", "--db", older).stderr
     res = invoke("migrate", "--db", older)

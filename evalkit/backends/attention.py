@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalkit.defaults import SINK_EPSILON, SINK_TOKENS
+
 IMPLEMENTATION = "evalkit_eager"  # the name registered with transformers' AttentionInterface
-SINK_TOKENS = 64  # T of Gu et al. 2025
-SINK_EPSILON = 0.3  # ε of Gu et al. 2025
 BLOCK_BYTES = 16 << 20  # attention weights one block of query rows may hold (all rows of the batch, all heads)
 # glibc: allocations of this many bytes or more get a mapping of their own, given back when freed
 MMAP_THRESHOLD = 1 << 20

@@ -52,7 +52,8 @@ from vllm import SamplingParams
 from evalkit.backends import engine
 from evalkit.backends.models import logprobs_k
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
-from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
+from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
+from evalkit.scoring.firsttoken import candidate_strings, unstable
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def first_step_result(
     if len(top) >= 3 and temperature == 1.0:
         top3 = sum(math.exp(lp) for _, lp in top[:3])
         metrics["top3_mass"] = top3
-        metrics["unstable"] = 1.0 if top3 < UNSTABLE_BELOW else 0.0
+        metrics["unstable"] = unstable(top3)
     if answer_first_ids is not None and top:
         metrics["ft_token_hit"] = 1.0 if top[0][0] in answer_first_ids else 0.0
     first_id = ids[0] if ids else None
@@ -138,7 +139,7 @@ class EvalkitVLLM(VLLM):
     T of top3_mass@T; only T = 1 is exact from logprobs). Every other arg goes to VLLM
     and on to `vllm.LLM` (e.g. max_logprobs=50, gpu_memory_utilization=0.8)."""
 
-    def __init__(self, pretrained, *, top_k: int = 50, temperature: float = 0.8, **kwargs: Any) -> None:
+    def __init__(self, pretrained, *, top_k: int = DEFAULT_TOP_K, temperature: float = DEFAULT_TEMPERATURE, **kwargs: Any) -> None:
         super().__init__(pretrained, **kwargs)
         self.top_k = int(top_k)
         self.temperature = float(temperature)

@@ -8,8 +8,16 @@ import unicodedata
 
 import click
 
-from evalkit.cli.options import format_option
+from evalkit.cli.options import first_step_options, format_option, model_options, prompt_options
 from evalkit.cli.output import render
+from evalkit.defaults import (
+    DEFAULT_ATTENTION_LAYERS,
+    DEFAULT_INSPECT_TASK,
+    DEFAULT_INSPECT_TOP_K,
+    SINK_TOKENS,
+    UNSTABLE_BELOW,
+)
+from evalkit.scoring import firsttoken
 
 BAR_WIDTH = 40  # characters for probability 1
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -37,21 +45,13 @@ def _pad(text: str, width: int) -> str:
 
 @click.command("inspect")
 @click.argument("prompt")
-@click.option("--template", default="chat", show_default=True, help="Prompt template: chat, plain, direct, or yours.")
-@click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
-              help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
-@click.option("--quant", default=None, help="One --quant variant of `evalkit run` (q4_1, bf16, int8-weight, int4-weight, ...).")
-@click.option("--kv-cache", default=None,
-              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS.")
-@click.option("--top-k", type=int, default=10, show_default=True, help="First tokens to list.")
-@click.option("--model-args", default=None, help="pretrained=...,gguf_file=...,dtype=...; none: the embedded SmolLM2.")
-@click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
-@click.option("--task", default="firsttoken_en", show_default=True,
+@prompt_options
+@model_options("inspect")
+@click.option("--top-k", type=int, default=DEFAULT_INSPECT_TOP_K, show_default=True, help="First tokens to list.")
+@first_step_options("inspect")
+@click.option("--task", default=DEFAULT_INSPECT_TASK, show_default=True,
               help="The task whose generation settings (stop strings, max tokens) the response uses.")
-@click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
-@click.option("--attention", is_flag=True,
-              help="Also list the prompt tokens the last position attends to most (eager attention).")
-@click.option("--attention-layers", type=int, default=4, show_default=True,
+@click.option("--attention-layers", type=int, default=DEFAULT_ATTENTION_LAYERS, show_default=True,
               help="With --attention: average the last N layers (and every head).")
 @format_option
 def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, model_args, temperature, task, device,
@@ -106,7 +106,7 @@ def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, mo
     click.echo("unit: the first whole character or word the token starts (a byte of a split character is "
                "completed greedily)")
     click.echo()
-    unstable = "  unstable (< 0.70)" if r.top3_mass < 0.70 else ""
+    unstable = f"  unstable (< {UNSTABLE_BELOW:.2f})" if firsttoken.unstable(r.top3_mass) else ""
     click.echo(f"entropy            {r.entropy:.4f} nats")
     click.echo(f"top3_mass@{r.temperature:g}{'':<{max(0, 8 - len(f'{r.temperature:g}'))}} {r.top3_mass:.4f}{unstable}"
                f"   (@1: {r.top3_mass_t1:.4f})")
@@ -130,7 +130,7 @@ def _print_attention(r) -> None:
                    f"{bar(t.weight)}")
     click.echo()
     question = f"   question_attn {r.question_attn:.4f} (all layers)" if r.question_attn is not None else ""
-    click.echo(f"sink_rate          {r.sink_rate:.4f} (first {min(64, r.n_context_tokens)} tokens){question}")
+    click.echo(f"sink_rate          {r.sink_rate:.4f} (first {min(SINK_TOKENS, r.n_context_tokens)} tokens){question}")
 
 
 COMMANDS = [inspect_command]

@@ -1,8 +1,28 @@
-"""Options shared by several commands, each with its EVALKIT_* environment variable."""
+"""Options shared by several commands: one decorator per group.
+
+Owns: `--db` and `--format` (each with its EVALKIT_* environment variable), and the option
+groups `evalkit run` and `evalkit inspect` both take — the model (`model_options`: model
+args, `--quant`, `--kv-cache`, `--device`), the prompt (`prompt_options`: `--template`,
+`--templates-file`) and the first step (`first_step_options`: `--temperature`,
+`--attention`) — spelled once, their defaults read from `evalkit.defaults` and the help of
+`--quant` and `--kv-cache` built from the variant table (`quant.QUANTS`) and the policy
+grammar (`kvcache.POLICY_HELP`). A `Variant` says which command a group is for: `run`
+takes comma lists (one run per variant or policy), `inspect` one of each. Does not: check
+values (`runner.config`, `models.resolve`) or hold the commands' own options.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
 import click
+
+from evalkit.backends import kvcache, quant
+from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TEMPLATE
+
+F = TypeVar("F", bound=Callable[..., Any])
+Variant = Literal["run", "inspect"]  # the command an option group is for: `run` sweeps, `inspect` looks once
 
 db_option = click.option(
     "--db",
@@ -21,3 +41,77 @@ format_option = click.option(
     show_default=True,
     help="Output format [env EVALKIT_FORMAT].",
 )
+
+
+def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    """The decorators applied so that `--help` lists the options in the order given."""
+
+    def apply(f: F) -> F:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+def quant_help(variant: Variant) -> str:
+    """`--quant`'s help: every variant of `quant.QUANTS`, `[:G]` where it takes a group size.
+
+    >>> quant_help("inspect").startswith("One weight variant: q4_1 (the embedded GGUF as loaded), fp32, bf16")
+    True
+    """
+    names = ", ".join(
+        q.name + ("[:G]" if q.grouped else "") + (" (GPU)" if q.gpu_only else "")
+        + (" (the embedded GGUF as loaded)" if q.name == quant.DEFAULT_EMBEDDED else "")
+        for q in quant.QUANTS.values()
+    )
+    if variant == "run":
+        return f"Weight variant: {names}; comma-separated: one run per variant."
+    return f"One weight variant: {names}."
+
+
+def kv_cache_help(variant: Variant) -> str:
+    """`--kv-cache`'s help: the policy grammar of `kvcache.POLICY_HELP`.
+
+    >>> kv_cache_help("inspect").startswith("KV-cache policy (default full): full, window:W, sinkwindow:S:W, fp8")
+    True
+    """
+    one = f"KV-cache policy (default {kvcache.FULL_SPEC}): {kvcache.POLICY_HELP}"
+    return one + ("; a comma list runs one run per policy." if variant == "run" else ".")
+
+
+def model_options(variant: Variant) -> Callable[[F], F]:
+    """`--model-args`, `--quant`, `--kv-cache`, `--device`: which model, quantized how, cached how, where."""
+    return _stack(
+        click.option("--model-args", default=None,
+                     help="K=V,... passed to the model (pretrained=...,gguf_file=...,dtype=...); "
+                          "none: the embedded SmolLM2."),
+        click.option("--quant", default=None, help=quant_help(variant)),
+        click.option("--kv-cache", default=None, help=kv_cache_help(variant)),
+        click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available)."),
+    )
+
+
+def prompt_options(f: F) -> F:
+    """`--template`, `--templates-file`: how a prompt is put to the model."""
+    return _stack(
+        click.option("--template", default=DEFAULT_TEMPLATE, show_default=True,
+                     help="Prompt template: chat, plain, direct, or yours."),
+        click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
+                     help="YAML file of extra templates [env EVALKIT_TEMPLATES]."),
+    )(f)
+
+
+_ATTENTION_HELP: dict[Variant, str] = {
+    "run": "Read the prefill's attention (hf backend, eager attention): sink_rate, needle_attn, question_attn.",
+    "inspect": "Also list the prompt tokens the last position attends to most (eager attention).",
+}
+
+
+def first_step_options(variant: Variant) -> Callable[[F], F]:
+    """`--temperature`, `--attention`: what is read off the first step besides its distribution."""
+    return _stack(
+        click.option("--temperature", type=float, default=DEFAULT_TEMPERATURE, show_default=True,
+                     help="T of top3_mass@T."),
+        click.option("--attention", is_flag=True, help=_ATTENTION_HELP[variant]),
+    )

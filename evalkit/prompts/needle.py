@@ -19,6 +19,7 @@ import random
 import re
 from collections.abc import Callable, Iterable, Sequence
 
+from evalkit.defaults import MIDDLE_BAND
 from evalkit.errors import BadInput
 from evalkit.prompts.catalog import data_path
 from evalkit.prompts.presets import DEFAULT_LENGTHS
@@ -98,14 +99,14 @@ def hint_text(lang: str, depth: float) -> str:
 
     It names where the needle is: d == 0.0 -> "Look at the first sentence." /
     "请看第一句话。"; 0 < d < 0.3 -> the start; 0.3 <= d <= 0.7 -> the middle
-    (the same band ``middle_gap`` calls middle); d > 0.7 -> the end.
+    (``defaults.MIDDLE_BAND``, the band ``middle_gap`` calls middle); d > 0.7 -> the end.
     """
     _check_lang(lang)
     if depth == 0.0:
         region = "first"
-    elif depth < 0.3:
+    elif depth < MIDDLE_BAND[0]:
         region = "start"
-    elif depth <= 0.7:
+    elif depth <= MIDDLE_BAND[1]:
         region = "middle"
     else:
         region = "end"

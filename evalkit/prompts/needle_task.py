@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from evalkit.contract import CONFLICT, NEEDLE, FirstStepResult, response_text
+from evalkit.defaults import DEFAULT_SEED, GEN_TOKENS
 from evalkit.errors import BadInput
 from evalkit.prompts import needle
 from evalkit.scoring import registry
@@ -27,7 +28,6 @@ from evalkit.scoring.needle import needle_recall
 # in-process tokenizers handed over by an evalkit run (key -> tokenizer), so the
 # docs are counted with the very tokenizer the run loaded
 _TOKENIZERS: dict[str, Any] = {}
-GEN_TOKENS = 48  # max_gen_toks of the needle tasks (a Chinese answer spends 2-3 tokens a character)
 
 
 @functools.lru_cache(maxsize=4)
@@ -74,7 +74,7 @@ def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
     depths = [float(x) for x in metadata.get("needle_depths") or needle.DEFAULT_DEPTHS]
     check_lengths(lengths, metadata.get("max_length"))
     docs = grid_docs(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"), lengths=lengths,
-                     depths=depths, seed=int(metadata.get("seed", 1234)), lang=lang, hint=hint)
+                     depths=depths, seed=int(metadata.get("seed", DEFAULT_SEED)), lang=lang, hint=hint)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 
@@ -134,7 +134,7 @@ def load_conflict_docs(*, lang: str, **metadata) -> Any:
     check_lengths(lengths, metadata.get("max_length"))
     docs = conflict_docs(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"), lengths=lengths,
                          pairs=int(metadata.get("conflict_pairs") or conflict.DEFAULT_PAIRS),
-                         seed=int(metadata.get("seed", 1234)), lang=lang)
+                         seed=int(metadata.get("seed", DEFAULT_SEED)), lang=lang)
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 

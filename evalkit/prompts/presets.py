@@ -3,7 +3,7 @@
 Owns: the presets' names and lengths. `long` reaches past the default grid into the lengths
 where the embedded SmolLM2 (context 8192) loses the first sentence; its longest length is
 7680, not 8192, because a prompt of 8192 tokens (plus the 2 % tolerance and 48 tokens to
-answer) does not fit an 8192-token context. Its cost on CPU is in the README (Tasks).
+answer) does not fit an 8192-token context. Its cost on CPU is in docs/cli.md (Tasks).
 Does not: build documents (`prompts.needle`).
 """
 

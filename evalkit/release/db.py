@@ -1,4 +1,4 @@
-"""The DB side of the release gate: reading two runs into ``gate.RunData``, and promotion tags.
+"""The DB side of the release gate: reading two runs into ``decide.RunData``, and promotion tags.
 
 Owns: ``load_run_data`` (aggregates from ``metrics``, per-sample values from
 ``samples``), ``gate_runs`` (rules, run resolution, ``gate.decide`` and its
@@ -53,7 +53,7 @@ def _done_run(con, ref: str, action: str) -> str:
 
 
 def load_run_data(con, run_id: str):
-    """One run as ``gate.RunData``: (task, metric) -> aggregate, (task, doc_id) -> {metric: value}.
+    """One run as ``decide.RunData``: (task, metric) -> aggregate, (task, doc_id) -> {metric: value}.
 
     Aggregates take the ``none`` filter where a metric has several, with their stored interval
     (ci_lo / ci_hi, else value ± 1.96 stderr) where there is one; per-sample values are the
@@ -132,7 +132,7 @@ def promote(db, ref: str, tag: str) -> tuple[str, bool]:
         raise BadInput(f"no evalkit database at {db_path(db)} (store a run with `evalkit run`, or pass --db)")
     with transaction(db) as con:
         run_id = _done_run(con, ref, "promoted")
-        exists = con.execute("SELECT count(*) FROM tags WHERE tag = ? AND run_id = ?", [tag, run_id]).fetchone()[0]
+        exists = con.execute("SELECT count(*) FROM tags WHERE tag = ? AND run_id = ?", [tag, run_id]).fetchall()[0][0]
         if not exists:
             con.execute("INSERT INTO tags (tag, run_id, created_at) VALUES (?, ?, ?)", [tag, run_id, now()])
     return run_id, not exists

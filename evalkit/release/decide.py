@@ -105,7 +105,7 @@ class Verdict:
         status = "fail" if self.outcome == "fail" else "inconclusive"
         return [f"{r.kind} {r.name}: {r.reason}" for r in self.rows if r.status == status]
 
-    def count(self, status: str) -> int:
+    def count(self, status: RowStatus) -> int:
         return sum(1 for r in self.rows if r.status == status)
 
     @property
@@ -179,8 +179,8 @@ def decide(
     cand_tasks = _metric_tasks(candidate)
     tests = dict(n_boot=n_boot, seed=seed, alpha=alpha)
 
-    for rule in rules.thresholds:
-        rows.extend(_check_threshold(candidate, rule, rules, tests))
+    for threshold in rules.thresholds:
+        rows.extend(_check_threshold(candidate, threshold, rules, tests))
 
     if rules.regressions:
         if baseline is None:
@@ -487,8 +487,9 @@ def check_names(rules: Rules, candidate: RunData, baseline: RunData | None) -> N
     def bad(section: str, key: str, msg: str) -> BadInput:
         return BadInput(f"rules file {rules.source}: {section}.{key}: {msg}")
 
-    for section, rule in [*(("thresholds", r) for r in rules.thresholds),
-                          *(("regressions", r) for r in rules.regressions)]:
+    checked: list[tuple[str, Threshold | Regression]] = [*(("thresholds", r) for r in rules.thresholds),
+                                                         *(("regressions", r) for r in rules.regressions)]
+    for section, rule in checked:
         if rule.task is not None and rule.task not in tasks:
             raise bad(section, rule.key, f"no task {rule.task!r} in either run{registry.suggest(rule.task, tasks)} "
                                          f"(tasks: {', '.join(tasks)})")

@@ -13,7 +13,7 @@ for the same cell are averaged.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from evalkit.report.plots import save_figure
@@ -122,7 +122,7 @@ def _heatmap_panel(ax, grid: dict, lang: str, hint: bool, depths: list, lengths:
     return image
 
 
-def policy_heatmaps(groups: list[tuple[str, Iterable[dict]]], path: str | Path, title: str | None = None) -> Path:
+def policy_heatmaps(groups: Sequence[tuple[str, Iterable[dict]]], path: str | Path, title: str | None = None) -> Path:
     """Heatmaps side by side: one column per group (a run, named by its KV-cache policy), one
     row per (lang, hint) any group has, on one 0-1 colour scale; return the PNG's path."""
     if not groups:
@@ -148,7 +148,7 @@ def policy_heatmaps(groups: list[tuple[str, Iterable[dict]]], path: str | Path, 
     return save_figure(fig, path, dpi=110)
 
 
-def policy_depth_lines(groups: list[tuple[str, Iterable[dict]]], path: str | Path, title: str | None = None) -> Path:
+def policy_depth_lines(groups: Sequence[tuple[str, Iterable[dict]]], path: str | Path, title: str | None = None) -> Path:
     """Recall by depth, one line per group (a run, named by its KV-cache policy) on one axis,
     each the mean over its languages, hint variants and lengths; return the PNG's path."""
     if not groups:

@@ -6,9 +6,10 @@ lazily, on a `Figure`, never pyplot's global state), and drawing a report's
 figures side by side in worker processes (`render`). Does not: query the DB or
 compute any statistic; the needle heatmap lives in `evalkit.report.needle_plot`.
 
-Labels: matplotlib's bundled font has no CJK glyphs, so characters it cannot
-draw are written as \\uXXXX escapes (`plot_label`); the HTML report shows the
-same tokens as text.
+Labels: matplotlib's bundled font (DejaVu Sans) has no CJK glyphs. Where an installed font
+has them (Noto Sans CJK, WenQuanYi: Debian's fonts-noto-cjk or fonts-wqy-microhei), `render`
+draws every figure with it as DejaVu Sans's fallback (`plot_fonts`); characters that no font
+draws are written as \\uXXXX escapes (`plot_label`). The HTML report shows tokens as text.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,53 @@ def _figure(width: float, height: float):
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height))
+
+
+# CJK fonts a plot may fall back to, the first installed one wins (family names as fontconfig gives them)
+CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei",
+                "WenQuanYi Zen Hei", "Droid Sans Fallback", "AR PL UMing CN")
+_CJK_FILES = ("notosanscjk", "notoserifcjk", "sourcehansans", "wqy-", "droidsansfallback", "uming", "ukai")
+
+
+@functools.lru_cache(maxsize=1)
+def plot_fonts() -> tuple[tuple[str, ...], frozenset[int]]:
+    """(font families, in fallback order; the code points they draw): DejaVu Sans, then the first
+    installed CJK font of CJK_FAMILIES if any. A font installed after matplotlib built its font
+    cache is found among the system's font files and added."""
+    from matplotlib import font_manager
+    from matplotlib.ft2font import FT2Font
+
+    def installed() -> dict[str, str]:
+        return {f.name: f.fname for f in font_manager.fontManager.ttflist}
+
+    fonts = installed()
+    if not any(name in fonts for name in CJK_FAMILIES):
+        for path in font_manager.findSystemFonts():
+            if any(key in Path(path).name.lower() for key in _CJK_FILES):
+                try:
+                    font_manager.fontManager.addfont(path)
+                except (OSError, RuntimeError, ValueError):
+                    continue
+        fonts = installed()
+    families = ["DejaVu Sans"]
+    drawable = set(FT2Font(font_manager.findfont("DejaVu Sans")).get_charmap())
+    cjk = next((name for name in CJK_FAMILIES if name in fonts), None)
+    if cjk is not None:
+        try:
+            drawable |= set(FT2Font(fonts[cjk]).get_charmap())
+            families.append(cjk)
+        except (OSError, RuntimeError):
+            pass
+    return tuple(families), frozenset(drawable)
+
+
+def draw_with_fonts(draw: Callable[[], Any]) -> Any:
+    """Call `draw()` with the plot fonts (`plot_fonts`) as matplotlib's font family: text falls back
+    from DejaVu Sans to the CJK font glyph by glyph."""
+    import matplotlib
+
+    with matplotlib.rc_context({"font.family": list(plot_fonts()[0])}):
+        return draw()
 
 
 def render(draws: Sequence[Callable[[], Any]]) -> None:
@@ -46,14 +94,15 @@ def render(draws: Sequence[Callable[[], Any]]) -> None:
     workers = min(len(draws), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     if workers < 2 or not sys.platform.startswith("linux") or threading.active_count() > 1:
         for draw in draws:
-            draw()
+            draw_with_fonts(draw)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     _figure(1, 1)  # import matplotlib and pick Agg before forking
+    plot_fonts()  # find the fonts once, before forking
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        for done in [pool.submit(draw) for draw in draws]:
+        for done in [pool.submit(draw_with_fonts, draw) for draw in draws]:
             done.result()
 
 
@@ -87,23 +136,14 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
     return write_file(path, png.getvalue(), "plot")
 
 
-@functools.lru_cache(maxsize=1)
-def _drawable() -> frozenset[int]:
-    """Code points the default font can draw."""
-    from matplotlib import font_manager
-    from matplotlib.ft2font import FT2Font
-
-    font = FT2Font(font_manager.findfont("DejaVu Sans"))
-    return frozenset(font.get_charmap())
-
-
 def plot_label(text: str, max_len: int = 40) -> str:
-    """Text safe for the plot font: undrawable characters as \\uXXXX, `$` escaped, truncated.
+    """Text safe for the plot fonts (`plot_fonts`): characters none of them draws as \\uXXXX, `$`
+    escaped, truncated.
 
-    >>> plot_label("Paris"), plot_label("递归")
-    ('Paris', '\\\\u9012\\\\u5f52')
+    >>> plot_label("Paris"), plot_label("\\u0378")
+    ('Paris', '\\\\u0378')
     """
-    ok = _drawable()
+    ok = plot_fonts()[1]
     out = []
     for ch in text:
         if ch == "$":
@@ -171,8 +211,7 @@ def leaderboard_plot(entries: Sequence[dict], runs: Sequence[str], path: str | P
         ticks[task] = extent - (len(present) + 1) / 2
         extent += 0.6
     label_bars = len(slots) <= 16
-    fig, axes = _grid(len(metrics), 3, 3.2, 0.16 * len(slots) + 0.4, left=1.5,
-                      foot=0.25 * math.ceil(len(runs) / 4) + 0.1)
+    fig, axes = _grid(len(metrics), 3, 3.2, 0.16 * len(slots) + 0.4, left=1.5, foot=_legend_height(runs))
     for ax, metric in zip(axes, metrics):
         mine = [e for e in entries if e["metric"] == metric]
         # one collection of bars and one of whiskers per panel: far cheaper than an artist per bar
@@ -201,25 +240,40 @@ def leaderboard_plot(entries: Sequence[dict], runs: Sequence[str], path: str | P
     return save_figure(fig, path)
 
 
+LEGEND_LABEL = 72  # characters of a run label in a legend
+
+
+def _legend_cols(labels: Sequence[str]) -> int:
+    """Legend columns under a figure: four short labels a row, two long ones (run labels), one longer."""
+    longest = max((len(x) for x in labels), default=0)
+    per_row = 4 if longest <= 24 else 2 if longest <= 48 else 1
+    return max(1, min(per_row, len(labels)))
+
+
+def _legend_height(labels: Sequence[str]) -> float:
+    """Inches under the panels for `_legend` of these labels."""
+    return 0.22 * math.ceil(len(labels) / _legend_cols(labels)) + 0.15
+
+
 def _legend(fig, labels: Sequence[str], colors: dict) -> None:
     """One legend entry per run drawn in this figure (runs without data in it are not listed)."""
     from matplotlib.patches import Patch
 
-    handles = [Patch(color=colors[r], label=plot_label(r, 32)) for r in labels]
-    fig.legend(handles=handles, loc="lower center", ncols=min(4, len(labels)), fontsize=8, frameon=False,
+    handles = [Patch(color=colors[r], label=plot_label(r, LEGEND_LABEL)) for r in labels]
+    fig.legend(handles=handles, loc="lower center", ncols=_legend_cols(labels), fontsize=8, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
 
 
 def first_token_plot(prompts: Sequence[dict], runs: Sequence[str], path: str | Path) -> Path:
     """Grouped bars of first-token probabilities, one panel per prompt, a bar per run.
 
-    prompts: dicts {title, tokens: [label, ...], probs: {run: [p per token]}};
+    prompts: dicts {title, question (optional, under the title), tokens: [label, ...], probs: {run: [p per token]}};
     a run missing from probs has no top-k rows for that prompt.
     """
     colors = dict(zip(runs, run_colors(len(runs))))
     per_panel = max(len(p["tokens"]) for p in prompts) * max(1, len(runs))
-    fig, axes = _grid(len(prompts), 2, 4.6, 0.065 * per_panel + 0.7, left=1.6, bottom=0.6,
-                      foot=0.25 * math.ceil(len(runs) / 4) + 0.1)
+    fig, axes = _grid(len(prompts), 2, 4.6, 0.065 * per_panel + 0.7, left=1.6, bottom=0.6, top=0.65, hgap=0.95,
+                      foot=_legend_height(runs))
     width = 0.8 / max(1, len(runs))
     for ax, prompt in zip(axes, prompts):
         n = len(prompt["tokens"])
@@ -235,59 +289,61 @@ def first_token_plot(prompts: Sequence[dict], runs: Sequence[str], path: str | P
         ax.set_ylim(n - 0.5, -0.5)
         ax.set_xlim(0, 1)
         ax.set_xlabel("probability of the first token", fontsize=8)
-        ax.set_title(plot_label(prompt["title"], 60), fontsize=9)
+        question = plot_label(prompt["question"], 64) if prompt.get("question") else ""
+        ax.set_title(plot_label(prompt["title"], 60) + (f"\n“{question}”" if question else ""), fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(axis="x", labelsize=8)
     _legend(fig, [r for r in runs if any(r in p["probs"] for p in prompts)], colors)
     return save_figure(fig, path)
 
 
-def trend_plot(series: Sequence[dict], path: str | Path, title: str) -> Path:
-    """Metric values over run time: one panel per task, one line per metric (CI as whiskers).
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P")
 
-    series: dicts {task, metric, points: [(created_at, value, lo, hi), ...]}.
-    Metrics with values outside [0, 1] (entropy, ...) go on a right-hand axis, dashed.
+
+def _line_style(i: int) -> dict:
+    """The i-th line of a panel: colour, marker and dash all differ between neighbours."""
+    return {"marker": MARKERS[i % len(MARKERS)], "linestyle": LINE_STYLES[i % len(LINE_STYLES)]}
+
+
+def trend_plot(series: Sequence[dict], path: str | Path, title: str) -> Path:
+    """Metric values over run time: one panel per metric, one line per task (CI as whiskers).
+
+    series: dicts {task, metric, points: [(created_at, value, lo, hi), ...]}, in panel order.
+    Each task keeps its colour, marker and dash in every panel; the legend under the panels
+    names them. A metric whose values stay in [0, 1] is drawn on a 0-1 axis.
     """
-    import matplotlib
+    from matplotlib import dates
     from matplotlib.lines import Line2D
 
-    tasks = list(dict.fromkeys(s["task"] for s in series))
     metrics = list(dict.fromkeys(s["metric"] for s in series))
-    cmap = matplotlib.colormaps["tab10" if len(metrics) <= 10 else "tab20"]
-    color = {m: cmap(i % cmap.N) for i, m in enumerate(metrics)}
-    unit = {m: all(0.0 <= p[1] <= 1.0 for s in series if s["metric"] == m for p in s["points"]) for m in metrics}
-    from matplotlib import dates
-
-    fig, axes = _grid(len(tasks), 3, 3.6, 2.4, left=0.5, right=0.6, top=0.7, bottom=0.45, wgap=0.45,
-                      foot=0.25 * math.ceil(len(metrics) / 4) + 0.1)
-    for ax, task in zip(axes, tasks):
-        other = None
-        for s in (s for s in series if s["task"] == task):
+    tasks = list(dict.fromkeys(s["task"] for s in series))
+    style = {t: {"color": c, **_line_style(i)} for i, (t, c) in enumerate(zip(tasks, run_colors(len(tasks))))}
+    fig, axes = _grid(len(metrics), 3, 3.6, 2.2, left=0.5, right=0.3, top=0.75, bottom=0.45, wgap=0.25,
+                      hgap=0.85, foot=_legend_height(tasks))
+    for ax, metric in zip(axes, metrics):
+        mine = [s for s in series if s["metric"] == metric]
+        unit = all(0.0 <= p[1] <= 1.0 for s in mine for p in s["points"])
+        for s in mine:
             pts = sorted(s["points"], key=lambda p: p[0])
             errs = [_err(p[1], p[2], p[3]) for p in pts]
-            if not unit[s["metric"]] and other is None:
-                other = ax.twinx()
-                other.tick_params(labelsize=8)
-            target = ax if unit[s["metric"]] else other
             xs = [p[0] for p in pts]
-            target.plot(xs, [p[1] for p in pts], marker="o", markersize=3, color=color[s["metric"]],
-                        linestyle="-" if unit[s["metric"]] else "--")
-            target.vlines(xs, [p[1] - lo for p, (lo, _) in zip(pts, errs)],
-                          [p[1] + hi for p, (_, hi) in zip(pts, errs)], color=color[s["metric"]], linewidth=0.8)
-        ax.set_ylim(-0.03, 1.03)
-        ax.set_title(plot_label(task), fontsize=10)
+            st = style[s["task"]]
+            ax.plot(xs, [p[1] for p in pts], markersize=4, linewidth=1.3, **st)
+            ax.vlines(xs, [p[1] - lo for p, (lo, _) in zip(pts, errs)], [p[1] + hi for p, (_, hi) in zip(pts, errs)],
+                      color=st["color"], linewidth=0.8, alpha=0.7)
+        if unit:
+            ax.set_ylim(-0.03, 1.03)
+        ax.set_title(plot_label(metric), fontsize=10)
         ax.grid(alpha=0.3)
         ax.tick_params(labelsize=8)
         locator = dates.AutoDateLocator()
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator))
-        if other is not None:
-            other.set_ylabel("dashed lines", fontsize=8)
-    handles = [Line2D([], [], color=color[m], marker="o", markersize=3, linestyle="-" if unit[m] else "--",
-                      label=plot_label(m)) for m in metrics]
-    fig.legend(handles=handles, loc="lower center", ncols=min(4, len(metrics)), fontsize=8, frameon=False,
-               bbox_to_anchor=(0.5, 0.0))
-    fig.suptitle(plot_label(title, 90), fontsize=11)
+    handles = [Line2D([], [], markersize=4, label=plot_label(t), **style[t]) for t in tasks]
+    fig.legend(handles=handles, loc="lower center", ncols=_legend_cols(tasks), fontsize=8, frameon=False,
+               bbox_to_anchor=(0.5, 0.0), title="one line per task", title_fontsize=8)
+    fig.suptitle(plot_label(title, 100), fontsize=11)
     return save_figure(fig, path)
 
 
@@ -302,10 +358,12 @@ def sink_plot(panels: Sequence[dict], path: str | Path) -> Path:
         layers, values = list(panel["layers"]), list(panel["values"])
         verts = [[(x - 0.4, 0.0), (x + 0.4, 0.0), (x + 0.4, v), (x - 0.4, v)] for x, v in zip(layers, values)]
         from matplotlib.collections import PolyCollection
+        from matplotlib.ticker import MaxNLocator
 
         ax.add_collection(PolyCollection(verts, facecolors=[color] * len(verts), edgecolors="none"), autolim=False)
         ax.axhline(panel["overall"], color="black", linewidth=0.8, linestyle="--")
         ax.set_xlim(min(layers) - 0.7, max(layers) + 0.7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
         ax.set_ylim(0, 1.02)
         ax.set_xlabel("layer", fontsize=8)
         ax.set_ylabel("sink_rate", fontsize=8)
@@ -315,55 +373,95 @@ def sink_plot(panels: Sequence[dict], path: str | Path) -> Path:
     return save_figure(fig, path)
 
 
-def roc_plot(samples: Sequence[dict], signals: Sequence[str], path: str | Path, title: str) -> Path:
-    """ROC curves of first-token signals against answer_hit (scikit-learn's roc_curve), one line per
-    signal that has values and both classes; lower-is-better signals enter negated."""
+def roc_plot(panels: Sequence[dict], signals: Sequence[str], path: str | Path, title: str) -> Path:
+    """ROC curves of first-token signals against answer_hit (scikit-learn's roc_curve): one panel per
+    task, one line per signal that has values and both classes; lower-is-better signals enter negated.
+
+    panels: dicts {title (the task, its n and right answers), samples: [{answer_hit, signal: value}, ...]}.
+    A panel without both right and wrong answers says so instead of a curve.
+    """
     import numpy as np
+    from matplotlib.lines import Line2D
     from sklearn.metrics import roc_curve
 
     from evalkit.scoring import registry
 
-    fig, axes = _grid(1, 1, 4.6, 3.6, left=0.7, right=2.2, foot=0.0)
-    ax = axes[0]
-    cmap = run_colors(len(signals))
-    for color, signal in zip(cmap, signals):
-        pairs = [(float(s[signal]), float(s["answer_hit"])) for s in samples if s.get(signal) is not None]
-        labels = np.array([y for _, y in pairs])
-        if len(pairs) < 2 or labels.min() == labels.max():
-            continue
-        sign = -1.0 if registry.higher_is_better(signal) is False else 1.0
-        fpr, tpr, _ = roc_curve(labels, sign * np.array([x for x, _ in pairs]))
-        ax.plot(fpr, tpr, color=color, linewidth=1.2, label=plot_label(("−" if sign < 0 else "") + signal))
-    ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("false positive rate (wrong answers flagged right)", fontsize=8)
-    ax.set_ylabel("true positive rate", fontsize=8)
-    ax.tick_params(labelsize=8)
-    ax.grid(alpha=0.3)
-    ax.set_title(plot_label(title, 70), fontsize=9)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    shown = ["−" + s if registry.higher_is_better(s) is False else s for s in signals]
+    fig, axes = _grid(len(panels), 3, 3.2, 3.0, left=0.6, top=0.75, bottom=0.55, wgap=0.2, hgap=0.8,
+                      foot=_legend_height(shown))
+    colors = dict(zip(signals, run_colors(len(signals))))
+    drawn: set[str] = set()
+    for ax, panel in zip(axes, panels):
+        hits = [float(s["answer_hit"]) for s in panel["samples"]]
+        curves = 0
+        for signal in signals:
+            pairs = [(float(s[signal]), float(s["answer_hit"])) for s in panel["samples"] if s.get(signal) is not None]
+            labels = np.array([y for _, y in pairs])
+            if len(pairs) < 2 or labels.min() == labels.max():
+                continue
+            sign = -1.0 if registry.higher_is_better(signal) is False else 1.0
+            fpr, tpr, _ = roc_curve(labels, sign * np.array([x for x, _ in pairs]))
+            ax.plot(fpr, tpr, color=colors[signal], linewidth=1.2, **_line_style(signals.index(signal)),
+                    markersize=0)
+            drawn.add(signal)
+            curves += 1
+        if not curves:
+            why = ("every answer " + ("right" if hits[0] else "wrong") if hits and min(hits) == max(hits)
+                   else "no values of the signals")
+            ax.text(0.5, 0.6, why + ":\nno ROC curve", ha="center", va="center", fontsize=9, color="#59636e",
+                    transform=ax.transAxes)
+        ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_aspect("equal")
+        ax.set_xlabel("false positive rate", fontsize=8)
+        ax.set_ylabel("true positive rate", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+        ax.set_title(plot_label(panel["title"], 56), fontsize=9)
+    legend = [(s, label) for s, label in zip(signals, shown) if s in drawn]
+    if legend:
+        handles = [Line2D([], [], color=colors[s], linewidth=1.2, **_line_style(signals.index(s)), markersize=0,
+                          label=plot_label(label)) for s, label in legend]
+        fig.legend(handles=handles, loc="lower center", ncols=_legend_cols(shown), fontsize=8, frameon=False,
+                   bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle(plot_label(title, 100), fontsize=10)
     return save_figure(fig, path)
 
 
-def reliability_plot(series: dict[str, Sequence[dict]], path: str | Path) -> Path:
-    """Answer accuracy by ft_hit_prob decile: one line per run (x = the decile's mean ft_hit_prob)."""
-    fig, axes = _grid(1, 1, 4.6, 3.4, left=0.7, right=2.2, foot=0.0)
+def reliability_plot(series: Mapping[str, Sequence[dict]], path: str | Path, min_bin: int) -> Path:
+    """Answer accuracy in equal-count ft_hit_prob bins: one line per run, a point per bin (x = its mean
+    ft_hit_prob) with its 95 % Wilson interval as a whisker; the legend gives each run's n and bins.
+
+    series: run label -> rows {bin, ft_hit_prob, n, n_right, accuracy, ci_lo, ci_hi}
+    (`report.reading._reliability`); bins hold at least `min_bin` prompts unless a run has fewer.
+    """
+    fig, axes = _grid(1, 1, 5.6, 3.8, left=0.7, right=0.4, top=0.5, foot=_legend_height(list(series)))
     ax = axes[0]
-    for color, (label, points) in zip(run_colors(len(series)), series.items()):
-        pts = sorted(points, key=lambda p: p["decile"])
-        ax.plot([p["ft_hit_prob"] for p in pts], [p["accuracy"] for p in pts], marker="o", markersize=3,
-                color=color, label=plot_label(label, 32))
+    for i, (color, (label, points)) in enumerate(zip(run_colors(len(series)), series.items())):
+        pts = sorted(points, key=lambda p: p["bin"])
+        xs, ys = [p["ft_hit_prob"] for p in pts], [p["accuracy"] for p in pts]
+        errs = [_err(p["accuracy"], p.get("ci_lo"), p.get("ci_hi")) for p in pts]
+        n = sum(p["n"] for p in pts)
+        sizes = sorted({p["n"] for p in pts})
+        each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+        ax.errorbar(xs, ys, yerr=[[lo for lo, _ in errs], [hi for _, hi in errs]], color=color, marker="o",
+                    markersize=4, linewidth=1.2, capsize=2, elinewidth=0.8, linestyle=LINE_STYLES[i % 4],
+                    label=plot_label(f"{label}: n = {n}, {'1 bin' if len(pts) == 1 else f'{len(pts)} bins'} of {each}",
+                                     LEGEND_LABEL + 24))
+    ax.plot([0, 1], [0, 1], color="grey", linewidth=0.8, linestyle=":")
     xs = [p["ft_hit_prob"] for points in series.values() for p in points if p["ft_hit_prob"] > 0]
-    log_x = bool(xs) and max(xs) / min(xs) > 100  # deciles of a small probability crowd at 0 on a linear axis
-    if log_x:  # symmetric log, so a decile whose mean is exactly 0 keeps its point
+    log_x = bool(xs) and max(xs) / min(xs) > 100  # bins of a small probability crowd at 0 on a linear axis
+    if log_x:  # symmetric log, so a bin whose mean is exactly 0 keeps its point
         ax.set_xscale("symlog", linthresh=min(xs))
-    ax.set_xlabel("mean ft_hit_prob of the decile" + (" (log scale)" if log_x else ""), fontsize=8)
-    ax.set_ylabel("answer_hit (share right)", fontsize=8)
+    else:
+        ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("mean ft_hit_prob of the bin" + (" (log scale)" if log_x else ""), fontsize=8)
+    ax.set_ylabel("share of answers right (answer_hit)", fontsize=8)
     ax.set_ylim(-0.03, 1.03)
     ax.tick_params(labelsize=8)
     ax.grid(alpha=0.3)
-    ax.set_title("answer accuracy by ft_hit_prob decile", fontsize=9)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    ax.set_title(f"answer accuracy by ft_hit_prob\nequal-count bins of at least {min_bin} prompts, 95 % Wilson "
+                 "intervals", fontsize=9)
+    fig.legend(loc="lower center", ncols=1, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     return save_figure(fig, path)

@@ -16,10 +16,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from evalkit.contract import FirstStepResult, response_text
+from evalkit.defaults import UNSTABLE_BELOW
 from evalkit.scoring.answers import answer_hit
 from evalkit.scoring.text import first_word, is_cjk, matched_start
-
-UNSTABLE_BELOW = 0.70
 
 
 def ft_hit(response: str, starts: Sequence[str]) -> float:
@@ -81,6 +80,16 @@ def top3_share(first_units: Iterable[str]) -> float:
     return sum(n for _, n in Counter(units).most_common(3)) / len(units)
 
 
+def unstable(top3: float) -> float:
+    """1.0 when a prompt's top-3 first-unit mass (exact `top3_mass`, or the sampled
+    `top3_share`) is below UNSTABLE_BELOW (docs/metrics.md §1.4), else 0.0.
+
+    >>> unstable(0.69), unstable(0.70), unstable(0.95)
+    (1.0, 0.0, 0.0)
+    """
+    return 1.0 if top3 < UNSTABLE_BELOW else 0.0
+
+
 def candidate_strings(starts: Sequence[str]) -> list[str]:
     """The strings whose probability makes `ft_hit_prob`: the whole start when it
     holds CJK, its first word otherwise (docs/metrics.md §1.1), deduplicated.
@@ -110,7 +119,7 @@ def score(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> dict[str, f
     if isinstance(resp, (list, tuple)):
         share = top3_share(first_unit_text(s) for s in resp)
         values["top3_share"] = share
-        values["unstable"] = 1.0 if share < UNSTABLE_BELOW else 0.0
+        values["unstable"] = unstable(share)
     if isinstance(resp, FirstStepResult):
         values.update({k: float(v) for k, v in resp.metrics.items() if v is not None})
     if doc.get("answers_full"):  # docs/metrics.md §1.7: is the whole answer right?

@@ -12,6 +12,7 @@ import re
 import unicodedata
 from collections import defaultdict
 
+from evalkit.defaults import MIDDLE_BAND
 from evalkit.scoring.stats import interval, mean_stderr
 
 # Separators that may sit between the digits of a key: horizontal whitespace,
@@ -76,7 +77,7 @@ def needle_recall(response: str, key: str) -> float:
 
 
 def middle_gap(recall_by_depth: dict[float, float]) -> float:
-    """Mean recall at the ends (d in {0.0, 1.0}) minus mean recall in the middle (0.3 <= d <= 0.7).
+    """Mean recall at the ends (d in {0.0, 1.0}) minus mean recall in the middle (MIDDLE_BAND: 0.3 <= d <= 0.7).
 
     Example: {0.0: 1.0, 0.1: 0.9, 0.3: 0.5, 0.5: 0.25, 0.7: 0.75, 1.0: 0.8}
     -> (1.0 + 0.8) / 2 - (0.5 + 0.25 + 0.75) / 3 = 0.9 - 0.5 = 0.4.
@@ -84,11 +85,12 @@ def middle_gap(recall_by_depth: dict[float, float]) -> float:
     """
     eps = 1e-9
     ends = [r for d, r in recall_by_depth.items() if abs(d) <= eps or abs(d - 1.0) <= eps]
-    middle = [r for d, r in recall_by_depth.items() if 0.3 - eps <= d <= 0.7 + eps]
+    lo, hi = MIDDLE_BAND
+    middle = [r for d, r in recall_by_depth.items() if lo - eps <= d <= hi + eps]
     if not ends:
         raise ValueError("middle_gap needs recall at depth 0.0 or 1.0; none given")
     if not middle:
-        raise ValueError("middle_gap needs recall at some depth in [0.3, 0.7]; none given")
+        raise ValueError(f"middle_gap needs recall at some depth in [{lo}, {hi}]; none given")
     return sum(ends) / len(ends) - sum(middle) / len(middle)
 
 

@@ -29,7 +29,7 @@ def load_zh(**kwargs):
 
 
 def load_user(**kwargs):
-    """A user's own JSONL, named by the `prompts_file` metadata key (see README)."""
+    """A user's own JSONL, named by the `prompts_file` metadata key (see docs/cli.md, "Your own prompts")."""
     path = kwargs.get("prompts_file")
     if not path:
         raise ValueError("firsttoken_user needs metadata prompts_file=PATH")

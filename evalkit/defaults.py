@@ -1,0 +1,44 @@
+"""Every default a run or a look at one prompt starts from, and every threshold more than one module reads.
+
+Owns: the `DEFAULT_*` values that `RunConfig`, the click options of `evalkit run` and
+`evalkit inspect`, `models.resolve`, the backends and `inspection.inspect_prompt` all
+point at, and the named thresholds of the metrics (the `unstable` cut, the needle's
+middle band, the attention sink's T and ε), so each is written once. Does not: check
+values (`runner.config` does), or hold a closed set of names (`evalkit.kinds`).
+
+>>> DEFAULT_MODEL, DEFAULT_TEMPLATE, DEFAULT_TOP_K, DEFAULT_TEMPERATURE
+('hf', 'chat', 50, 0.8)
+>>> MIDDLE_BAND
+(0.3, 0.7)
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- a run (`RunConfig`, `evalkit run`, `evalkit.run`) ---
+DEFAULT_MODEL: Final = "hf"  # lm-eval model type; `hf` with no model args runs the embedded SmolLM2
+DEFAULT_TEMPLATE: Final = "chat"  # prompt template (evalkit/data/templates.yaml)
+DEFAULT_SEED: Final = 1234  # lm-eval's seeds and the needle grid's keys and fillers
+DEFAULT_BATCH_SIZE: Final = 8  # prompts per batch (a batch also holds at most models.BATCH_TOKENS positions)
+# first-token candidates stored per prompt; the prior-drift support rule needs k >= 50 (SPEC §1.3)
+DEFAULT_TOP_K: Final = 50
+MIN_TOP_K: Final = 50
+DEFAULT_TEMPERATURE: Final = 0.8  # T of top3_mass@T (SPEC §1.4)
+
+# --- `evalkit inspect` ---
+DEFAULT_INSPECT_TOP_K: Final = 10  # first tokens listed
+DEFAULT_INSPECT_TASK: Final = "firsttoken_en"  # whose generation settings (until, max_gen_toks) the response uses
+DEFAULT_ATTENTION_LAYERS: Final = 4  # with --attention: the last N layers averaged
+
+# --- the needle tasks ---
+# max_gen_toks of the needle and needle_conflict tasks (a Chinese answer spends 2-3 tokens a
+# character); their YAMLs restate it, tests/test_defaults.py ties them to this value
+GEN_TOKENS: Final = 48
+
+# --- shared thresholds ---
+UNSTABLE_BELOW: Final = 0.70  # a prompt is unstable when its top3_mass (or sampled top3_share) is below this
+# the needle's middle depths, both ends included: `middle_gap`'s middle and the hint's "middle" region
+MIDDLE_BAND: Final = (0.3, 0.7)
+SINK_TOKENS: Final = 64  # T of Gu et al. 2025: α averages the first min(T, n) query positions
+SINK_EPSILON: Final = 0.3  # ε of Gu et al. 2025: a head is a sink head when α > ε
