@@ -35,6 +35,22 @@ class FirstStepResult:
     units: dict[int, str] = field(default_factory=dict)  # top token id -> the first unit it starts (§1.0)
     # per-layer values of the prefill's attention (`--attention`): registry name -> one value per layer
     layers: dict[str, list[float]] = field(default_factory=dict)
+    # the greedy tokens after the prompt, eos excluded: the answer continuation where there is one,
+    # else the response (what drift by position teacher-forces; docs/drift.md)
+    token_ids: list[int] = field(default_factory=list)
+
+
+class FirstStepText(str):
+    """A FirstStepResult's text as a plain string, for lm-eval's own generating tasks (their regex
+    filters and metrics take text); `step` keeps the result, so `collect` stores the first step."""
+
+    step: FirstStepResult
+
+    @classmethod
+    def of(cls, result: FirstStepResult) -> FirstStepText:
+        text = cls(result.text)
+        text.step = result
+        return text
 
 
 def doc_kind(doc: dict[str, Any]) -> str | None:

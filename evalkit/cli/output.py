@@ -58,7 +58,9 @@ def metric_table(rows: Sequence[dict[str, Any]]) -> str:
     for r in ordered:
         better = registry.higher_is_better(r["metric"])
         arrow = "" if better is None else (" ↑" if better else " ↓")
-        body.append([r["task"], r["metric"] + arrow, r["value"], _ci(r.get("ci_lo"), r.get("ci_hi")), r.get("n")])
+        filt = r.get("filter") or "none"  # lm-eval's own tasks may name filters: gsm8k's strict-match
+        label = r["metric"] + ("" if filt == "none" else f" ({filt})")
+        body.append([r["task"], label + arrow, r["value"], _ci(r.get("ci_lo"), r.get("ci_hi")), r.get("n")])
     lines = [table(["task", "metric", "value", "95% CI", "n"], body)]
     lines.append("↑ higher is better, ↓ lower is better; what each metric means: `evalkit metrics` "
                  "or docs/metrics.md")

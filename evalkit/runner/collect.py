@@ -2,7 +2,10 @@
 
 Owns: reading `results["results"]`, `results["n-samples"]` and the logged
 samples, and shaping one row per metric, per prompt, per top-k token and per
-(prompt, layer) of the prefill's attention.
+(prompt, layer) of the prefill's attention. lm-eval's own tasks too: one sample row per
+document however many filters logged it (`metric,filter` keys in its `metrics` JSON), a
+generated response's first step read off its `FirstStepText`, and `first_step_metrics`
+(the means of those first-step values, which lm-eval's tasks do not aggregate).
 Does not: score a response (the tasks' `process_results` did, once) or write
 to the DB.
 """
@@ -13,7 +16,7 @@ import json
 import math
 from typing import Any
 
-from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
+from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE, FirstStepResult, FirstStepText, doc_kind
 from evalkit.scoring.conflict import pick_of
 from evalkit.scoring.firsttoken import ft_outcome, stored_fields
 from evalkit.store.runs import ATTENTION_COLUMNS, SAMPLE_METRIC_COLUMNS
@@ -57,6 +60,33 @@ def _response(resp: Any) -> str:
     return resp if isinstance(resp, str) else json.dumps(resp, ensure_ascii=False, default=str)
 
 
+def _first_step(sample: dict[str, Any]) -> FirstStepResult | None:
+    """The first step behind an lm-eval task's generated response (`FirstStepText`), or None."""
+    for resps in sample.get("resps") or []:
+        for resp in resps if isinstance(resps, list) else [resps]:
+            if isinstance(resp, FirstStepText):
+                return resp.step
+    return None
+
+
+def _values(sample: dict[str, Any], step: FirstStepResult | None) -> dict[str, float | None]:
+    """A logged sample's per-prompt metric values: `metric` under lm-eval's "none" filter (evalkit's
+    tasks), `metric,filter` under any other; with a first step, its distribution-level values too.
+
+    >>> _values({"metrics": ["acc"], "acc": True, "filter": "none"}, None)
+    {'acc': 1.0}
+    >>> _values({"metrics": ["exact_match"], "exact_match": 0, "filter": "strict-match"}, None)
+    {'exact_match,strict-match': 0.0}
+    """
+    filt = sample.get("filter") or "none"
+    values = {m if filt == "none" else f"{m},{filt}": _num(sample[m])
+              for m in sample.get("metrics", []) if m in sample}
+    if step is not None:
+        for name, value in step.metrics.items():
+            values.setdefault(name, _num(value))
+    return values
+
+
 def attention_rows(run_id: str, task: str, doc_id: str, layers: dict[str, list[float]]) -> list[dict]:
     """One `attention_layers` row per layer of a response's per-layer values (none without --attention)."""
     n = max((len(v) for v in layers.values()), default=0)
@@ -73,16 +103,26 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
     """
     metrics = metric_rows(run_id, results)
     samples, topk, attention = [], [], []
+    by_doc: dict[tuple[str, Any], dict] = {}  # (task, lm-eval's doc index) -> its row
     for task, logged in sorted(results.get("samples", {}).items()):
         for s in logged:
             doc = s.get("doc") or {}
             kind = doc_kind(doc)
             resp = s["filtered_resps"][0] if s.get("filtered_resps") else s["resps"][0][0]
-            values = {m: _num(s[m]) for m in s.get("metrics", []) if m in s}
-            if isinstance(resp, FirstStepResult) or kind == FIRSTTOKEN:
+            step = _first_step(s)  # an lm-eval task's generated response, as evalkit's backend read it
+            values = _values(s, step)
+            seen = by_doc.get((task, s["doc_id"])) if s.get("doc_id") is not None else None
+            if seen is not None:  # lm-eval logs a doc once per filter (gsm8k: strict-match, flexible-extract)
+                seen["metrics"] = json.dumps({**json.loads(seen["metrics"]), **values}, sort_keys=True)
+                continue
+            if step is not None:
+                fields = stored_fields(step)
+            elif isinstance(resp, FirstStepResult) or kind == FIRSTTOKEN:
                 fields = stored_fields(resp)
-            else:
-                fields = {"response": _response(resp)}
+            else:  # a loglikelihood pair, or one per choice of a multiple_choice doc
+                many = len(s.get("filtered_resps") or []) > 1
+                fields = {"response": _response(s["filtered_resps"] if many else resp)}
+            logged_values = json.dumps(values, sort_keys=True)
             if isinstance(resp, FirstStepResult) and resp.entropy is not None:
                 values.setdefault("entropy", _num(resp.entropy))
             needle, sized = kind == NEEDLE, kind in (NEEDLE, CONFLICT)
@@ -105,8 +145,7 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                 "needle_length": doc.get("length") if sized else None,
                 "needle_tokens": doc.get("n_tokens") if sized else None,
                 "needle_hint": doc.get("hint") if needle else None,
-                "metrics": json.dumps({k: v for k, v in values.items() if k in s.get("metrics", [])},
-                                      sort_keys=True),
+                "metrics": logged_values,
                 "conflict_pick": pick_of(values) if kind == CONFLICT else None,
                 "conflict_pair": doc.get("pair_id") if kind == CONFLICT else None,
                 "conflict_order": doc.get("order") if kind == CONFLICT else None,
@@ -115,6 +154,8 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
             for m in SAMPLE_METRIC_COLUMNS:
                 row[m] = values.get(m)
             samples.append(row)
+            if s.get("doc_id") is not None:
+                by_doc[(task, s["doc_id"])] = row
             units = {int(k): v for k, v in (fields.get("units") or {}).items()}
             for rank, (token_id, token, logprob) in enumerate(fields.get("topk") or []):
                 topk.append({
@@ -122,11 +163,35 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                     "token_id": int(token_id), "token": token, "logprob": float(logprob),
                     "unit": units.get(int(token_id)),
                 })
-            if isinstance(resp, FirstStepResult) and resp.layers:
-                attention += attention_rows(run_id, task, doc_id, resp.layers)
+            layered = step if step is not None else resp
+            if isinstance(layered, FirstStepResult) and layered.layers:
+                attention += attention_rows(run_id, task, doc_id, layered.layers)
     samples.sort(key=lambda r: (r["task"], r["doc_id"]))
     attention.sort(key=lambda r: (r["task"], r["doc_id"], r["layer"]))
     return metrics, samples, topk, attention
+
+
+def first_step_metrics(run_id: str, sample_rows: list[dict], metric_rows: list[dict]) -> list[dict]:
+    """Aggregate rows (filter "none", the mean over prompts) of the first-step values that samples
+    hold but no task aggregated. For the samples of lm-eval's own generating tasks (gsm8k ...),
+    whose `process_results` knows nothing of them; evalkit's tasks say what they aggregate."""
+    from evalkit.scoring import registry
+    from evalkit.scoring.stats import mean_stderr
+
+    have = {(r["task"], r["metric"]) for r in metric_rows}
+    names = [m for m in SAMPLE_METRIC_COLUMNS
+             if (spec := registry.get(m)) is not None and spec.level in ("distribution", "attention")]
+    values: dict[tuple[str, str], list[float]] = {}
+    for s in sample_rows:
+        for m in names:
+            if s.get(m) is not None and (s["task"], m) not in have:
+                values.setdefault((s["task"], m), []).append(s[m])
+    rows = []
+    for (task, metric), vals in sorted(values.items()):
+        value, stderr = mean_stderr(vals)
+        rows.append({"run_id": run_id, "task": task, "metric": metric, "filter": "none", "value": value,
+                     "stderr": stderr, "n": len(vals)})
+    return rows
 
 
 def add_intervals(metric_rows: list[dict], sample_rows: list[dict], group_subtasks: dict[str, list[str]]) -> None:

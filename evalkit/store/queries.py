@@ -8,11 +8,13 @@ Does not: format output or write.
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import duckdb
 
 from evalkit.errors import BadInput
+from evalkit.kinds import ShownStatus
 from evalkit.scoring.lead import SIGNALS as LEAD_SIGNALS
 from evalkit.store.db import db_path, open_reader
 from evalkit.store.runs import is_abandoned
@@ -61,14 +63,14 @@ def _read(path, fn):
         return fn(con)
 
 
-def _shown(row: tuple, run_id: str, kept: set[str]) -> str:
+def _shown(row: tuple, run_id: str, kept: AbstractSet[str]) -> ShownStatus:
     status = row[0]
     if status == "running" and run_id in kept:
         return "kept"
     return "abandoned" if is_abandoned(*row) else status
 
 
-def shown_status(con: duckdb.DuckDBPyConnection, run_id: str, kept: set[str] = frozenset()) -> str:
+def shown_status(con: duckdb.DuckDBPyConnection, run_id: str, kept: AbstractSet[str] = frozenset()) -> ShownStatus:
     """A run's status as a reader shows it: `kept` for a finished run whose results wait in a
     spool file (`kept` holds their ids), `abandoned` for a running run whose process is gone."""
     row = con.execute(f"SELECT {_LIVENESS} FROM runs WHERE id = ?", [run_id]).fetchone()
@@ -84,7 +86,8 @@ def list_runs(path, limit: int = 50):
     def q(con):
         cur = con.execute(
             f"""
-            SELECT id, created_at, status, name, coalesce(model_name, model) AS model, quant, template, kv_cache, tasks,
+            SELECT id, created_at, status, name, coalesce(model_name, model) AS model, engine, quant, template, kv_cache,
+                   tasks,
                    round(duration_s, 1) AS duration_s, {_LIVENESS}
             FROM runs ORDER BY created_at DESC, id DESC LIMIT ?
             """,
@@ -123,7 +126,8 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         run_id = resolve_run(con, ref)
         cur = con.execute(
             "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
-            "quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, first_temperature, ban_openers, "
+            "engine, quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, first_temperature, "
+            "ban_openers, unavailable, "
             "attention, attn_implementation, opener_lexicon_version, model_fingerprint, lm_eval_version, git_commit, "
             "host, pid, error FROM runs WHERE id = ?",
             [run_id],
@@ -132,7 +136,8 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         info = dict(zip(cols, cur.fetchone()))
         info["status"] = shown_status(con, run_id, pending_ids(db_path(path)))
         cur = con.execute(
-            "SELECT task, metric, value, stderr, ci_lo, ci_hi, n FROM metrics WHERE run_id = ? ORDER BY task, metric",
+            "SELECT task, metric, filter, value, stderr, ci_lo, ci_hi, n FROM metrics WHERE run_id = ? "
+            "ORDER BY task, metric, filter",
             [run_id]
         )
         return info, [d[0] for d in cur.description], cur.fetchall()
