@@ -16,6 +16,10 @@ class BadInput(EvalkitError):
     exit_code = 2
 
 
+class StorageFault(BadInput):
+    """The DB's file system refused a write: full, over quota, read-only, not permitted (exit 2, one line)."""
+
+
 class RunFailed(EvalkitError):
     """A run or gate failed at run time (exit 1)."""
 

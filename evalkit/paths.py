@@ -32,6 +32,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -258,6 +259,41 @@ def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Pat
     finally:
         if new.exists():
             shutil.rmtree(new, ignore_errors=True)
+
+
+MAX_YAML_BYTES = 4 << 20  # a templates file or an opener lexicon: small files a person writes
+
+
+def read_input(path: str | os.PathLike, what: str, limit: int) -> bytes:
+    """A file the user names as input, read whole; BadInput (one line) when it is missing or
+    unreadable, not a regular file (a device such as /dev/zero, a FIFO, a folder: never read,
+    never waited on), or larger than `limit` bytes."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+    except OSError as exc:
+        raise BadInput(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a pipe" if stat.S_ISFIFO(st.st_mode) else "a device"
+            raise BadInput(f"cannot read {what} {p}: it is {kind}, not a regular file")
+        if st.st_size > limit:
+            raise BadInput(f"{what} {p} is {st.st_size:,} bytes; at most {limit:,} are read")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise BadInput(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > limit:  # it grew while read
+        raise BadInput(f"{what} {p} is over {limit:,} bytes")
+    return b"".join(chunks)
 
 
 def file_sha256(path: str | os.PathLike) -> str:

@@ -18,6 +18,9 @@ from pathlib import Path
 
 from evalkit.contract import FIRSTTOKEN
 from evalkit.errors import BadInput
+from evalkit.paths import read_input
+
+MAX_PROMPTS_BYTES = 256 << 20  # a prompts file is read whole; a device or a larger file is refused unread
 
 
 def _check_encodes(where: str, key: str, value) -> None:
@@ -33,12 +36,7 @@ def _check_encodes(where: str, key: str, value) -> None:
 def load_prompts(path: str | Path) -> list[dict]:
     """Read and validate a prompts JSONL file; any problem is a BadInput naming file and line."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as exc:
-        raise BadInput(f"prompts file not found: {path}") from exc
-    except OSError as exc:
-        raise BadInput(f"cannot read prompts file {path}: {exc.strerror}") from exc
+    raw = read_input(path, "prompts file", MAX_PROMPTS_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -52,6 +50,8 @@ def load_prompts(path: str | Path) -> list[dict]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise BadInput(f"{where}: not valid JSON ({exc.msg})") from exc
+        except RecursionError:
+            raise BadInput(f"{where}: JSON nested too deep (a prompt is an object of text fields)") from None
         if not isinstance(obj, dict):
             raise BadInput(f"{where}: each line must be a JSON object")
         for key in ("prompt", "answers", "lang"):

@@ -15,6 +15,7 @@ import yaml
 
 from evalkit import envvars
 from evalkit.errors import BadInput
+from evalkit.paths import MAX_YAML_BYTES, read_input
 
 PACKAGED = Path(__file__).resolve().parents[1] / "data" / "templates.yaml"
 
@@ -32,10 +33,8 @@ class Template:
 
 def _read(path: Path) -> dict[str, Template]:
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise BadInput(f"templates file not found: {path}") from exc
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raw = yaml.safe_load(read_input(path, "templates file", MAX_YAML_BYTES).decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
         raise BadInput(f"templates file {path} is not valid YAML") from exc
     if not isinstance(raw, dict):
         raise BadInput(f"templates file {path} must map template names to definitions")

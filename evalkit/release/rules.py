@@ -14,11 +14,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
 from evalkit.errors import BadInput
+from evalkit.kinds import MARGIN_KINDS, MarginKind, ThresholdOp
+from evalkit.paths import read_input
 from evalkit.scoring import registry
 from evalkit.scoring.registry import HEADLINE_METRICS, Margin
 
@@ -37,6 +39,7 @@ _OPS_TEXT = ", ".join(OPS)
 _THRESHOLD_RE = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\S+)\s*$")
 _KEY_RE = re.compile(r"^[^\s/]+(/[^\s/]+)?$")
 _SECTIONS = ("thresholds", "regressions", "higher_is_better")
+MAX_RULES_BYTES = 1 << 20  # a rules file is a few lines; a device or a huge file is refused unread
 
 
 # --------------------------------------------------------------------------- rules
@@ -47,7 +50,7 @@ class Threshold:
     """``metric op value`` on the candidate's aggregate; ``task`` None = every task with it."""
 
     metric: str
-    op: str  # one of >=, >, <=, <, ==
+    op: ThresholdOp
     value: float
     task: str | None = None
 
@@ -132,15 +135,15 @@ def load_rules(path: str | os.PathLike[str] | None) -> Rules:
         return DEFAULT_RULES
     name = os.fspath(path)
     try:
-        with open(name, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise BadInput(f"cannot read rules file {name}: {reason}") from None
+        text = read_input(name, "rules file", MAX_RULES_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"cannot read rules file {name}: {exc}") from None
     try:
         obj = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise BadInput(f"rules file {name} is not valid YAML: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise BadInput(f"rules file {name} is nested too deep") from None
     return parse_rules(obj, source=name)
 
 
@@ -217,8 +220,8 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
         op, number = m.groups()
         value = _finite_float(number)
         if value is None:
-            raise bad(f"{where}: bad number {number!r} in {spec!r}")
-        thresholds.append(Threshold(metric=metric, op=op, value=value, task=task))
+            raise bad(f"{where}: bad number {_clip(number)} in {_clip(repr(spec))}")
+        thresholds.append(Threshold(metric=metric, op=cast(ThresholdOp, op), value=value, task=task))
 
     regressions = []
     for key, spec in section("regressions").items():
@@ -253,22 +256,37 @@ def _margin(where: str, metric: str, spec: Any, bad) -> Margin:
         if known is None:
             raise bad(f"{where}: evalkit has no default margin for {metric!r}; give {_MARGIN_HELP.rsplit(' or', 1)[0]}")
         return known
-    kind = "delta"
+    kind: MarginKind = "delta"
     if isinstance(spec, Mapping):
-        if len(spec) != 1 or next(iter(spec)) not in ("delta", "relative"):
+        if len(spec) != 1 or next(iter(spec)) not in MARGIN_KINDS:
             raise bad(f"{where}: expected {_MARGIN_HELP}, got {dict(spec)!r}")
-        kind, spec = next(iter(spec.items()))
+        key, spec = next(iter(spec.items()))
+        kind = cast(MarginKind, key)
     if isinstance(spec, bool) or not isinstance(spec, (int, float)):
         raise bad(f"{where}: expected {_MARGIN_HELP} (the tolerated drop), got {spec!r}")
-    if not math.isfinite(spec):
-        raise bad(f"{where}: bad number {spec!r}")
+    try:
+        finite = math.isfinite(spec)  # an int too large for a float raises
+    except OverflowError:
+        finite = False
+    if not finite:
+        raise bad(f"{where}: bad number {_clip(repr(spec))} (not a finite number)")
     if spec < 0:
         raise bad(f"{where}: {kind} must be >= 0, got {spec!r}")
     return Margin(kind, float(spec))
 
 
+def _clip(text: str, width: int = 40) -> str:
+    """A value as the one-line error shows it: at most `width` characters.
+
+    >>> _clip("9" * 400)
+    '999999999999999999…999999999999999999 (400 characters)'
+    """
+    return text if len(text) <= width else f"{text[:18]}…{text[-18:]} ({len(text)} characters)"
+
+
 def _kind(obj: Any) -> str:
-    return {list: "a list", str: "a string"}.get(type(obj), type(obj).__name__)
+    names: dict[type, str] = {list: "a list", str: "a string"}
+    return names.get(type(obj), type(obj).__name__)
 
 
 def _finite_float(text: str) -> float | None:

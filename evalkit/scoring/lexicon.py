@@ -15,6 +15,7 @@ import yaml
 
 from evalkit import envvars
 from evalkit.errors import BadInput
+from evalkit.paths import MAX_YAML_BYTES, read_input
 
 PACKAGED = Path(__file__).resolve().parents[1] / "data" / "openers.yaml"
 
@@ -33,10 +34,8 @@ class Lexicon:
 @functools.lru_cache(maxsize=8)
 def _load(path: str) -> Lexicon:
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise BadInput(f"opener lexicon not found: {path}") from exc
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raw = yaml.safe_load(read_input(path, "opener lexicon", MAX_YAML_BYTES).decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
         raise BadInput(f"opener lexicon {path} is not valid YAML") from exc
     if not isinstance(raw, dict) or not raw.get("version"):
         raise BadInput(f"opener lexicon {path} needs a `version` and lists of entries per language")

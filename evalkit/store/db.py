@@ -24,7 +24,7 @@ from pathlib import Path
 import duckdb
 
 from evalkit import envvars
-from evalkit.errors import BadInput, DatabaseBusy
+from evalkit.errors import BadInput, DatabaseBusy, StorageFault
 from evalkit.store.migrations import APPLICATION_ID, MIGRATIONS
 
 MIGRATION_NAMES = [m.__name__ for m in MIGRATIONS]
@@ -278,12 +278,16 @@ def open_writer(path: str | os.PathLike | None = None, *, upkeep: bool = True) -
     Only writers use it (`run`, `promote`, `migrate`, `ingest`). Refuses another
     program's DuckDB file and a newer evalkit's DB. With `upkeep`, it also brings in
     finished runs kept in the spool folder and marks runs whose process is gone as
-    `abandoned` (see `runs.liveness`). Keep the block short.
+    `abandoned` (`store.runs.mark_abandoned`). Keep the block short.
     """
     path = check_writable(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    config = {} if path.exists() else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
-    con = open_waiting(path, lambda: duckdb.connect(str(path), config=config))
+    config: dict[str, str | bool | int | float | list[str]] = (
+        {} if path.exists() else {"storage_compatibility_version": STORAGE_COMPATIBILITY})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        con = open_waiting(path, lambda: duckdb.connect(str(path), config=config))
+    except (duckdb.Error, OSError) as exc:
+        raise as_fault(path, exc) from exc
     try:
         problem = refusal(path, inspect_con(con), writer=True)
         if problem:
@@ -295,8 +299,21 @@ def open_writer(path: str | os.PathLike | None = None, *, upkeep: bool = True) -
             spool.ingest_pending(con, path)
             runs.mark_abandoned(con)
         yield con
+    except (duckdb.Error, OSError) as exc:
+        raise as_fault(path, exc) from exc
     finally:
         con.close()
+
+
+# what a file system says when it refuses a write: the user's to fix, so one line (exit 2)
+_FAULTS = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied")
+
+
+def as_fault(path: Path, exc: BaseException) -> BaseException:
+    """A write the file system refused, as StorageFault (one line naming the DB); any other error as it is."""
+    text = str(exc)
+    fault = next((f for f in _FAULTS if f in text), None)
+    return StorageFault(f"cannot write the DB {path}: {fault}") if fault else exc
 
 
 @contextlib.contextmanager
