@@ -5,11 +5,11 @@ and is imported on first use, so `import evalkit` (and `evalkit --help`) stays l
 """
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "connect", "gate", "promote", "run", "run_all"]
+__all__ = ["__version__", "connect", "gate", "promote", "resume", "run", "run_all"]
 
 
 def __getattr__(name: str):
-    if name in ("run", "run_all", "connect", "gate", "promote", "Run"):
+    if name in ("run", "run_all", "resume", "connect", "gate", "promote", "Run"):
         from evalkit import api
 
         return getattr(api, name)

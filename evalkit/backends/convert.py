@@ -29,6 +29,7 @@ reader of the manifest; only a size that differs skips the hash.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -148,23 +149,32 @@ def convert(gguf: Path, folder: Path, trust_remote_code: bool = False) -> Path:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from evalkit.progress import phases
+
     transformers.utils.logging.disable_progress_bar()
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                     trust_remote_code=trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                  trust_remote_code=trust_remote_code)
-        # transformers keeps a GGUF model marked as quantized (its quantizer refuses to save), though
-        # its weights are plain dequantised tensors: unmark it so they save as they are
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(work, safe_serialization=True)
-        tokenizer.save_pretrained(work)
-        write_manifest(work)
-        (work / DONE).write_text(f"converted from {gguf}\n", encoding="utf-8")
+        # the first load of a GGUF here: ~45 s on 2 idle cores for the default model, minutes under load
+        with phases(f"converting {gguf.name} once into the model cache", CONVERT_STEPS) as step:
+            step(CONVERT_STEPS[0])
+            with _quiet_tensor_bar():
+                model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                             trust_remote_code=trust_remote_code)
+            step(CONVERT_STEPS[1])
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                      trust_remote_code=trust_remote_code)
+            # transformers keeps a GGUF model marked as quantized (its quantizer refuses to save), though
+            # its weights are plain dequantised tensors: unmark it so they save as they are
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            step(CONVERT_STEPS[2])
+            model.save_pretrained(work, safe_serialization=True)
+            tokenizer.save_pretrained(work)
+            step(CONVERT_STEPS[3])
+            write_manifest(work)
+            (work / DONE).write_text(f"converted from {gguf}\n", encoding="utf-8")
         try:
             os.replace(work, folder)
         except OSError:  # another process finished the same conversion first: keep theirs
@@ -173,6 +183,26 @@ def convert(gguf: Path, folder: Path, trust_remote_code: bool = False) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return folder
+
+
+CONVERT_STEPS = ("reading and dequantizing the weights", "converting the tokenizer", "saving safetensors",
+                 "hashing the files")
+
+
+@contextlib.contextmanager
+def _quiet_tensor_bar():
+    """transformers' own bar over the GGUF's tensors (its last seconds only) off: the phase bar counts."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    real = getattr(gguf_utils, "tqdm", None)
+    if real is None:
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(real, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = real
 
 
 def cached_folder(gguf: Path) -> Path | None:

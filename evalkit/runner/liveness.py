@@ -50,7 +50,8 @@ class Heartbeat:
             self._thread.join()
 
 
-def exit_on_signals(db, run_id: str, t0: float, writer: bool) -> Callable[[], None]:
+def exit_on_signals(db, run_id: str, t0: float, writer: bool,
+                    note: Callable[[], str] | None = None) -> Callable[[], None]:
     """While a run is under way, SIGINT, SIGTERM and SIGHUP mark it `interrupted` and end the process.
 
     The handler records the run and leaves with `os._exit(128 + signum)` rather than
@@ -58,7 +59,7 @@ def exit_on_signals(db, run_id: str, t0: float, writer: bool) -> Callable[[], No
     library is calling back into Python (an import, a forward hook) cannot unwind
     through C++ and aborts the process instead. Results not yet committed are simply
     never written, so no partial metrics exist. Returns the function that puts the
-    previous handlers back.
+    previous handlers back. `note`: what to add to the message (how to resume the run).
     """
 
     def handler(signum, frame):
@@ -68,7 +69,9 @@ def exit_on_signals(db, run_id: str, t0: float, writer: bool) -> Callable[[], No
                 runs.mark_interrupted(db, run_id, f"interrupted by {name}", time.monotonic() - t0)
             except BaseException:  # noqa: BLE001  (leaving is what matters now; readers see it abandoned)
                 pass
-        sys.stderr.write("evalkit: error: interrupted\n" if signum == signal.SIGINT else "evalkit: terminated\n")
+        hint = note() if note else ""
+        sys.stderr.write(f"evalkit: error: interrupted{hint}\n" if signum == signal.SIGINT
+                         else f"evalkit: terminated{hint}\n")
         sys.stderr.flush()
         os._exit(128 + signum)
 

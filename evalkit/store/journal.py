@@ -1,0 +1,273 @@
+"""A running run's journal: each finished batch of responses, bound to one DB, so a run that
+stops before its end can be resumed where it stopped.
+
+Owns: the journal file `RUN.journal` (where it lives, its format, writing and verifying
+it), the configuration `fingerprint` a resume must match, and `Journal.batch`, through
+which a backend computes or replays one batch. Does not: run anything, or decide which
+runs may resume (`runner.resume` does).
+
+Where it lives: beside the DB's kept runs, in `<db>.spool/`, or, when that folder cannot
+be written, in the per-user folder named by the DB's uuid (`spool.fallback_dir`).
+
+The format is JSON lines. The first line is the header: the format, the DB's uuid, the
+run id, the configuration's fingerprint and a signature over them with the DB's key
+(`evalkit_meta.spool_key`). Every later line is one batch: its key (the SHA-256 of what
+defines the batch — its place in the request list and its prompts), its responses, and a
+signature chained to the line before it. So a journal of another DB, another run, a
+changed configuration, or with a line changed, removed, moved or added, fails to verify,
+and resume refuses it with one line naming the file. A last line cut short by a crash
+(no newline) is dropped: its batch simply runs again.
+
+Why batches and not prompts: a backend's numbers depend on the batch a prompt was padded
+in, and on the batch's seed. A resumed run forms the same batches from the same request
+list and skips those in the journal, so its rows are the rows of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evalkit.contract import FirstStepResult
+from evalkit.errors import BadInput
+from evalkit.store import spool
+
+FORMAT = 1
+SUFFIX = ".journal"
+log = logging.getLogger("evalkit")
+
+
+def path_in(folder: Path, run_id: str) -> Path:
+    return folder / f"{run_id}{SUFFIX}"
+
+
+def find(db: Path, ident: spool.Identity, run_id: str) -> Path | None:
+    """The journal of `run_id` in the DB's spool folder or its fallback folder, None when there is none."""
+    for folder in (spool.spool_dir(db), spool.fallback_dir(ident)):
+        path = path_in(folder, run_id)
+        if path.is_file():
+            return path
+    return None
+
+
+def key_of(parts: Any) -> str:
+    """The key of one batch: the SHA-256 of what defines it, as canonical JSON.
+
+    >>> key_of(["gen", 0, ["a", "b"]]) == key_of(["gen", 0, ["a", "b"]]) != key_of(["gen", 8, ["a", "b"]])
+    True
+    """
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+# ---- responses as JSON ------------------------------------------------------------------
+
+
+def encode(result: FirstStepResult) -> dict[str, Any]:
+    """A FirstStepResult as JSON values; `decode` gives back an equal object (floats round-trip exactly)."""
+    return {
+        "text": result.text, "first_token_id": result.first_token_id, "first_token": result.first_token,
+        "first_unit": result.first_unit, "topk": [list(t) for t in result.topk], "entropy": result.entropy,
+        "metrics": result.metrics, "answer_text": result.answer_text,
+        "units": [[int(k), v] for k, v in result.units.items()], "layers": result.layers,
+    }
+
+
+def decode(data: dict[str, Any]) -> FirstStepResult:
+    return FirstStepResult(
+        text=data["text"], first_token_id=data["first_token_id"], first_token=data["first_token"],
+        first_unit=data["first_unit"], topk=[(int(i), str(t), float(lp)) for i, t, lp in data["topk"]],
+        entropy=data["entropy"], metrics=dict(data["metrics"]), answer_text=data["answer_text"],
+        units={int(k): v for k, v in data["units"]}, layers={k: list(v) for k, v in data["layers"].items()},
+    )
+
+
+# ---- the file ---------------------------------------------------------------------------
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _sign(ident: spool.Identity, previous: str, payload: str) -> str:
+    message = f"evalkit-journal/{FORMAT}\n{ident.db_uuid}\n{previous}\n{payload}".encode()
+    return hmac.new(bytes.fromhex(ident.key), message, hashlib.sha256).hexdigest()
+
+
+@dataclass
+class Journal:
+    """One run's journal, open for appending; `batch` replays a batch it holds or computes and appends it."""
+
+    path: Path | None  # None: the run keeps no journal (no folder could hold one)
+    ident: spool.Identity
+    run_id: str
+    last_sig: str
+    batches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    replayed: int = 0  # batches served from the journal in this process
+    computed: int = 0  # batches computed in this process
+    _fd: int | None = None
+
+    # -- opening --------------------------------------------------------------
+
+    @classmethod
+    def create(cls, db: Path, ident: spool.Identity, run_id: str, fingerprint: dict[str, Any]) -> Journal:
+        """A new, empty journal for a run that starts now. When no folder can hold it the run goes
+        on without one, with one warning: a journal only saves work, it holds no result."""
+        header = {"format": FORMAT, "kind": "evalkit-journal", "db_uuid": ident.db_uuid, "run_id": run_id,
+                  "fingerprint": fingerprint}
+        payload = _dumps(header)
+        sig = _sign(ident, "", payload)
+        errors = []
+        for folder in (spool.spool_dir(db), spool.fallback_dir(ident)):
+            try:
+                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+                path = path_in(folder, run_id)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+            except OSError as exc:
+                errors.append(f"{folder}: {exc.strerror or exc}")
+                continue
+            journal = cls(path, ident, run_id, sig, _fd=fd)
+            if journal._append({"header": header, "sig": sig}):
+                return journal
+            path.unlink(missing_ok=True)
+            errors.append(f"{folder}: cannot be written")
+        log.warning("evalkit: run %s keeps no journal, so it cannot be resumed (%s)", run_id, "; ".join(errors))
+        return cls(None, ident, run_id, sig)
+
+    @classmethod
+    def resume(cls, path: Path, ident: spool.Identity, run_id: str) -> tuple[Journal, dict[str, Any]]:
+        """The journal at `path` verified and open for appending, with its header's fingerprint;
+        BadInput naming the file when it is not this DB's journal of this run, or was changed."""
+        batches, last_sig, header, good_bytes = _read(path, ident, run_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
+            os.truncate(fd, good_bytes)  # a last line cut short by a crash goes
+        except OSError as exc:
+            raise BadInput(f"journal {path} cannot be written: {exc.strerror or exc}") from None
+        return cls(path, ident, run_id, last_sig, batches, _fd=fd), header["fingerprint"]
+
+    # -- use ------------------------------------------------------------------
+
+    def batch(self, parts: Any, compute: Callable[[], Sequence[FirstStepResult]]) -> list[FirstStepResult]:
+        """The responses of the batch `parts` defines: replayed from the journal when it holds them,
+        else computed and appended."""
+        key = key_of(parts)
+        held = self.batches.get(key)
+        if held is not None:
+            self.replayed += 1
+            return [decode(d) for d in held]
+        results = list(compute())
+        self.computed += 1
+        if self._fd is not None:
+            encoded = [encode(r) for r in results]
+            payload = _dumps({"key": key, "results": encoded})
+            sig = _sign(self.ident, self.last_sig, payload)
+            if self._append({"key": key, "results": encoded, "sig": sig}):
+                self.last_sig = sig
+                self.batches[key] = encoded
+        return results
+
+    def _append(self, line: dict[str, Any]) -> bool:
+        """Append one line and flush it to disk; on a write error stop journaling, with one warning."""
+        data = (_dumps(line) + "\n").encode()
+        try:
+            assert self._fd is not None
+            written = os.write(self._fd, data)
+            if written != len(data):
+                raise OSError(f"short write ({written} of {len(data)} bytes)")
+            os.fsync(self._fd)
+            return True
+        except OSError as exc:
+            log.warning("evalkit: the journal %s of run %s stops here (%s); a resume would run the rest again",
+                        self.path, self.run_id, exc.strerror or exc)
+            self.close()
+            return False
+
+    def close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
+
+    def discard(self) -> None:
+        """Remove the journal: the run's results are stored (or kept) without it."""
+        self.close()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def _read(path: Path, ident: spool.Identity, run_id: str):
+    """(batches, last signature, header, bytes that verified) of a journal; BadInput when it does not verify."""
+    def bad(why: str) -> BadInput:
+        return BadInput(f"journal {path} {why}; resume refused (run it again without --resume)")
+
+    try:
+        if path.is_symlink() or not path.is_file():
+            raise bad("is not a regular file")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise bad(f"cannot be read ({exc.strerror or exc})") from None
+    lines = data.split(b"\n")
+    complete, good_bytes = lines[:-1], 0  # the part after the last newline is a line cut short
+    if not complete:
+        raise bad("is empty or has no complete header")
+    try:
+        first = json.loads(complete[0])
+        header, sig = first["header"], first["sig"]
+        if not isinstance(header, dict) or header.get("kind") != "evalkit-journal":
+            raise ValueError("no journal header")
+    except (ValueError, KeyError, TypeError):
+        raise bad("is not an evalkit journal") from None
+    if header.get("db_uuid") != ident.db_uuid:
+        raise bad(f"belongs to another DB (uuid {header.get('db_uuid')!r})")
+    if header.get("run_id") != run_id or header.get("format") != FORMAT:
+        raise bad(f"is not the journal of run {run_id} (it names {header.get('run_id')!r})")
+    if not isinstance(sig, str) or not hmac.compare_digest(_sign(ident, "", _dumps(header)), sig):
+        raise bad("has a header whose signature does not verify")
+    good_bytes = len(complete[0]) + 1
+    batches: dict[str, list[dict[str, Any]]] = {}
+    for n, raw in enumerate(complete[1:], start=2):
+        try:
+            line = json.loads(raw)
+            key, results, line_sig = line["key"], line["results"], line["sig"]
+        except (ValueError, KeyError, TypeError):
+            raise bad(f"line {n} is not a journal entry") from None
+        expected = _sign(ident, sig, _dumps({"key": key, "results": results}))
+        if not isinstance(line_sig, str) or not hmac.compare_digest(expected, line_sig):
+            raise bad(f"was changed after it was written (line {n}'s signature does not verify)")
+        try:
+            [decode(d) for d in results]
+        except (KeyError, TypeError, ValueError):
+            raise bad(f"line {n} holds responses of another shape") from None
+        batches[key], sig = results, line_sig
+        good_bytes += len(raw) + 1
+    return batches, sig, header, good_bytes
+
+
+# ---- what a resume must match ----------------------------------------------------------
+
+
+def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: stored -> current` for each fingerprint entry that differs, in key order.
+
+    >>> differences({"seed": 1, "quant": None}, {"seed": 2, "quant": None})
+    ['seed: 1 -> 2']
+    """
+    out = []
+    for key in sorted(set(stored) | set(current)):
+        if stored.get(key) != current.get(key):
+            out.append(f"{key}: {_short(stored.get(key))} -> {_short(current.get(key))}")
+    return out
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else _dumps(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
