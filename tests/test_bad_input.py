@@ -426,6 +426,17 @@ CASES: list[Case] = [
     _case("query/parquet-text-file", ["query", "SELECT 1", "--parquet", "{text_parquet}"], "not a Parquet file"),
     # ---- ingest: never a file it did not write -----------------------------------------------------
     _case("ingest/the-db-itself", ["ingest", "{db}", "--db", "{db}"], "is the DB itself"),
+    # ---- input files: read only when regular and of a sane size and depth ------------------------
+    _case("run/prompts-nested-deep", ["run", *FAKE, "--prompts", "{deep_jsonl}", "--db", "{db}"], "nested too deep"),
+    _case("run/prompts-a-device", ["run", *FAKE, "--prompts", "/dev/zero", "--db", "{db}"], "not a regular file"),
+    _case("gate/rules-a-device", [*RULES, "/dev/zero"], "not a regular file"),
+    _case("gate/rules-400-digit-margin", [*RULES, "{rules_big_number}"], "400 characters) (not a finite number)"),
+    _case("gate/rules-nested-deep", [*RULES, "{rules_deep}"], "nested too deep"),
+    _case("gate/rules-alias-bomb", [*RULES, "{rules_alias_bomb}"], "expected a number"),
+    # ---- resume: only a stopped run, with its own configuration -------------------------------------
+    _case("run/resume-unknown-run", ["run", "--resume", "nope", "--db", "{db}"], "unknown run 'nope'"),
+    _case("run/resume-a-done-run", ["run", "--resume", "latest", "--db", "{db}"], "nothing to resume"),
+    _case("run/resume-with-options", ["run", "--resume", "latest", "--seed", "3", "--db", "{db}"], "drop --seed"),
 ]
 
 
@@ -455,6 +466,15 @@ def _special_dbs(folder: Path) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
+def _alias_bomb(levels: int = 9) -> bytes:
+    """YAML whose aliases expand to 9**9 strings under one regression (a "billion laughs")."""
+    lines = ['regressions:', '  ft_hit: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        lines.append(f"  ft_hit_prob: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" if i == levels - 1
+                     else f"  m{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return ("\n".join(lines) + "\n").encode()
+
+
 def make_inputs(folder: Path, db: Path, db2: Path, prefix: str, tiny: Path | None = None) -> dict[str, str]:
     """Write the bad files the cases point at; return the placeholders of `Case.argv`."""
     folder = Path(folder)
@@ -476,6 +496,10 @@ def make_inputs(folder: Path, db: Path, db2: Path, prefix: str, tiny: Path | Non
         "rules_descriptive": b"regressions:\n  ft_hit: 0.02\n  sink_rate: 0.05\n",
         "long_prompts": ('{"id": "long-1", "prompt": "' + "word " * 200 + '", "answers": ["x"], "lang": "en"}\n'
                          '{"id": "short-1", "prompt": "Hi", "answers": ["x"], "lang": "en"}\n').encode(),
+        "deep_jsonl": b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+        "rules_big_number": b"regressions:\n  ft_hit: " + b"9" * 400 + b"\n",
+        "rules_deep": b"regressions: " + b"[" * 100_000 + b"]" * 100_000 + b"\n",
+        "rules_alias_bomb": _alias_bomb(),
         "surrogate_prompts": b'{"id": "s-1", "prompt": "bad \\ud800 text", "answers": ["x"], "lang": "en"}\n',
     }
     suffix = {"text_db": ".duckdb", "empty_db": ".duckdb", "not_yaml": ".yaml", "bad_rules": ".yaml",
