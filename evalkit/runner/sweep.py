@@ -77,7 +77,16 @@ def execute_sweep(cfg: RunConfig, *, on_start: Callable[[str], None] | None = No
     """Run every variant of `cfg.quant` in order (each under every `--kv-cache` policy), after
     checking all of them; return their results.
 
-    A variant that fails stops the sweep (RunFailed, naming the runs already stored)."""
+    A variant that fails stops the sweep (RunFailed, naming the runs already stored). With
+    `cfg.drift_base` or `cfg.keep_distributions`, the runs go through drift by position
+    (`runner.drift.session`)."""
+    from evalkit.runner import drift
+
+    with drift.session(cfg):
+        return _execute_variants(cfg, on_start, on_done)
+
+
+def _execute_variants(cfg: RunConfig, on_start, on_done) -> list[RunResult]:
     variants = variant_configs(cfg)
     if len(variants) == 1:  # one variant: `execute_all` checks its runs
         return execute_all(cfg, on_start=on_start, on_done=on_done)

@@ -3,7 +3,7 @@
 Owns: every metric's name, level, direction, aggregation, unit, range, whether a
 `samples` column holds its per-prompt value, and a one-line meaning. The gate's
 directions, the report's order and arrows, the samples columns, `evalkit compare`,
-`evalkit metrics` and the README's table all read this module; the task YAMLs'
+`evalkit metrics` and docs/metrics.md's table all read this module; the task YAMLs'
 `metric_list` must agree with it (a test checks). Does not: compute anything (the
 functions live beside it in `scoring`, the distribution-level values in the backends).
 
@@ -29,9 +29,10 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict, dataclass
 
-from evalkit.kinds import MarginKind
+from evalkit.defaults import MIDDLE_BAND, SINK_EPSILON, SINK_TOKENS, UNSTABLE_BELOW
+from evalkit.kinds import METRIC_LEVELS, Aggregation, MarginKind, MetricLevel, MetricUnit
 
-LEVELS = ("text", "distribution", "sampled", "needle", "attention", "conflict", "derived", "pair")
+LEVELS = METRIC_LEVELS  # kinds.MetricLevel, in this order
 
 
 @dataclass(frozen=True)
@@ -59,13 +60,13 @@ _SHARE_MARGIN = Margin("delta", 0.05, "a share of prompts: 5 points is one promp
 @dataclass(frozen=True)
 class Metric:
     name: str  # a family ends in "{D}" / "{L}": needle_recall@depth{D}
-    level: str  # one of LEVELS
+    level: MetricLevel
     higher_is_better: bool | None  # the direction the gate and the report's arrows use; None: descriptive
     meaning: str  # one line a user reads in `evalkit metrics`
-    unit: str = "share"  # share (of prompts, 0..1) | probability | nats | bits | difference | auroc
+    unit: MetricUnit = "share"
     per_sample: bool = False  # a `samples` column of the same name holds the per-prompt value
     binary: bool = False  # per-prompt values are 0 or 1 (an interval on the mean is a proportion's)
-    aggregation: str = "mean"  # mean over prompts | difference of means | mean over prompt pairs
+    aggregation: Aggregation = "mean"
     lo: float = 0.0  # the range of the aggregate (hi None: unbounded)
     hi: float | None = 1.0
     margin: Margin | None = None  # the gate's default tolerated drop; None: a rule must give one
@@ -115,7 +116,7 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            unit="probability", per_sample=True),
     Metric("top3_share", "sampled", True, "share of the 3 most frequent first units among N samples at T",
            per_sample=True),
-    Metric("unstable", "distribution", False, "top3_mass (or the sampled top3_share) is below 0.70",
+    Metric("unstable", "distribution", False, f"top3_mass (or the sampled top3_share) is below {UNSTABLE_BELOW:.2f}",
            per_sample=True, binary=True),
     Metric("entropy", "distribution", False, "entropy of the whole first-token distribution",
            unit="nats", per_sample=True, hi=None),
@@ -141,10 +142,11 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
     Metric("start_gap@len{L}", "derived", False, "start_gap of the documents of L tokens",
            unit="difference", aggregation="difference of means", lo=-1.0),
     Metric("middle_gap", "derived", False,
-           "recall at depths 0 and 1 minus recall at depths 0.3-0.7: positive = lost in the middle",
+           f"recall at depths 0 and 1 minus recall at depths {MIDDLE_BAND[0]}-{MIDDLE_BAND[1]}: positive = lost in the middle",
            unit="difference", aggregation="difference of means", lo=-1.0),
     Metric("sink_rate", "attention", None,
-           "share of (layer, head) pairs whose first-token importance over the first 64 prompt tokens exceeds 0.3 "
+           f"share of (layer, head) pairs whose first-token importance over the first {SINK_TOKENS} prompt tokens "
+           f"exceeds {SINK_EPSILON} "
            "(Gu et al. 2025, Sink1)", per_sample=True),
     Metric("needle_attn", "attention", True,
            "attention mass the last prompt position puts on the needle sentence, mean over heads and layers",
@@ -175,6 +177,12 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            unit="bits", aggregation="mean over shared prompts"),
     Metric("flip_rate", "pair", False, "share of shared prompts whose most likely first token differs",
            aggregation="mean over shared prompts"),
+    Metric("drift_kld@0", "pair", False,
+           "KL(base || run) in nats at the first response token, the run teacher-forcing the base's greedy "
+           "response (docs/drift.md)", unit="nats", hi=None),
+    Metric("drift_first_ratio", "pair", None,
+           "mean KLD from the base at the first response token / mean KLD at the later ones: > 1 = the "
+           "first token drifts most (docs/drift.md)", unit="ratio", aggregation="ratio of means", hi=None),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
@@ -202,7 +210,7 @@ _MEMBERS = {
     "{L}": lambda s: _number(s, int, 1),
     "{S}": lambda s: s in LEAD_SIGNALS,
 }
-assert all(m.name[len(m.family):] in _MEMBERS for m in _FAMILIES.values()), "a family without a member check"
+assert all(m.name[len(m.family or ""):] in _MEMBERS for m in _FAMILIES.values()), "a family without a member check"
 
 
 def get(name: str) -> Metric | None:
