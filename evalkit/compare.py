@@ -32,7 +32,8 @@ from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
 
 ALL_TASKS = "all"  # the `task` of the overall rows
 # the runs columns that make a run dimension (what a comparison is usually across)
-DIMENSIONS = ("model", "model_fingerprint", "quant", "kv_cache", "template", "first_temperature", "ban_openers")
+DIMENSIONS = ("model", "model_fingerprint", "engine", "quant", "kv_cache", "template", "first_temperature",
+              "ban_openers")
 TOP_N = 5  # top5_mass / top5_overlap
 N_BOOT = 2000
 SEED = 0
@@ -74,6 +75,9 @@ class Comparison:
     drift_note: str | None = None  # why the distribution part is missing or partial
     deltas: list[MetricDelta] = field(default_factory=list)  # per task, then ALL_TASKS
     dimensions: dict[str, tuple] = field(default_factory=dict)  # run dimension -> (A's, B's), where they differ
+    # drift by position of B against A (`drift_summary` rows, per task and bucket; docs/drift.md): [] when
+    # B did not teacher-force A's responses
+    by_position: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -125,18 +129,20 @@ def compare_many(db: str | os.PathLike | None, baseline: str, candidates: list[s
             seen.add(run_id)
         metric_cols = list(SAMPLE_METRIC_COLUMNS)  # registry order
         pairs = []
+        by_position: dict[str, list[dict]] = {}
         for b in ids:
             keys, values = _paired_samples(con, base, b, metric_cols)
             if not keys:
                 raise BadInput(f"runs {base} and {b} share no prompts (same task and doc_id); nothing to compare")
             pairs.append((b, keys, values, _paired_topk(con, base, b), _dimensions(con, base, b)))
+            by_position[b] = _by_position(con, base, b)
         info = run_info(con, [base, *ids])
 
     comparisons = []
     for b, keys, values, (topk_a, topk_b), dims in pairs:
         drift, note = drift_rows(keys, topk_a, topk_b)
         comparisons.append(Comparison(base, b, len(keys), drift, note, metric_deltas(keys, values, metric_cols),
-                                      dims))
+                                      dims, by_position[b]))
     return MultiComparison(base, info, comparisons)
 
 
@@ -189,6 +195,23 @@ def _dimensions(con, a: str, b: str) -> dict[str, tuple]:
 
 
 # --- SQL ---------------------------------------------------------------------
+
+
+def _by_position(con, a: str, b: str) -> list[dict]:
+    """B's stored drift by position against A (`store.drift.pair_summary`); [] on a DB from before m019."""
+    from evalkit.store.drift import pair_summary
+
+    has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'drift_summary' AND "
+                      "database_name = current_database()").fetchone()[0]
+    if not has:
+        return []
+    rows = pair_summary(con, a, b)
+    ratios = {task: (v, lo, hi) for task, v, lo, hi in con.execute(
+        "SELECT task, value, ci_lo, ci_hi FROM metrics WHERE run_id = ? AND metric = 'drift_first_ratio'",
+        [b]).fetchall()}
+    for r in rows:
+        r["drift_first_ratio"], r["ratio_lo"], r["ratio_hi"] = ratios.get(r["task"], (None, None, None))
+    return rows
 
 
 def _paired_samples(con, a: str, b: str, cols: list[str]):

@@ -6,9 +6,7 @@ import json
 import math
 
 import pytest
-from click.testing import CliRunner
 
-from evalkit.cli import cli
 from evalkit.compare import ALL_TASKS, compare_runs
 from evalkit.store import db as store_db
 from evalkit.store import runs, sandbox
@@ -163,11 +161,7 @@ def test_run_drift_view_agrees_with_compare():
 # --- CLI ---------------------------------------------------------------------------------
 
 
-def invoke(*args):
-    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def test_cli_prints_drift_and_deltas():
+def test_cli_prints_drift_and_deltas(invoke):
     topk_b = base_topk()
     topk_b[EN[0]] = [(999, 0.9)]
     make_run("aaaa-7", base_samples(), base_topk(), created="2025-01-01 00:00:00")
@@ -197,7 +191,7 @@ def test_cli_prints_drift_and_deltas():
     assert any(ln.startswith("all,ft_hit,10,") for ln in lines)
 
 
-def test_cli_no_shared_prompts_is_bad_input():
+def test_cli_no_shared_prompts_is_bad_input(invoke):
     make_run("aaaa-8", {("firsttoken_en", "en-0"): {"ft_hit": 1.0}})
     make_run("bbbb-8", {("firsttoken_zh", "zh-0"): {"ft_hit": 1.0}})
     res = invoke("compare", "aaaa-8", "bbbb-8")
@@ -205,7 +199,7 @@ def test_cli_no_shared_prompts_is_bad_input():
     assert "share no prompts" in res.output
 
 
-def test_cli_unknown_run_is_bad_input():
+def test_cli_unknown_run_is_bad_input(invoke):
     make_run("aaaa-9", {("firsttoken_en", "en-0"): {"ft_hit": 1.0}})
     res = invoke("compare", "aaaa-9", "nope")
     assert res.exit_code == 2

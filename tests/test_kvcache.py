@@ -215,7 +215,7 @@ def test_a_window_longer_than_the_prompt_matches_full(tiny, contexts):
 def test_fp8_stores_rounded_keys_and_moves_the_logits_a_little(tiny, contexts):
     """fp8: layer 0's cached keys are exactly the full cache's keys rounded to e4m3 with a
     per-prompt scale (amax / 448); the first-step distribution moves by a nonzero amount
-    (measured here; the default model's figures are in the README); and a prompt's result
+    (measured here; the default model's figures are in docs/quantization-kv-attention.md); and a prompt's result
     does not depend on the other prompts of its batch."""
     model, tok = tiny
     ctx = contexts[0]
@@ -283,7 +283,7 @@ def test_groupwise_backends_when_installed(tiny, contexts):
         assert any(not torch.equal(a.logprobs, b.logprobs) for a, b in zip(plain, q))
         ran += 1
     if not ran:
-        pytest.skip("neither optimum-quanto nor hqq is installed (pip install 'evalkit[kvquant]')")
+        pytest.skip("neither optimum-quanto nor hqq is installed (pip install -e '.[kvquant]')")
 
 
 def test_residual_buffer_is_flushed_after_128_tokens(tiny):
@@ -343,7 +343,7 @@ def hide_backends(monkeypatch):
 
 def test_missing_backend_names_the_pip_command(monkeypatch):
     hide_backends(monkeypatch)
-    with pytest.raises(BadInput, match=r"pip install 'evalkit\[kvquant\]'"):
+    with pytest.raises(BadInput, match=r"pip install 'evalkit-firsttoken\[kvquant\]' \(in a clone: pip install -e '\.\[kvquant\]'\)"):
         kvcache.check_available(parse("quantized:quanto:4"))
 
 
@@ -429,7 +429,7 @@ def test_missing_backend_package_is_one_line_and_writes_nothing(tiny_model_dir, 
         result = CliRunner().invoke(cli, command)
         assert result.exit_code == 2, result.output
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and "pip install 'evalkit[kvquant]'" in lines[0], lines
+        assert len(lines) == 1 and "pip install 'evalkit-firsttoken[kvquant]'" in lines[0], lines
     assert not db.exists()
 
 

@@ -1,4 +1,4 @@
-"""The DuckDB store (see the README, Storage): the exact schema after migrating, migrations bookkeeping,
+"""The DuckDB store (see docs/storage-and-sql.md): the exact schema after migrating, migrations bookkeeping,
 the bulk insert that ends a run, run-id resolution and read-only SQL."""
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ EXPECTED_TABLES = {
         "quant_detail": "VARCHAR",
         "attention": "BOOLEAN",
         "attn_implementation": "VARCHAR",
+        "engine": "VARCHAR",
+        "unavailable": "VARCHAR",
     },
     "metrics": {
         "run_id": "VARCHAR",
@@ -142,12 +144,30 @@ EXPECTED_TABLES = {
         "needle_attn": "DOUBLE",
         "question_attn": "DOUBLE",
     },
+    # m019: drift by position (docs/drift.md)
+    "response_tokens": {"run_id": "VARCHAR", "task": "VARCHAR", "doc_id": "VARCHAR", "token_ids": "INTEGER[]"},
+    "drift_base": {
+        "run_id": "VARCHAR", "task": "VARCHAR", "doc_id": "VARCHAR", "position": "INTEGER",
+        "token_ids": "INTEGER[]", "logprobs": "FLOAT[]", "tail": "DOUBLE", "eps": "DOUBLE",
+    },
+    "drift": {
+        "run_id": "VARCHAR", "base_run_id": "VARCHAR", "task": "VARCHAR", "doc_id": "VARCHAR", "position": "INTEGER",
+        "kld": "DOUBLE", "same_top": "BOOLEAN", "dp": "DOUBLE", "kld_bound": "DOUBLE",
+    },
+    "drift_summary": {
+        "run_id": "VARCHAR", "base_run_id": "VARCHAR", "task": "VARCHAR", "bucket": "VARCHAR", "n": "INTEGER",
+        "kld_mean": "DOUBLE", "kld_unc": "DOUBLE", "dp_mean": "DOUBLE", "dp_unc": "DOUBLE", "dp_rms": "DOUBLE",
+        "dp_rms_unc": "DOUBLE", "same_top": "DOUBLE", "same_top_unc": "DOUBLE", "kld_bound_max": "DOUBLE",
+        **{f"kld_{c}": "DOUBLE" for c in ['max', 'p999', 'p99', 'p95', 'p90', 'median', 'p10', 'p5', 'p1', 'p01', 'min']},
+        **{f"dp_{c}": "DOUBLE" for c in ['max', 'p999', 'p99', 'p95', 'p90', 'p75', 'median', 'p25', 'p10', 'p5', 'p1', 'p01', 'min']},
+    },
 }
 SCHEMA_VERSION_DDL = (  # as store.migrate creates it
     "CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, applied_at TIMESTAMP NOT NULL)"
 )
 EXPECTED_VIEWS = {"leaderboard", "needle_heatmap", "first_token_drift", "needle_gaps", "needle_attention",
-                  "attention_sink", "conflict_table"}  # others may be appended
+                  "attention_sink", "conflict_table", "drift_by_position", "drift_by_bucket",
+                  "drift_runs"}  # others may be appended
 
 
 def columns(con, table: str) -> dict[str, str]:
@@ -265,10 +285,30 @@ def test_kv_cache_migration_marks_earlier_hf_runs_full(tmp_path):
         assert con.execute("SELECT kv_cache FROM leaderboard").fetchall() == [("full",)]
 
 
+def test_engine_migration_names_the_engine_of_earlier_runs(tmp_path):
+    """m018: runs from before it were computed by the model type their config names (hf -> transformers,
+    vllm -> vllm); other lm-eval types stay NULL. The leaderboard keeps its columns and gains engine."""
+    path = tmp_path / "old.duckdb"
+    con = older_db(path, MIGRATIONS.index(next(m for m in MIGRATIONS if m.__name__ == "m018_engine")))
+    for run_id, model in (("r-hf", "hf"), ("r-vllm", "vllm"), ("r-api", "local-completions"), ("r-none", None)):
+        config = json.dumps({"model": model, "tasks": ["firsttoken"]}) if model else None
+        con.execute("INSERT INTO runs (id, created_at, status, model, config) VALUES (?, now(), 'done', ?, ?)",
+                    [run_id, model or "x", config])
+    con.execute("INSERT INTO metrics (run_id, task, metric, filter, value, stderr, n) "
+                "VALUES ('r-hf', 'firsttoken', 'ft_hit', 'none', 0.5, 0.1, 3)")
+    con.close()
+    with open_writer(path) as con:
+        assert dict(con.execute("SELECT id, engine FROM runs").fetchall()) == {
+            "r-hf": "transformers", "r-vllm": "vllm", "r-api": None, "r-none": None}
+        assert con.execute("SELECT engine, quant_detail, kv_cache FROM leaderboard").fetchall() == [
+            ("transformers", None, None)]
+
+
 def test_the_last_migration_keeps_every_leaderboard_column(tmp_path):
     """m015 (attention and conflicts) comes after m014 and adds views of its own; the leaderboard
     keeps every column the earlier migrations gave it."""
-    assert MIGRATIONS[-2].__name__ == "m015_attention_and_conflict"
+    names = [m.__name__ for m in MIGRATIONS]
+    assert names.index("m015_attention_and_conflict") > names.index("m014_quant_detail")
     with open_writer(tmp_path / "lb.duckdb") as con:
         cols = {r[0] for r in con.execute(
             "SELECT column_name FROM duckdb_columns() WHERE table_name = 'leaderboard'").fetchall()}
@@ -281,7 +321,7 @@ def test_quant_detail_migration_keeps_every_leaderboard_column(tmp_path):
     quant_detail; a run stored before it has no detail. It comes after m016 in the list: a file
     that already records m016 as version 14 takes m014 as version 15."""
     names = [m.__name__ for m in MIGRATIONS]
-    assert names[-8:] == ["m010_metric_intervals", "m011_run_model_name", "m012_answers_and_lead_indicators",
+    assert names[9:17] == ["m010_metric_intervals", "m011_run_model_name", "m012_answers_and_lead_indicators",
                           "m013_kv_cache", "m016_topk_units", "m014_quant_detail", "m015_attention_and_conflict",
                           "m017_db_identity"]
     path = tmp_path / "old.duckdb"
@@ -293,10 +333,11 @@ def test_quant_detail_migration_keeps_every_leaderboard_column(tmp_path):
     con.close()
     with open_writer(path) as con:
         after = [r[0] for r in con.execute("DESCRIBE leaderboard").fetchall()]
-        assert after == before + ["quant_detail"]
+        assert after == before + ["quant_detail", "engine"]  # m018 (engine) ends it since
         assert {"ci_lo", "ci_hi", "model_name", "kv_cache"} <= set(after)
         assert con.execute("SELECT quant, quant_detail FROM leaderboard").fetchall() == [("bf16", None)]
-        assert con.execute("SELECT version, name FROM schema_version ORDER BY version DESC LIMIT 4").fetchall() == [
+        assert con.execute("SELECT version, name FROM schema_version WHERE version <= 17 "
+                           "ORDER BY version DESC LIMIT 4").fetchall() == [
             (17, "m017_db_identity"), (16, "m015_attention_and_conflict"), (15, "m014_quant_detail"),
             (14, "m016_topk_units")]
 

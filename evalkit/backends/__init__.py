@@ -3,7 +3,9 @@
 Owns: the list of evalkit's own lm-eval model types (`BACKENDS`: which lm-eval names
 each one answers to, the package it needs, whether it holds Hugging Face weights in
 this process); `engine` (one prefill and everything read off the first step), `hf`
-(`evalkit-hf`) and `vllm` (`evalkit-vllm`), model resolution and loading (`models`),
+(`evalkit-hf`), `vllm` (`evalkit-vllm`), `llamacpp` (`evalkit-llamacpp`, a GGUF on llama.cpp's own
+kernels, through `llamacpp_engine`) and `server` (`evalkit-server`, an OpenAI-compatible
+server's logprobs), model resolution and loading (`models`),
 weight quantization (`quant`) and the model type names lm-eval registers (`catalog`).
 Does not: score text or store anything. Importing this package imports nothing heavy.
 """
@@ -11,6 +13,9 @@ Does not: score text or store anything. Importing this package imports nothing h
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from evalkit.install import install_hint
+from evalkit.kinds import Engine
 
 
 @dataclass(frozen=True)
@@ -20,11 +25,19 @@ class Backend:
     aliases: tuple[str, ...]  # lm-eval model types evalkit runs as this backend
     package: str | None  # the package it needs beyond evalkit's own requirements
     in_process_hf: bool  # Hugging Face weights in this process: --quant, first-step interventions, tolerance
+    journal: bool = False  # replays and journals its batches (`lm.journal`), so its runs resume (`--resume`)
+    engine: Engine | None = None  # what computes the numbers: runs.engine, a run dimension
+    install: str | None = None  # how to install `package` (default: pip install PACKAGE)
 
 
 BACKENDS = (
-    Backend("evalkit-hf", "evalkit.backends.hf", ("hf", "hf-auto", "huggingface"), None, True),
-    Backend("evalkit-vllm", "evalkit.backends.vllm", ("vllm",), "vllm", False),
+    Backend("evalkit-hf", "evalkit.backends.hf", ("hf", "hf-auto", "huggingface"), None, True, journal=True,
+            engine="transformers"),
+    Backend("evalkit-vllm", "evalkit.backends.vllm", ("vllm",), "vllm", False, engine="vllm"),
+    Backend("evalkit-llamacpp", "evalkit.backends.llamacpp", ("llamacpp", "llama-cpp"), "llama_cpp", False,
+            engine="llama.cpp", install=install_hint("llamacpp")),
+    Backend("evalkit-server", "evalkit.backends.server", ("server", "openai-server"), None, False,
+            engine="openai-server"),
 )
 
 

@@ -23,7 +23,7 @@ _REGISTER = re.compile(r"register_model\(([^)]*)\)")
 @functools.lru_cache(maxsize=1)
 def model_types() -> frozenset[str]:
     """Model type names registered by lm-eval's model modules, plus evalkit's own."""
-    names = {b.name for b in BACKENDS}
+    names = {b.name for b in BACKENDS} | {a for b in BACKENDS for a in b.aliases}
     spec = importlib.util.find_spec("lm_eval")
     if spec and spec.submodule_search_locations:
         models = Path(list(spec.submodule_search_locations)[0]) / "models"
@@ -40,7 +40,8 @@ def check_installed(name: str) -> None:
     backend = backend_for(name)
     package = backend.package if backend else None
     if package and importlib.util.find_spec(package) is None:
-        raise BadInput(f"--model {name} needs the {package!r} package, which is not installed: pip install {package}")
+        how = backend.install if backend and backend.install else f"pip install {package}"
+        raise BadInput(f"--model {name} needs the {package!r} package, which is not installed: {how}")
 
 
 def is_model_type(name: str) -> bool:

@@ -23,6 +23,10 @@ Policies (docs/metrics.md §1.7):
   64; a head vector a group when it does not divide by 64); tokens after the prompt stay in full precision in the residual buffer until
   it holds `RESIDUAL` (128) of them, then they are quantized too. `quantized:fp8:8` is `fp8`.
 
+- `ggml:TYPE` — llama.cpp's own K and V cache types (`f16`, llama.cpp's default; `q8_0`;
+  `q4_0`), for `--model llamacpp` only; there `full` is an f32 cache. llama.cpp cannot run the
+  policies above (`llamacpp_refusal` says why).
+
 Positions keep their original indices under eviction: a key evicted from the window
 leaves a gap, and the query at position t still sees the sinks at distance t. StreamingLLM
 instead re-indexes the cache (sinks at 0 … S−1, the window right after them), so the
@@ -46,8 +50,11 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import cast
 
 from evalkit.errors import BadInput
+from evalkit.install import install_hint
+from evalkit.kinds import KVPolicyKind, KVQuantBackend
 
 FULL_SPEC = "full"
 GROUP = 64  # transformers' QuantizedCache q_group_size default
@@ -59,19 +66,22 @@ BACKENDS = {
     "quanto": ("optimum-quanto", "optimum.quanto", (2, 4), "QuantoQuantizedLayer"),
     "hqq": ("hqq", "hqq", (1, 2, 3, 4, 8), "HQQQuantizedLayer"),
 }
-KVQUANT_PIP = "pip install 'evalkit[kvquant]'"
-POLICY_HELP = "full, window:W, sinkwindow:S:W, fp8, quantized:quanto:2|4, quantized:hqq:1|2|3|4|8"
+KVQUANT_PIP = install_hint("kvquant")
+GGML_TYPES = ("f16", "q8_0", "q4_0")  # llama.cpp's K/V cache types `ggml:TYPE` names (llamacpp_engine.KV_TYPES)
+POLICY_HELP = ("full, window:W, sinkwindow:S:W, fp8, quantized:quanto:2|4, quantized:hqq:1|2|3|4|8, "
+               "ggml:f16|q8_0|q4_0 (llamacpp)")
 
 
 @dataclass(frozen=True)
 class KVPolicy:
     """One KV-cache policy; `spec` is its canonical text, stored in `runs.kv_cache`."""
 
-    kind: str  # full / window / sinkwindow / fp8 / quantized
+    kind: KVPolicyKind
     window: int | None = None  # W: the newest positions a query sees, itself included
     sinks: int = 0  # S: the first positions kept for ever
-    backend: str | None = None  # quanto / hqq (quantized)
+    backend: KVQuantBackend | None = None  # quantized only
     bits: int | None = None
+    cache_type: str | None = None  # ggml only: llama.cpp's K and V cache type (GGML_TYPES)
 
     @property
     def spec(self) -> str:
@@ -81,6 +91,8 @@ class KVPolicy:
             return f"sinkwindow:{self.sinks}:{self.window}"
         if self.kind == "quantized":
             return f"quantized:{self.backend}:{self.bits}"
+        if self.kind == "ggml":
+            return f"ggml:{self.cache_type}"
         return self.kind
 
     @property
@@ -138,12 +150,16 @@ def parse(text: str | None) -> KVPolicy:
     spec = text.strip().lower()
     kind, *parts = spec.split(":")
     if kind in ("full", "fp8") and not parts:
-        return KVPolicy(kind)
+        return FULL if kind == "full" else KVPolicy("fp8")
     if kind == "window" and len(parts) == 1:
         return KVPolicy("window", window=_int(parts[0], "W (the window)", spec, 1))
     if kind == "sinkwindow" and len(parts) == 2:
         sinks = _int(parts[0], "S (the sinks)", spec, 1)
         return KVPolicy("sinkwindow", window=_int(parts[1], "W (the window)", spec, 1), sinks=sinks)
+    if kind == "ggml" and len(parts) == 1:
+        if parts[0] not in GGML_TYPES:
+            raise BadInput(f"--kv-cache {spec!r}: llama.cpp's cache types here are {', '.join(GGML_TYPES)}")
+        return KVPolicy("ggml", cache_type=parts[0])
     if kind == "quantized" and len(parts) == 2:
         backend, bits_text = parts
         if backend == "fp8":
@@ -156,7 +172,7 @@ def parse(text: str | None) -> KVPolicy:
         allowed = BACKENDS[backend][2]
         if bits not in allowed:
             raise BadInput(f"--kv-cache {spec!r}: the {backend} backend takes {', '.join(map(str, allowed))} bits")
-        return KVPolicy("quantized", backend=backend, bits=bits)
+        return KVPolicy("quantized", backend=cast(KVQuantBackend, backend), bits=bits)
     raise BadInput(f"unknown --kv-cache {text.strip()!r} (known: {POLICY_HELP})")
 
 
@@ -178,6 +194,18 @@ def parse_list(text: str | None) -> list[KVPolicy]:
     return policies
 
 
+def llamacpp_refusal(policy: KVPolicy) -> str | None:
+    """Why llama.cpp cannot run `policy` (None: it can: `full`, an f32 cache, and `ggml:TYPE`)."""
+    if policy.is_full or policy.kind == "ggml":
+        return None
+    if policy.evicts:
+        return ("llama.cpp removes cached positions per sequence between decodes, not per query inside a "
+                "prefill, so a window evicted as docs/metrics.md §1.10 defines it would need a token-by-token "
+                "prefill; run it with --model hf")
+    return (f"{policy.spec} is a transformers cache; llama.cpp rounds its cache with its own types: "
+            f"--kv-cache ggml:{'|'.join(GGML_TYPES)}")
+
+
 def check_available(policy: KVPolicy) -> None:
     """Refuse a quantized policy whose backend package is not installed (no import, no torch)."""
     if policy.kind != "quantized":
@@ -188,7 +216,7 @@ def check_available(policy: KVPolicy) -> None:
     except (ImportError, ValueError):
         found = False
     if not found:
-        raise BadInput(f"--kv-cache {policy.spec} needs the {package} package: {KVQUANT_PIP} (or pip install {package})")
+        raise BadInput(f"--kv-cache {policy.spec} needs the {package} package: {KVQUANT_PIP}, or pip install {package}")
 
 
 # --- rounded caches ------------------------------------------------------------------
@@ -210,8 +238,8 @@ class _Rounder:
                 self.helper = cls(nbits=policy.bits)
             except ImportError as exc:
                 package = BACKENDS[policy.backend][0]
-                raise BadInput(f"--kv-cache {policy.spec} needs the {package} package: {KVQUANT_PIP} "
-                               f"({str(exc).splitlines()[0]})") from None
+                raise BadInput(f"--kv-cache {policy.spec} needs the {package} package: {KVQUANT_PIP}; "
+                               f"{str(exc).splitlines()[0]}") from None
 
     def fp8_scale(self, t):
         import torch
@@ -344,5 +372,5 @@ def new_cache(policy: KVPolicy, model, pads: list[int]):
     state = {"pads": list(pads), "hold": False}
     cache.layers = [RoundedLayer.make(rounder, state) for _ in range(n_layers)]
     cache.layer_class_to_replicate = None
-    cache.evalkit_state = state
+    cache.evalkit_state = state  # type: ignore[attr-defined]  # read back by the engine
     return cache

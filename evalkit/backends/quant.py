@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.errors import BadInput
+from evalkit.install import install_hint
+from evalkit.kinds import QuantMethod
 
-PIP_EXTRA = "pip install 'evalkit[quant]'"
+PIP_EXTRA = install_hint("quant")
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,7 @@ class Quant:
     meaning: str
     dtype: str | None  # the compute dtype a run records in runs.dtype (None: the model's own)
     cpu_only: bool = False
-    how: str = "cast"  # cast | load | after | checkpoint (see the module docstring)
+    how: QuantMethod = "cast"  # see the module docstring
     library: str = "torch"  # the distribution whose version the run row records
     needs: tuple[str, ...] = ()  # import names that must be installed
     install: str = PIP_EXTRA  # the pip command that installs them
@@ -159,7 +161,7 @@ def parse_sweep(text: str | None) -> list[str | None]:
     parts = [p.strip() for p in text.split(",")]
     if any(not p for p in parts):
         raise BadInput(f"--quant {text!r} has an empty entry: give variants as bf16,int8-weight,int4-weight")
-    specs = [parse(p) for p in parts]
+    specs = [spec for p in parts if (spec := parse(p)) is not None]  # a non-empty name parses or raises
     seen: set[str] = set()
     for spec in specs:
         if spec.text in seen:
@@ -268,7 +270,8 @@ def _load_config(spec: Spec):
         if spec.name == "int4-weight":
             from torchao.quantization import IntxWeightOnlyConfig, MappingType, PerGroup
 
-            return TorchAoConfig(IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(spec.group_size),
+            return TorchAoConfig(IntxWeightOnlyConfig(weight_dtype=torch.int4,  # type: ignore[attr-defined]
+                                                      granularity=PerGroup(spec.group_size),
                                                       mapping_type=MappingType.SYMMETRIC))
         if spec.name == "int4-tinygemm":
             from torchao.quantization import Int4WeightOnlyConfig

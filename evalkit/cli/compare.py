@@ -87,6 +87,7 @@ def _two(m, fmt) -> None:
         click.echo(render(DRIFT_COLUMNS, drift, "table"))
     if c.drift_note:
         click.echo(c.drift_note)
+    _by_position_table([c])
     click.echo()
     click.echo("metric deltas B - A (paired bootstrap 95% CI)")
     click.echo(render(DELTA_COLUMNS, deltas, "table"))
@@ -115,6 +116,7 @@ def _sweep(m, fmt) -> None:
             "notes": {c.run_b: c.drift_note for c in m.comparisons if c.drift_note},
             "n_shared": {c.run_b: c.n_shared for c in m.comparisons},
             "dimensions": {c.run_b: c.dimensions for c in m.comparisons},
+            "by_position": {c.run_b: c.by_position for c in m.comparisons if c.by_position},
         }
         click.echo(json.dumps(out, ensure_ascii=False, indent=2, default=str))
         return
@@ -139,9 +141,28 @@ def _sweep(m, fmt) -> None:
     for c in m.comparisons:
         if c.drift_note:
             click.echo(f"{c.run_b}: {c.drift_note}")
+    _by_position_table(m.comparisons)
     click.echo()
     click.echo("metric deltas run - baseline (paired bootstrap 95% CI)")
     click.echo(render(SWEEP_DELTA_COLUMNS, deltas, "table"))
+
+
+def _by_position_table(comparisons) -> None:
+    """Drift by position (docs/drift.md) of each run that teacher-forced the baseline's responses."""
+    rows = [[r["task"], c.run_b, r["bucket"], r["n"], r["kld_mean"], r["kld_unc"], r["same_top"], r["dp_rms"]]
+            for c in comparisons for r in c.by_position]
+    if not rows:
+        return
+    click.echo()
+    click.echo("drift by position against the baseline: KL(baseline || run) in nats, teacher-forcing its responses")
+    click.echo(render(["task", "run", "position", "n", "kld", "kld_unc", "same_top", "dp_rms"], rows, "table"))
+    seen = set()
+    for c in comparisons:
+        for r in c.by_position:
+            if r["drift_first_ratio"] is not None and (c.run_b, r["task"]) not in seen:
+                seen.add((c.run_b, r["task"]))
+                click.echo(f"{r['task']}  {c.run_b}  drift_first_ratio {r['drift_first_ratio']:.3f} "
+                           f"[{r['ratio_lo']:.3f}, {r['ratio_hi']:.3f}]  (KLD at position 0 / at positions >= 1)")
 
 
 def _differ(dimensions: dict[str, tuple]) -> str:

@@ -3,7 +3,7 @@
 Owns: the schema, as a list of named functions applied in order, each recorded
 in `schema_version` inside the same transaction. Never edit or reorder an
 applied migration; append a new one. Does not: open files or retry locks
-(that is `store.open_store`).
+(that is `store.db.open_writer`).
 """
 
 from __future__ import annotations
@@ -457,6 +457,145 @@ def m017_db_identity(con: duckdb.DuckDBPyConnection) -> None:
                 [uuid.uuid4().hex, secrets.token_hex(32)])
 
 
+def m019_drift_by_position(con: duckdb.DuckDBPyConnection) -> None:
+    # Drift by position (docs/drift.md): a run that teacher-forced a base run's greedy tokens, compared
+    # with the base at every response position. `response_tokens`: the greedy tokens a base run
+    # produced (the answer continuation where there is one), the ones a candidate teacher-forces.
+    # `drift_base`: a base's distributions kept compact (`--keep-distributions`): per position its
+    # likeliest tokens covering all but `eps` of the mass, and that tail's exact mass.
+    con.execute(
+        """
+        CREATE TABLE response_tokens (
+            run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            doc_id VARCHAR NOT NULL,
+            token_ids INTEGER[] NOT NULL
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE drift_base (
+            run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            doc_id VARCHAR NOT NULL,
+            position INTEGER NOT NULL,        -- 0 = the first response token
+            token_ids INTEGER[] NOT NULL,     -- likeliest first
+            logprobs FLOAT[] NOT NULL,        -- natural log, same order
+            tail DOUBLE NOT NULL,             -- mass of every other token, <= eps
+            eps DOUBLE NOT NULL
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE drift (
+            run_id VARCHAR NOT NULL,          -- the candidate, which teacher-forced the base's tokens
+            base_run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            doc_id VARCHAR NOT NULL,
+            position INTEGER NOT NULL,
+            kld DOUBLE NOT NULL,              -- KL(base || run), nats, over the base's compact support
+            same_top BOOLEAN NOT NULL,
+            dp DOUBLE NOT NULL,               -- Q(y) - P(y), y the base's greedy token
+            kld_bound DOUBLE NOT NULL         -- the exact KLD lies in [kld, kld + kld_bound]
+        )
+        """
+    )
+    pct = ["max", "p999", "p99", "p95", "p90", "median", "p10", "p5", "p1", "p01", "min"]
+    dp_pct = ["max", "p999", "p99", "p95", "p90", "p75", "median", "p25", "p10", "p5", "p1", "p01", "min"]
+    cols = ",\n".join([f"kld_{c} DOUBLE" for c in pct] + [f"dp_{c} DOUBLE" for c in dp_pct])
+    con.execute(
+        f"""
+        CREATE TABLE drift_summary (
+            run_id VARCHAR NOT NULL,
+            base_run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            bucket VARCHAR NOT NULL,          -- all, 0, 1, 2-3, 4-7, 8-15, 16+
+            n INTEGER NOT NULL,               -- positions
+            kld_mean DOUBLE, kld_unc DOUBLE,
+            dp_mean DOUBLE, dp_unc DOUBLE,
+            dp_rms DOUBLE, dp_rms_unc DOUBLE,
+            same_top DOUBLE, same_top_unc DOUBLE,
+            kld_bound_max DOUBLE,
+            {cols}
+        )
+        """
+    )
+    # per position: mean KLD, same-top share and mean Δp over the prompts that reach it
+    con.execute(
+        """
+        CREATE VIEW drift_by_position AS
+        SELECT run_id, base_run_id, task, position, count(*) AS n,
+               avg(kld) AS kld, avg(CAST(same_top AS DOUBLE)) AS same_top, avg(dp) AS dp,
+               max(kld_bound) AS kld_bound
+        FROM drift
+        GROUP BY ALL
+        """
+    )
+    # the same per position bucket (restates scoring.drift.bucket and summary's means; a test ties them)
+    con.execute(
+        """
+        CREATE VIEW drift_by_bucket AS
+        SELECT run_id, base_run_id, task,
+               CASE WHEN position = 0 THEN '0' WHEN position = 1 THEN '1' WHEN position <= 3 THEN '2-3'
+                    WHEN position <= 7 THEN '4-7' WHEN position <= 15 THEN '8-15' ELSE '16+' END AS bucket,
+               min(position) AS first_position,
+               count(*) AS n, avg(kld) AS kld_mean, avg(CAST(same_top AS DOUBLE)) AS same_top,
+               sqrt(avg(dp * dp)) AS dp_rms
+        FROM drift
+        GROUP BY ALL
+        """
+    )
+    # the stored summaries with each side's run dimensions: what a quantization sweep's reader wants
+    con.execute(
+        """
+        CREATE VIEW drift_runs AS
+        SELECT s.run_id, s.base_run_id, r.quant, b.quant AS base_quant, r.template, r.kv_cache,
+               s.task, s.bucket, s.n, s.kld_mean, s.kld_unc, s.same_top, s.same_top_unc,
+               s.dp_mean, s.dp_rms, s.kld_p99, s.kld_max, s.kld_bound_max
+        FROM drift_summary s JOIN runs r ON r.id = s.run_id LEFT JOIN runs b ON b.id = s.base_run_id
+        """
+    )
+
+
+def m018_engine(con: duckdb.DuckDBPyConnection) -> None:
+    # The engine that computed a run's numbers (transformers, llama.cpp, openai-server, vllm), a run
+    # dimension like quant and template (docs/engines.md), and `unavailable`: JSON {metric: reason} of
+    # the metrics the engine could not compute (NULL in every sample, never silently absent). Runs
+    # from before m018 were computed by the model type their config names: hf -> transformers,
+    # vllm -> vllm; any other lm-eval model type stays NULL. The leaderboard ends with `engine`.
+    import json
+
+    con.execute("ALTER TABLE runs ADD COLUMN engine VARCHAR")
+    con.execute("ALTER TABLE runs ADD COLUMN unavailable VARCHAR")
+    engines = {"hf": "transformers", "hf-auto": "transformers", "huggingface": "transformers",
+               "evalkit-hf": "transformers", "vllm": "vllm", "evalkit-vllm": "vllm"}
+    found: dict[str, list[str]] = {}
+    for run_id, config in con.execute("SELECT id, config FROM runs").fetchall():
+        try:
+            model = json.loads(config or "{}").get("model")
+        except (ValueError, AttributeError):
+            continue
+        if model in engines:
+            found.setdefault(engines[model], []).append(run_id)
+    for engine, ids in found.items():
+        con.execute("UPDATE runs SET engine = ? WHERE id IN (SELECT unnest(?::VARCHAR[]))", [engine, ids])
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_name, r.model_fingerprint, r.quant, r.template,
+               r.kv_cache, r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               coalesce(m.ci_lo, m.value - 1.96 * m.stderr) AS ci_lo,
+               coalesce(m.ci_hi, m.value + 1.96 * m.stderr) AS ci_hi,
+               r.quant_detail, r.engine
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -477,4 +616,6 @@ MIGRATIONS: list[Migration] = [
     m014_quant_detail,
     m015_attention_and_conflict,
     m017_db_identity,
+    m019_drift_by_position,
+    m018_engine,  # after m019: appended in the order it was written
 ]

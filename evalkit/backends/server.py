@@ -1,0 +1,382 @@
+"""lm-eval model type `evalkit-server` (`--model server`): an OpenAI-compatible server's logprobs as a first step.
+
+Owns: talking to `/v1/completions` of a server (vLLM serve, SGLang, TGI, llama.cpp's server,
+llama-cpp-python's) with a bounded number of parallel requests, retries and a timeout
+(`Client`), and turning its answers into the `FirstStepResult` `evalkit-hf` returns:
+- first step: the completion's first `top_logprobs`, K = min(--top-k, what the server allows),
+  mapped to token ids with the run's tokenizer (a token text that several ids share is left
+  out of the stored top-k, and counted in `unmapped_topk`);
+- text, first token, first unit and the answer continuation: from the completion;
+- `ft_hit_prob`: from prompt logprobs (`echo` with `logprobs`): one request per accepted start,
+  the prompt followed by the start; the start's tokens are those the server put at or after the
+  prompt's end. Before it trusts them, the backend checks once that the server's echoed
+  logprob of its own greedy first token equals that token's first-step logprob (llama-cpp-python
+  0.3.x pairs each echoed token with the distribution one position late when the model adds no
+  BOS, which this check catches);
+- `ft_token_hit`, `top1_prob`, and `top3_mass` / `unstable` at T = 1 (the K logprobs fix the
+  T = 1 top-3 mass; at T ≠ 1 its normaliser needs the whole vocabulary);
+- `prior_drift` when K ≥ 50 (the support rule of docs/metrics.md §1.3), the prior from the same server.
+A metric it cannot compute stays NULL, and its reason is in `unavailable` (the run row's
+`unavailable` column): entropy (the whole vocabulary), opener_mass (one echo request per
+lexicon entry per prompt), and whatever the checks above rule out.
+This is how evalkit reaches a model served on many GPUs: the distributed engine is the server.
+Does not: start servers, apply a chat template the server would (the prompt is rendered here,
+with the tokenizer's template, and sent as text), score text, or store.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from evalkit.backends import engine as hf_engine
+from evalkit.backends.engines import DEFAULT_SERVER_LOGPROBS
+from evalkit.backends.models import DEFAULT_ANSWER_TOKENS
+from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
+from evalkit.errors import BadInput
+from evalkit.scoring import stats
+from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
+
+PRIOR_MIN_K = 50  # prior_drift's support rule (docs/metrics.md §1.3)
+ECHO_TOLERANCE = 1e-3  # nats: the echo check's allowance for the server's own float rounding
+ECHO_PROBE = "The capital of France is"  # the echo check's prompt
+CONTENT_FREE = ("N/A", "", "…", "无")
+
+
+class ServerError(RuntimeError):
+    """The server did not answer a request after every retry."""
+
+
+class Client:
+    """POSTs to an OpenAI-compatible API root, each request retried `retries` times (1 s, 2 s, 4 s ...
+    apart) on a connection error, a timeout, HTTP 429 or 5xx; another HTTP error is final."""
+
+    def __init__(self, base_url: str, *, timeout: float = 120, retries: int = 3) -> None:
+        self.base = base_url.rstrip("/")
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+
+    def get(self, path: str) -> dict:
+        return self._call(urllib.request.Request(self.base + path, method="GET"))
+
+    def post(self, path: str, body: dict) -> dict:
+        data = json.dumps(body).encode()
+        return self._call(urllib.request.Request(self.base + path, data=data, method="POST",
+                                                 headers={"Content-Type": "application/json"}))
+
+    def _call(self, request: urllib.request.Request) -> dict:
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(2.0 ** (attempt - 1), 30.0))
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                    return json.loads(resp.read().decode("utf-8"))
+            except urllib.error.HTTPError as exc:
+                body = exc.read().decode("utf-8", "replace")[:300]
+                if exc.code != 429 and exc.code < 500:
+                    raise ServerError(f"{request.full_url}: HTTP {exc.code}: {body}") from None
+                last = exc
+            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+                last = exc
+        raise ServerError(f"{request.full_url}: no answer after {self.retries + 1} tries ({last})")
+
+
+def load_tokenizer(path: str):
+    """The run's tokenizer: a .gguf file read vocabulary-only by llama.cpp (`GGUFTokenizer`), or a
+    transformers tokenizer folder."""
+    if path.endswith(".gguf"):
+        from evalkit.backends.llamacpp import GGUFTokenizer
+        from evalkit.backends.llamacpp_engine import LlamaCppEngine
+
+        return GGUFTokenizer(LlamaCppEngine(path, vocab_only=True))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def piece_ids(tokenizer) -> dict[str, int]:
+    """{token text: id} for the texts exactly one token decodes to alone, or whose one canonical token
+    (the text tokenises to it alone) settles a tie; a server names top tokens by text."""
+    by_text: dict[str, list[int]] = {}
+    for i in range(len(tokenizer)):
+        by_text.setdefault(tokenizer.decode([i]), []).append(i)
+    out = {}
+    for text, ids in by_text.items():
+        if len(ids) == 1:
+            out[text] = ids[0]
+        elif text:
+            alone = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(alone) == 1 and alone[0] in ids:
+                out[text] = alone[0]
+    return out
+
+
+def ranked(top: dict[str, float] | None, k: int) -> list[tuple[str, float]]:
+    """One position's top_logprobs (text -> logprob) as [(text, logprob)], best first, at most k.
+
+    >>> ranked({"a": -2.0, "b": -0.5, "c": -1.0}, 2)
+    [('b', -0.5), ('c', -1.0)]
+    """
+    return sorted((top or {}).items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+
+
+@register_model("evalkit-server")
+class EvalkitServer(LM):
+    """An OpenAI-compatible server. Model args: base_url, model, tokenizer (a .gguf file or tokenizer
+    folder: the chat template, and token texts to ids), top_logprobs (the server's cap, default 20),
+    concurrency, retries, timeout, answer_max_tokens, repeat_penalty (sent as llama.cpp servers'
+    `repeat_penalty`: llama-cpp-python's server penalises repeats by 1.1 unless told 1, even at
+    temperature 0, so its "greedy" text is not the model's); evalkit's own: top_k, temperature, seed."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, tokenizer: str | None = None,
+                 top_logprobs: int = DEFAULT_SERVER_LOGPROBS, concurrency: int = 4, retries: int = 3,
+                 timeout: int = 120, answer_max_tokens: int = DEFAULT_ANSWER_TOKENS, top_k: int = 20,
+                 temperature: float = 0.8, seed: int = 0, batch_size: Any = None, max_gen_toks: int = 256,
+                 repeat_penalty: float | None = None) -> None:
+        super().__init__()
+        if not tokenizer:
+            raise BadInput("--model server needs --model-args tokenizer=PATH (a .gguf file or tokenizer folder): "
+                           "the chat template, and the ids of the token texts a server returns")
+        self.client = Client(base_url, timeout=timeout, retries=retries)
+        try:
+            listed = self.client.get("/models")
+        except ServerError as exc:
+            raise BadInput(f"the server at {base_url} does not answer: {exc}") from None
+        served = [m.get("id") for m in listed.get("data") or [] if isinstance(m, dict)]
+        self.served_model = model or (served[0] if served else None)
+        self.base_url = base_url
+        self.tokenizer = load_tokenizer(str(tokenizer))
+        self.ids = piece_ids(self.tokenizer)
+        self.k = min(int(top_k), int(top_logprobs))
+        self.temperature = float(temperature)
+        self.seed = int(seed)
+        self.concurrency = int(concurrency)
+        self.answer_max_tokens = int(answer_max_tokens)
+        self.max_gen_toks = int(max_gen_toks)
+        self.repeat_penalty = None if repeat_penalty is None else float(repeat_penalty)
+        self.unmapped = 0  # top-k entries whose text names no single token id
+        self._priors: dict[str, dict[int, float] | None] = {}
+        self.unavailable: dict[str, str] = {
+            "entropy": "a server returns K logprobs, not the whole vocabulary",
+            "opener_mass": "needs one echo request per opener lexicon entry for every prompt",
+        }
+        if self.temperature != 1.0:
+            self.unavailable["top3_mass"] = (f"top3_mass@T={self.temperature:g} needs the whole vocabulary; "
+                                             "K logprobs fix it at T = 1 only (--temperature 1)")
+            self.unavailable["unstable"] = self.unavailable["top3_mass"]
+        self._echo_ok = self._check_echo()
+        if self.k < PRIOR_MIN_K:
+            self.unavailable["prior_drift"] = (f"the server gives K = {self.k} logprobs; prior_drift's support rule "
+                                               f"needs K >= {PRIOR_MIN_K} (top_logprobs=50 where the server allows it)")
+
+    # -- lm-eval interface --------------------------------------------------------------
+
+    @property
+    def max_length(self) -> int | None:
+        return None
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tokenizer, "name_or_path", "server")).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return getattr(self.tokenizer, "chat_template", None) if chat_template else None
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        import jinja2
+
+        try:
+            return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      continue_final_message=not add_generation_prompt)
+        except jinja2.exceptions.TemplateError:
+            chat_history = [m for m in chat_history if m["role"] != "system"]
+            return self.tokenizer.apply_chat_template(chat_history, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      continue_final_message=not add_generation_prompt)
+
+    def generate_until(self, requests, disable_tqdm: bool = False):
+        bar = tqdm(total=len(requests), desc=f"first step ({self.base_url})", disable=disable_tqdm)
+
+        def one(req):
+            try:
+                return self._one(req.args[0], req.args[1], req.doc or {})
+            finally:
+                bar.update(1)
+
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            out = list(pool.map(one, requests))
+        bar.close()
+        return out
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """log P(continuation | context) from the server's prompt logprobs (echo), and whether each
+        continuation token was the server's top-1."""
+        def one(req):
+            context, continuation = req.args
+            lp, greedy = self._echo(context, continuation, top=1)
+            if lp is None:
+                raise ServerError(f"the server merged the context's end into the continuation {continuation!r}")
+            return lp, greedy
+
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(one, requests))
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        raise NotImplementedError("evalkit-server: loglikelihood_rolling is not implemented (use --model llamacpp "
+                                  "or hf for perplexity tasks)")
+
+    # -- one request ----------------------------------------------------------------------
+
+    def _complete(self, prompt: str, **body: Any) -> dict:
+        payload = {"prompt": prompt, "seed": self.seed, **body}
+        if self.repeat_penalty is not None:  # llama.cpp servers' own field (llama-cpp-python's defaults to 1.1)
+            payload["repeat_penalty"] = self.repeat_penalty
+        if self.served_model:
+            payload["model"] = self.served_model
+        return self.client.post("/completions", payload)["choices"][0]
+
+    def _echo(self, context: str, continuation: str, top: int = 0) -> tuple[float | None, bool]:
+        """(log P(continuation | context) from echoed prompt logprobs or None where the server's
+        tokens straddle the boundary, every continuation token the top-1)."""
+        choice = self._complete(context + continuation, max_tokens=1, temperature=0.0, echo=True, logprobs=max(top, 1))
+        lp = choice["logprobs"]
+        offsets, values, tops = lp["text_offset"], lp["token_logprobs"], lp.get("top_logprobs") or []
+        start, end = len(context), len(context) + len(continuation)
+        picked = [j for j, off in enumerate(offsets) if start <= off < end]
+        if not picked or offsets[picked[0]] != start or any(values[j] is None for j in picked):
+            return None, False
+        greedy = all(j < len(tops) and tops[j] and max(tops[j].values()) <= values[j] + 1e-9 for j in picked)
+        return float(sum(values[j] for j in picked)), greedy
+
+    def _one(self, context: str, gen: dict, doc: dict) -> FirstStepResult | str:
+        until = gen.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_new = int(gen.get("max_gen_toks", self.max_gen_toks))
+        if gen.get("do_sample"):
+            choice = self._complete(context, max_tokens=max_new, temperature=float(gen.get("temperature") or 1.0),
+                                    stop=until or None)
+            return _cut(choice.get("text") or "", until)
+        answers_full = bool(doc.get("answers_full"))
+        limit = max(max_new, self.answer_max_tokens) if answers_full else max_new
+        body: dict[str, Any] = {"max_tokens": limit, "temperature": 0.0, "logprobs": self.k}
+        if until and not answers_full:
+            body["stop"] = until
+        choice = self._complete(context, **body)
+        full = choice.get("text") or ""
+        lp = choice.get("logprobs") or {}
+        tops = lp.get("top_logprobs") or []
+        top = []
+        for text, value in ranked(tops[0] if tops else None, self.k):
+            if text in self.ids:
+                top.append((self.ids[text], text, float(value)))
+            else:
+                self.unmapped += 1
+        text = _cut(full, until)
+        if answers_full:  # the response as it would have stopped: at a stop string or max_gen_toks
+            text = _cut(_first_tokens(self.tokenizer, full, max_new), until)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        unit, _ = hf_engine.first_unit_ids(lambda xs: self.tokenizer.decode(xs, skip_special_tokens=True), ids)
+        metrics: dict[str, float] = {}
+        if top:
+            metrics["top1_prob"] = math.exp(top[0][2])
+        if len(top) >= 3 and self.temperature == 1.0:
+            metrics["top3_mass"] = sum(math.exp(v) for _, _, v in top[:3])
+            metrics["unstable"] = 1.0 if metrics["top3_mass"] < UNSTABLE_BELOW else 0.0
+        if doc_kind(doc) == FIRSTTOKEN and doc.get("answers"):
+            starts = candidate_strings(doc["answers"])
+            if top:
+                metrics["ft_token_hit"] = 1.0 if top[0][0] in hf_engine.first_ids(self.tokenizer, context, starts) else 0.0
+            hit = self._ft_hit_prob(context, starts, top)
+            if hit is not None:
+                metrics["ft_hit_prob"] = hit
+            prior = self._prior(context, doc)
+            if prior is not None and top:
+                metrics["prior_drift"] = stats.prior_drift({t: math.exp(v) for t, _, v in top}, prior)
+        first_tokens = lp.get("tokens") or []
+        first_text = first_tokens[0] if first_tokens else ""
+        return FirstStepResult(
+            text=text,
+            first_token_id=self.ids.get(first_text) if first_text else None,
+            first_token=first_text,
+            first_unit=unit,
+            topk=[(t, s, v) for t, s, v in top],
+            entropy=None,
+            metrics=metrics,
+            answer_text=full if answers_full else None,
+        )
+
+    def _check_echo(self) -> bool:
+        """Whether the server's prompt logprobs (echo) can be trusted, checked once before the run: the
+        echoed logprob of its own greedy next token after ECHO_PROBE must equal that token's completion
+        logprob. When it does not (or the server has no echo), ft_hit_prob is NULL with the reason."""
+        try:
+            choice = self._complete(ECHO_PROBE, max_tokens=1, temperature=0.0, logprobs=1)
+            lp = choice.get("logprobs") or {}
+            text, value = lp["tokens"][0], float(lp["token_logprobs"][0])
+            echoed, _ = self._echo(ECHO_PROBE, text)
+        except (ServerError, KeyError, IndexError, TypeError, ValueError) as exc:
+            self.unavailable["ft_hit_prob"] = f"the server gives no prompt logprobs (echo with logprobs): {exc}"
+            return False
+        if echoed is None or abs(echoed - value) > ECHO_TOLERANCE:
+            self.unavailable["ft_hit_prob"] = (
+                f"the server's prompt logprobs (echo) are misaligned: after {ECHO_PROBE!r} its greedy token "
+                f"{text!r} has logprob {value:.4f} in the completion and {echoed} echoed")
+            return False
+        return True
+
+    def _ft_hit_prob(self, context: str, starts: list[str], top) -> float | None:
+        """Σ P(start | context) from echoed prompt logprobs; None when the server's echo is not trusted
+        (`_check_echo`) or a start's tokens straddle the prompt's end."""
+        if not self._echo_ok:
+            return None
+        total = 0.0
+        for start in starts:
+            lp, _ = self._echo(context, start)
+            if lp is None:
+                    return None  # the server's tokens of a start straddle the prompt's end: NULL for this prompt
+            total += math.exp(lp)
+        return total
+
+    def _prior(self, context: str, doc: dict) -> dict[int, float] | None:
+        """The content-free prior from the same server (K >= 50 only), per prompt frame."""
+        if self.k < PRIOR_MIN_K:
+            return None
+        prompt = doc.get("prompt")
+        if not isinstance(prompt, str) or not prompt or context.count(prompt) != 1:
+            return None
+        frame = context.replace(prompt, "\x00")
+        if frame not in self._priors:
+            sums: dict[int, float] = {}
+            contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
+            for c in contexts:
+                choice = self._complete(c, max_tokens=1, temperature=0.0, logprobs=self.k)
+                tops = (choice.get("logprobs") or {}).get("top_logprobs") or [None]
+                for text, value in ranked(tops[0], self.k):
+                    if text in self.ids:
+                        sums[self.ids[text]] = sums.get(self.ids[text], 0.0) + math.exp(value) / len(contexts)
+            self._priors[frame] = dict(sorted(sums.items(), key=lambda kv: -kv[1])[: self.k])
+        return self._priors[frame]
+
+
+def _cut(text: str, until: list[str]) -> str:
+    for s in until:
+        if s and s in text:
+            text = text.split(s, 1)[0]
+    return text
+
+
+def _first_tokens(tokenizer, text: str, n: int) -> str:
+    """The text of the first n tokens of `text` as the tokenizer splits it."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer.decode(ids[:n], skip_special_tokens=True) if len(ids) > n else text
