@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit import envvars
+from evalkit.defaults import DEFAULT_MODEL
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Run:
     load_s: float = 0.0  # seconds spent loading the model
     eval_s: float = 0.0  # seconds spent evaluating
     lead: list[dict[str, Any]] = field(default_factory=list)  # does the first token predict the answer?
+    replayed: int | None = None  # a resumed run: batches replayed from its journal (None: not resumed)
+    computed: int | None = None  # a resumed run: batches computed in the resume
 
     def metrics_frame(self):
         """The metrics as a pandas DataFrame (task, metric, value, ci_lo, ci_hi, n, ...)."""
@@ -54,7 +57,7 @@ class Run:
             con.close()
 
 
-def run(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.PathLike | None = None,
+def run(tasks: str | Sequence[str] = (), model: str = DEFAULT_MODEL, *, db: str | os.PathLike | None = None,
         on_start: Callable[[str], None] | None = None, **options: Any) -> Run:
     """Evaluate a model and store the run, as `evalkit run` does; return the stored `Run`.
 
@@ -75,7 +78,25 @@ def run(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.Path
     return run_all(tasks, model, db=db, on_start=on_start, **options)[0]
 
 
-def run_all(tasks: str | Sequence[str] = (), model: str = "hf", *, db: str | os.PathLike | None = None,
+def resume(run: str, *, db: str | os.PathLike | None = None, on_start: Callable[[str], None] | None = None) -> Run:
+    """Continue a stopped run from its journal, as `evalkit run --resume RUN` does; return the stored `Run`.
+
+    Only the batches its journal lacks are computed, and the rows equal an uninterrupted
+    run's. Refused (BadInput) when the run is done or still running, has no journal, its
+    journal does not verify, or what it ran with (model file, quant, template, KV policy,
+    seed, versions) has changed. A run whose finished results wait in a spool file is
+    brought in.
+    """
+    from evalkit.runner.resume import resume as resume_run
+    from evalkit.store.db import db_path
+
+    envvars.check_environment()
+    result = resume_run(db, run, on_start=on_start)
+    return Run(result.run_id, result.status, result.n_samples, result.duration_s, db_path(db), result.metrics,
+               result.load_s, result.eval_s, result.lead, result.replayed, result.computed)
+
+
+def run_all(tasks: str | Sequence[str] = (), model: str = DEFAULT_MODEL, *, db: str | os.PathLike | None = None,
             on_start: Callable[[str], None] | None = None, on_done: Callable[[Run], None] | None = None,
             **options: Any) -> list[Run]:
     """`run` for every configuration of a sweep: one stored run per `quant` variant (a comma list,

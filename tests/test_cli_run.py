@@ -9,9 +9,7 @@ import re
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
-from evalkit.cli import cli
 from evalkit.prompts.templates import get_template
 from evalkit.scoring.lexicon import load_lexicon
 from tests import fake_lm
@@ -19,14 +17,10 @@ from tests import fake_lm
 FAKE = ["--model", "evalkit-fake"]
 
 
-def invoke(*args, env=None):
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False, env=env)
-
-
 class Run:
     """One `evalkit run` through the CLI: its result, its id and the prompts the fake LM was sent."""
 
-    def __init__(self, db, *args):
+    def __init__(self, invoke, db, *args):
         start = len(fake_lm.CALLS)
         self.result = invoke("run", *FAKE, "--db", db, *args)
         assert self.result.exit_code == 0, self.result.output
@@ -62,23 +56,23 @@ def db(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def hit_run(db):
-    return Run(db, "--model-args", "mode=hit", "--tasks", "firsttoken", "--limit", 5)
+def hit_run(invoke, db):
+    return Run(invoke, db, "--model-args", "mode=hit", "--tasks", "firsttoken", "--limit", 5)
 
 
 @pytest.fixture(scope="module")
-def opener_run(db, hit_run):
-    return Run(db, "--model-args", "mode=opener", "--tasks", "firsttoken", "--limit", 3, "--name", "openers")
+def opener_run(invoke, db, hit_run):
+    return Run(invoke, db, "--model-args", "mode=opener", "--tasks", "firsttoken", "--limit", 3, "--name", "openers")
 
 
 @pytest.fixture(scope="module")
-def plain_run(db, opener_run):
-    return Run(db, "--model-args", "mode=hit", "--tasks", "firsttoken_en", "--limit", 2, "--template", "plain")
+def plain_run(invoke, db, opener_run):
+    return Run(invoke, db, "--model-args", "mode=hit", "--tasks", "firsttoken_en", "--limit", 2, "--template", "plain")
 
 
 @pytest.fixture(scope="module")
-def direct_run(db, plain_run):
-    return Run(db, "--model-args", "mode=hit", "--tasks", "firsttoken_zh", "--limit", 2, "--template", "direct")
+def direct_run(invoke, db, plain_run):
+    return Run(invoke, db, "--model-args", "mode=hit", "--tasks", "firsttoken_zh", "--limit", 2, "--template", "direct")
 
 
 USER_PROMPTS = [
@@ -89,10 +83,10 @@ USER_PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def prompts_run(db, direct_run, tmp_path_factory):
+def prompts_run(invoke, db, direct_run, tmp_path_factory):
     path = tmp_path_factory.mktemp("prompts") / "mine.jsonl"
     path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in USER_PROMPTS), encoding="utf-8")
-    return Run(db, "--model-args", "mode=hit", "--prompts", path)
+    return Run(invoke, db, "--model-args", "mode=hit", "--prompts", path)
 
 
 @pytest.fixture(scope="module")
@@ -217,11 +211,11 @@ def test_direct_template(direct_run):
     assert [s["prompt"] for s in direct_run.samples()] == contexts
 
 
-def test_user_templates_file(tmp_path):
+def test_user_templates_file(invoke, tmp_path):
     path = tmp_path / "templates.yaml"
     path.write_text("terse:\n  chat: true\n  system: Be terse.\n", encoding="utf-8")
     db = tmp_path / "t.duckdb"
-    run = Run(db, "--model-args", "mode=hit", "--tasks", "firsttoken_en", "--limit", 1,
+    run = Run(invoke, db, "--model-args", "mode=hit", "--tasks", "firsttoken_en", "--limit", 1,
               "--template", "terse", "--templates-file", path)
     assert [c for c, _ in run.calls] == ["<system>Be terse.</system><user>What is recursion?</user><assistant>"]
     row = run.run_row()
@@ -249,7 +243,7 @@ def test_user_prompts_file(prompts_run):
 # ---- runs / show / query -------------------------------------------------------------------------
 
 
-def test_runs_lists_every_run_newest_first(all_runs, db, monkeypatch):
+def test_runs_lists_every_run_newest_first(invoke, all_runs, db, monkeypatch):
     monkeypatch.setenv("EVALKIT_DB", str(db))  # the DB from the environment
     result = invoke("runs")
     assert result.exit_code == 0
@@ -265,7 +259,7 @@ def test_runs_lists_every_run_newest_first(all_runs, db, monkeypatch):
     assert listed[0]["tasks"] == ["firsttoken_user"] and listed[1]["template"] == "direct"
 
 
-def test_show_by_prefix_and_latest(all_runs, db):
+def test_show_by_prefix_and_latest(invoke, all_runs, db):
     hit_run = all_runs[0]
     result = invoke("show", "zzzz", "--db", db)  # no id begins so
     assert result.exit_code == 2 and "unknown run" in result.stderr
@@ -290,7 +284,7 @@ def test_show_by_prefix_and_latest(all_runs, db):
     assert values[("firsttoken_en", "ft_hit")] == 1.0 and values[("firsttoken_zh", "opener_rate")] == 0.0
 
 
-def test_query_formats(all_runs, db):
+def test_query_formats(invoke, all_runs, db):
     sql = (f"SELECT task, metric, value FROM metrics WHERE run_id = '{all_runs[1].id}' AND task = 'firsttoken_en' "
            "ORDER BY metric")
     table = invoke("query", sql, "--db", db)
@@ -317,7 +311,7 @@ def test_query_formats(all_runs, db):
     assert counts == [{"n": sum(r.n_samples for r in all_runs)}]
 
 
-def test_query_refuses_writes(all_runs, db):
+def test_query_refuses_writes(invoke, all_runs, db):
     result = invoke("query", "DELETE FROM runs", "--db", db)
     assert result.exit_code == 2
     assert "read-only" in result.stderr
@@ -325,7 +319,7 @@ def test_query_refuses_writes(all_runs, db):
     assert counts == [{"n": len(all_runs)}]
 
 
-def test_each_response_is_scored_once(tmp_path, monkeypatch):
+def test_each_response_is_scored_once(invoke, tmp_path, monkeypatch):
     """The task's process_results scores a response; collecting the rows reads those values."""
     from evalkit.scoring import firsttoken
 
@@ -337,7 +331,7 @@ def test_each_response_is_scored_once(tmp_path, monkeypatch):
         return real(doc, resp, openers)
 
     monkeypatch.setattr(firsttoken, "score", counting)
-    run = Run(tmp_path / "once.duckdb", "--tasks", "firsttoken", "--limit", "3")
+    run = Run(invoke, tmp_path / "once.duckdb", "--tasks", "firsttoken", "--limit", "3")
     assert run.n_samples == 6
     assert sorted(calls) == sorted(r["doc_id"] for r in run.samples())
     assert {r["ft_outcome"] for r in run.samples()} == {"hit"}

@@ -66,7 +66,7 @@ def test_probe_model_runs_are_identical(tiny_model_dir, tmp_path, template):
         assert n_a == n_b > 0, (table, n_a, n_b)
         assert diff == [], f"{table} differ: {diff}"
     con = duckdb.connect(str(db), read_only=True)
-    try:  # the top-k holds k >= 50 candidates per prompt (see the README, Storage), so the comparison covers them
+    try:  # the top-k holds k >= 50 candidates per prompt (see docs/storage-and-sql.md), so the comparison covers them
         per_prompt = con.execute(
             "SELECT min(n) FROM (SELECT count(*) AS n FROM first_token_topk WHERE run_id = ? GROUP BY task, doc_id)",
             [run_a],

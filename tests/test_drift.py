@@ -310,6 +310,15 @@ def test_sweep_with_drift_stores_positions_summaries_and_metrics(tiny_model_dir,
         assert np.allclose([x[2] for x in a], [x[2] for x in b], atol=1e-6)
     finally:
         con.close()
+    # the report draws the drift section for these runs, and leaves it out for runs without drift
+    from evalkit.report.build import DRIFT_PNG, build_report
+
+    report = build_report(db, runs=[base, cand], out=tmp_path / "report")
+    drift = next(s for s in report.sections if s.key == "drift")
+    assert drift.omitted is None and (tmp_path / "report" / DRIFT_PNG).stat().st_size > 1000
+    assert DRIFT_PNG in (tmp_path / "report" / "index.html").read_text()
+    plain = build_report(db, runs=[base], out=tmp_path / "report-base")
+    assert next(s for s in plain.sections if s.key == "drift").omitted.startswith("no run here teacher-forced")
 
 
 def test_drift_options_refused_with_one_line(tiny_model_dir, tmp_path):

@@ -16,26 +16,13 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from click.testing import CliRunner
 
-from evalkit.cli import cli
 from evalkit.errors import BadInput
 from evalkit.paths import append_file, write_file
-from evalkit.runner.execute import RunConfig, execute
 from evalkit.store.sandbox import TABLES, merged_query
 
 PNG = b"\x89PNG\r\n\x1a\n"
 SECRET = "outside the output folder: must stay as it is\n"
-
-
-def invoke(*args, env=None):
-    return CliRunner(catch_exceptions=False).invoke(cli, [str(a) for a in args], env=env)
-
-
-def fake_run(db, mode, name, limit=2):
-    cfg = RunConfig(tasks=["firsttoken"], model="evalkit-fake", model_args=f"mode={mode}", limit=limit,
-                    name=name, db=str(db))
-    return execute(cfg).run_id
 
 
 def add_needle(db, run_id):
@@ -51,10 +38,10 @@ def add_needle(db, run_id):
 
 
 @pytest.fixture(scope="module")
-def stored(tmp_path_factory):
+def stored(fake_run, tmp_path_factory):
     """Two done fake-LM runs on the same prompts; the baseline also has needle samples."""
     db = tmp_path_factory.mktemp("outputs") / "runs.duckdb"
-    ids = {"base": fake_run(db, "hit", "baseline"), "cand": fake_run(db, "other", "candidate")}
+    ids = {"base": fake_run(db, "hit", name="baseline"), "cand": fake_run(db, "other", name="candidate")}
     add_needle(db, ids["base"])
     return db, ids
 
@@ -148,7 +135,7 @@ def test_append_file_refuses_a_link_even_after_the_check(tmp_path, outside):
 # ----------------------------------------------------------------------- report
 
 
-def test_report_replaces_planted_links(runs, tmp_path, outside):
+def test_report_replaces_planted_links(invoke, runs, tmp_path, outside):
     out = tmp_path / "report"
     plant(out, outside, "index.html", "summary.md")
     (out / "leaderboard.png").symlink_to(outside / "secret.txt")
@@ -161,7 +148,7 @@ def test_report_replaces_planted_links(runs, tmp_path, outside):
     no_temporaries(out)
 
 
-def test_report_on_a_full_disk_is_one_line_and_keeps_the_old_files(runs, tmp_path, monkeypatch):
+def test_report_on_a_full_disk_is_one_line_and_keeps_the_old_files(invoke, runs, tmp_path, monkeypatch):
     out = tmp_path / "report"
     assert invoke("report", "--out", out).exit_code == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -177,7 +164,7 @@ def test_report_on_a_full_disk_is_one_line_and_keeps_the_old_files(runs, tmp_pat
 # ----------------------------------------------------------------------- needle-heatmap
 
 
-def test_needle_heatmap_replaces_planted_links(runs, tmp_path, outside):
+def test_needle_heatmap_replaces_planted_links(invoke, runs, tmp_path, outside):
     out = tmp_path / "needle"
     names = [f"needle_heatmap_{runs['base']}.png", f"needle_by_depth_{runs['base']}.png"]
     plant(out, outside, *names)
@@ -192,16 +179,19 @@ def test_needle_heatmap_replaces_planted_links(runs, tmp_path, outside):
 # ----------------------------------------------------------------------- gate
 
 
-def gate(runs, *args, env=None):
-    return invoke("gate", "--candidate", runs["cand"], "--baseline", runs["base"], *args, env=env)
+@pytest.fixture
+def gate(invoke, runs):
+    """`gate(*args, env=None)`: `evalkit gate` of the candidate against the baseline run."""
+    return lambda *args, env=None: invoke("gate", "--candidate", runs["cand"], "--baseline", runs["base"], *args,
+                                          env=env)
 
 
 @pytest.mark.parametrize("target", ["secret.txt", "missing.xml"], ids=["link-to-a-file", "dangling-link"])
-def test_gate_junit_replaces_a_planted_link(runs, tmp_path, outside, target):
+def test_gate_junit_replaces_a_planted_link(gate, runs, tmp_path, outside, target):
     junit = tmp_path / "ci" / "gate.xml"
     junit.parent.mkdir()
     junit.symlink_to(outside / target)
-    res = gate(runs, "--junit", junit)
+    res = gate("--junit", junit)
     assert res.exit_code in (1, 3), res.output  # a verdict, whichever: the file is what matters
     assert_untouched(outside)
     assert_replaced(junit, b"<?xml")
@@ -209,10 +199,10 @@ def test_gate_junit_replaces_a_planted_link(runs, tmp_path, outside, target):
 
 
 @pytest.mark.parametrize("target", ["secret.txt", "missing.md"], ids=["link-to-a-file", "dangling-link"])
-def test_step_summary_through_a_link_is_refused(runs, tmp_path, outside, target):
+def test_step_summary_through_a_link_is_refused(gate, runs, tmp_path, outside, target):
     summary = tmp_path / "summary.md"
     summary.symlink_to(outside / target)
-    res = gate(runs, env={"GITHUB_STEP_SUMMARY": str(summary)})
+    res = gate(env={"GITHUB_STEP_SUMMARY": str(summary)})
     assert res.exit_code == 2, res.output
     one_error_line(res, "is a symbolic link")
     assert res.stdout == ""  # refused before any work
@@ -220,13 +210,13 @@ def test_step_summary_through_a_link_is_refused(runs, tmp_path, outside, target)
     assert summary.is_symlink()
 
 
-def test_gate_on_a_full_disk_is_one_line(runs, tmp_path, monkeypatch):
+def test_gate_on_a_full_disk_is_one_line(gate, runs, tmp_path, monkeypatch):
     junit, summary = tmp_path / "gate.xml", tmp_path / "summary.md"
     junit.write_text("old junit")
     summary.write_text("# earlier step\n")
     with monkeypatch.context() as patch:
         patch.setattr(os, "replace", enospc_on(os.replace, lambda src, dst: Path(dst) == junit))
-        res = gate(runs, "--junit", junit)
+        res = gate("--junit", junit)
     assert res.exit_code == 2, res.output
     one_error_line(res, f"cannot write --junit {junit}: No space left on device")
     assert junit.read_text() == "old junit"
@@ -243,7 +233,7 @@ def test_gate_on_a_full_disk_is_one_line(runs, tmp_path, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(os, "open", recording_open)
         patch.setattr(os, "write", enospc_on(os.write, lambda fd, data: fd in summary_fds))
-        res = gate(runs, env={"GITHUB_STEP_SUMMARY": str(summary)})
+        res = gate(env={"GITHUB_STEP_SUMMARY": str(summary)})
     assert res.exit_code == 2, res.output
     one_error_line(res, f"cannot write $GITHUB_STEP_SUMMARY {summary}: No space left on device")
     assert summary.read_text() == "# earlier step\n"
@@ -256,7 +246,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
-def test_export_replaces_planted_links(runs, tmp_path, outside):
+def test_export_replaces_planted_links(invoke, runs, tmp_path, outside):
     out = tmp_path / "export"
     plant(out, outside, "runs.parquet", "tags.parquet")
     res = invoke("export", "--parquet", out)
@@ -268,7 +258,7 @@ def test_export_replaces_planted_links(runs, tmp_path, outside):
     no_temporaries(tmp_path)
 
 
-def test_export_through_a_folder_link_keeps_the_link(runs, tmp_path):
+def test_export_through_a_folder_link_keeps_the_link(invoke, runs, tmp_path):
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "exports").symlink_to(real)
@@ -277,7 +267,7 @@ def test_export_through_a_folder_link_keeps_the_link(runs, tmp_path):
     assert sorted(p.name for p in real.iterdir()) == sorted(f"{t}.parquet" for t in TABLES)
 
 
-def test_export_refuses_a_folder_with_other_files(runs, tmp_path):
+def test_export_refuses_a_folder_with_other_files(invoke, runs, tmp_path):
     out = tmp_path / "export"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
@@ -313,7 +303,7 @@ def failing_open_reader(real_open_reader, error, after=1):
     (KeyboardInterrupt(), 130, "interrupted"),
     (duckdb.IOException("IO Error: could not write file: No space left on device"), 2, "No space left on device"),
 ], ids=["interrupted", "disk-full"])
-def test_failed_export_keeps_the_old_export(runs, tmp_path, monkeypatch, error, code, fragment):
+def test_failed_export_keeps_the_old_export(invoke, runs, tmp_path, monkeypatch, error, code, fragment):
     from evalkit.store import export
     from evalkit.store.db import transaction
 
@@ -335,7 +325,7 @@ def test_failed_export_keeps_the_old_export(runs, tmp_path, monkeypatch, error, 
     assert merged_query([], [out], renamed)[1][0][0] == 1
 
 
-def test_export_swap_on_a_full_disk_is_one_line(runs, tmp_path, monkeypatch):
+def test_export_swap_on_a_full_disk_is_one_line(invoke, runs, tmp_path, monkeypatch):
     out = tmp_path / "export"
     assert invoke("export", "--parquet", out).exit_code == 0
     before = snapshot(out)

@@ -179,10 +179,11 @@ def test_responses_round_trip_exactly():
         text="Paris.", first_token_id=7, first_token="Par", first_unit="P",
         topk=[(7, "Par", -0.1000000000000001), (9, " the", -2.5e-300)], entropy=float("nan"),
         metrics={"ft_hit": 1.0, "prior_drift": float("inf")}, answer_text=None, units={7: "P", 9: "t"},
-        layers={"sink_rate": [0.5, 1 / 3]},
+        layers={"sink_rate": [0.5, 1 / 3]}, token_ids=[7, 12, 5],
     )
     back = journal.decode(json.loads(json.dumps(journal.encode(result))))
     assert back.topk == result.topk and back.units == result.units and back.layers == result.layers
+    assert back.token_ids == result.token_ids
     assert repr(back) == repr(result)  # nan != nan, so compare the text
 
 

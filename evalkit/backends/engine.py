@@ -20,6 +20,7 @@ counted in its probability.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +31,7 @@ import torch
 
 from evalkit.backends.kvcache import FULL, KVPolicy, new_cache
 from evalkit.backends.models import BATCH_TOKENS
+from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
 
 _SEED_STRIDE = 1_000_003
 
@@ -54,16 +56,20 @@ class FirstStep:
     attention: Any = None  # attention.PromptAttention of the prefill, when asked for (`probe(attention=...)`)
 
 
+# the share of a batch's time a progress bar gives its phases (a guide for the eye, not a measure)
+PREFILL_SHARE, FIRST_STEP_SHARE = 0.3, 0.5
+
+
 def probe(
     model,
     tokenizer,
     contexts: list[str],
     candidates: list[list[str]] | None = None,
     *,
-    top_k: int = 50,
+    top_k: int = DEFAULT_TOP_K,
     max_new_tokens: int = 32,
     stop: Sequence[str] = (),
-    batch_size: int = 8,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     first_temperature: float | None = None,
     banned_first_ids: set[int] | frozenset = frozenset(),
     seed: int = 0,
@@ -75,6 +81,7 @@ def probe(
     kv_policy: KVPolicy | None = None,
     unit_ranks: int = 0,
     batch_tokens: int = BATCH_TOKENS,
+    progress: Callable[[str, float], None] | None = None,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -117,6 +124,9 @@ def probe(
     per layer (`FirstStep.attention`); the model must run `attention.IMPLEMENTATION`
     (`attention.install`). Only the prefill is read (under the KV-cache policy's masks, as the model ran it);
     nothing else changes.
+
+    `progress(phase, fraction)` is told, as the work goes, what runs now ("prefill", "candidate trie",
+    "decode 12/48") and the share of all `contexts` done, in [0, 1]: a bar moves within a batch.
     """
     if candidates is not None and len(candidates) != len(contexts):
         raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
@@ -143,8 +153,12 @@ def probe(
     # longest first, so a batch holds prompts of similar length (little padding)
     order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
     results: list[FirstStep | None] = [None] * len(contexts)
+    done = 0
     with torch.inference_mode():
         for rows in _batches(order, [len(ids) for ids in context_ids], batch_size, batch_tokens):
+            if progress is not None:
+                engine.progress = functools.partial(_tell, progress, done, len(rows), len(contexts))
+            done += len(rows)
             steps = engine.run_batch(
                 rows,
                 [contexts[i] for i in rows],
@@ -155,7 +169,13 @@ def probe(
             )
             for i, step in zip(rows, steps):
                 results[i] = step
-    return results  # type: ignore[return-value]
+    return results  # type: ignore[return-value]  # every row was filled
+
+
+def _tell(progress: Callable[[str, float], None], before: int, rows: int, total: int, phase: str,
+          share: float) -> None:
+    """A batch's progress (its phase, `share` of it done) as the share of all prompts done."""
+    progress(phase, (before + share * rows) / total)
 
 
 def _batches(order: list[int], lengths: list[int], batch_size: int, batch_tokens: int) -> list[list[int]]:
@@ -316,6 +336,7 @@ class _Engine:
                  banned_first_ids, seed, add_special_tokens, tolerance=0.0, kv_policy=None, unit_ranks=0,
                  attention=None):
         self.model = model
+        self.progress: Callable[[str, float], None] = lambda phase, share: None  # see `probe`
         self.unit_ranks = max(0, int(unit_ranks))
         self.policy = kv_policy or FULL
         self.attention = attention  # per context: attention.Request, or None
@@ -377,6 +398,7 @@ class _Engine:
         with _read_attention(self.attention, indices, [P - len(ids) for ids in ids_list], P) as seen:
             logits, cache = self.forward(input_ids, attn, position_ids, cache=cache, last_only=True)
         logprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (B, V)
+        self.progress("prefill done", PREFILL_SHARE)
 
         steps = []
         k = max(0, min(self.top_k, logprobs.shape[-1]))
@@ -394,6 +416,7 @@ class _Engine:
             for step, read in zip(steps, seen.results()):
                 step.attention = read
         if any(cand_lists):
+            self.progress("candidate trie", PREFILL_SHARE)
             scored = self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets)
             for step, (probs, unscored, positions, tokens) in zip(steps, scored):
                 step.candidate_probs, step.unscored_mass, step.candidate_positions = probs, unscored, positions
@@ -406,6 +429,7 @@ class _Engine:
         first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
         for r in range(B):
             steps[r].first_token_id = int(first[r])
+        self.progress("decode", FIRST_STEP_SHARE)
         answer_lens = list(answer_lens or [0] * B)
         if self.max_new_tokens > 0 or any(answer_lens):
             limits = [max(self.max_new_tokens, n) for n in answer_lens]
@@ -417,6 +441,7 @@ class _Engine:
                     steps[r].response_ids = self.response_prefix(responses[r])
                 else:
                     steps[r].response_ids = responses[r]
+        self.progress("batch done", 1.0)
         return steps
 
     def policy_mask(self, q_pos, k_pos, k_valid, also=None):
@@ -642,7 +667,11 @@ class _Engine:
             return self.accept(responses[r], token, limits[r], stops[r])
 
         going = [accept(r, int(t)) for r, t in zip(rows, tokens.tolist())]
+        longest, steps = max(limits), 1
         while any(going):
+            steps += 1
+            self.progress(f"decode {steps}/{longest}",
+                          FIRST_STEP_SHARE + (1 - FIRST_STEP_SHARE) * min(1.0, steps / max(longest, 1)))
             if not all(going):
                 keep = torch.tensor([j for j, g in enumerate(going) if g], dtype=torch.long, device=self.device)
                 cache.batch_select_indices(keep)

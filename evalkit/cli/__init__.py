@@ -23,7 +23,7 @@ class CliError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it per class; evalkit's vary per error
 
     def show(self, file=None) -> None:
         click.echo(f"evalkit: error: {self.format_message()}", err=True)
@@ -75,6 +75,7 @@ _COMMAND_MODULES = [
     "metrics",
     "db",
     "tasks",
+    "drift",
 ]
 
 for _name in _COMMAND_MODULES:

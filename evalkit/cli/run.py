@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from evalkit.backends.models import BATCH_TOKENS
-from evalkit.cli.options import db_option
+from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options
 from evalkit.cli.output import lead_table, metric_table, next_steps
+from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
 from evalkit.prompts.presets import LENGTH_PRESETS
 
 
@@ -26,30 +27,26 @@ def _csv_list(kind, presets=None):
 
 
 @click.command("run")
-@click.option("--model", default="hf", show_default=True, help="lm-eval model type (hf, vllm, ...).")
-@click.option("--model-args", default=None, help="K=V,... passed to the model; none: the embedded SmolLM2.")
-@click.option("--tasks", default=None, help="Comma-separated tasks or groups (firsttoken, needle, ...).")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True,
+              help="lm-eval model type: hf, llamacpp (a GGUF on llama.cpp), server (an OpenAI-compatible "
+                   "server's logprobs), vllm, ... (docs/engines.md).")
+@model_options("run")
+@click.option("--tasks", default=None, help="Comma-separated tasks or groups: evalkit's (firsttoken, needle, ...) "
+              "or lm-eval's own (gsm8k, mmlu_anatomy, ...; see docs/cli.md).")
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
-              help="Your own prompts as JSONL (see README), scored like firsttoken.")
-@click.option("--template", default="chat", show_default=True, help="Prompt template: chat, plain, direct, or yours.")
-@click.option("--templates-file", envvar="EVALKIT_TEMPLATES", default=None, type=click.Path(dir_okay=False),
-              help="YAML file of extra templates [env EVALKIT_TEMPLATES].")
-@click.option("--quant", default=None,
-              help="q4_1 (GGUF as loaded), fp32, bf16, int8-dynamic, int8-weight, int4-weight[:G], nf4, int8-llm, "
-                   "hqq4[:G], hqq8[:G], int4-tinygemm (GPU), gptq, awq; comma-separated: one run per variant.")
-@click.option("--kv-cache", default=None,
-              help="KV-cache policy: full (default), window:W, sinkwindow:S:W, fp8, quantized:BACKEND:BITS; "
-                   "a comma list runs one run per policy.")
+              help="Your own prompts as JSONL (see docs/cli.md), scored like firsttoken.")
+@prompt_options
 @click.option("--limit", type=int, default=None,
               help="At most N prompts per first-token or needle_conflict task (conflict documents are listed "
                    "pair by pair); the needle grid always runs whole: narrow it with --needle-lengths / "
                    "--needle-depths.")
-@click.option("--seed", type=int, default=1234, show_default=True)
-@click.option("--batch-size", type=int, default=8, show_default=True,
+@click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True)
+@click.option("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, show_default=True,
               help=f"Prompts per batch; a batch also holds at most {BATCH_TOKENS} padded positions "
               "(long prompts go fewer at a time).")
-@click.option("--top-k", type=int, default=50, show_default=True, help="First-token candidates stored per prompt (>= 50).")
-@click.option("--temperature", type=float, default=0.8, show_default=True, help="T of top3_mass@T.")
+@click.option("--top-k", type=int, default=DEFAULT_TOP_K, show_default=True,
+              help=f"First-token candidates stored per prompt (>= {MIN_TOP_K}).")
+@first_step_options("run")
 @click.option("--first-temperature", type=float, default=None, help="Sample the first token at T1 (0: argmax).")
 @click.option("--ban-openers", is_flag=True, help="Mask opener-initial tokens at step 1 only.")
 @click.option("--needle-lengths", callback=_csv_list(int, LENGTH_PRESETS), default=None,
@@ -57,12 +54,20 @@ def _csv_list(kind, presets=None):
                    + ", ".join(f"{k} ({','.join(map(str, v))})" for k, v in LENGTH_PRESETS.items()) + ".")
 @click.option("--needle-depths", callback=_csv_list(float), default=None,
               help="Needle depths in [0,1], 0 = the first sentence [default: 0,0.1,...,1].")
-@click.option("--device", default=None, help="cpu, cuda, cuda:0 ... (default: cuda if available).")
-@click.option("--attention", is_flag=True,
-              help="Read the prefill's attention (hf backend, eager attention): sink_rate, needle_attn, question_attn.")
 @click.option("--include-path", type=click.Path(file_okay=False, exists=True), default=None,
               help="Extra folder of lm-eval task YAMLs.")
 @click.option("--name", default=None, help="A label stored with the run.")
+@click.option("--resume", "resume_ref", default=None, metavar="RUN",
+              help="Continue a stopped run (interrupted, abandoned, failed) from its journal: only its "
+                   "unfinished batches run. Takes no other run option.")
+@click.option("--drift", "drift_first", is_flag=True,
+              help="Drift by position: each later --quant variant teacher-forces the first variant's greedy "
+                   "responses and is compared with it at every position (docs/drift.md).")
+@click.option("--drift-base", default=None, metavar="RUN",
+              help="Drift by position against a stored run that kept its distributions (--keep-distributions).")
+@click.option("--keep-distributions", is_flag=True,
+              help="Store this run's (or the sweep's first variant's) compact next-token distributions along "
+                   "its greedy responses, as a base for --drift-base.")
 @db_option
 def run_command(**opts):
     """Evaluate a model and store the run in DuckDB; print its id and metrics.
@@ -73,6 +78,7 @@ def run_command(**opts):
       evalkit run --tasks firsttoken_zh --template direct --limit 20
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
       evalkit run --tasks firsttoken --quant bf16,int8-weight,int4-weight --limit 40
+      evalkit run --tasks firsttoken --quant bf16,int8-weight,int4-weight --drift --limit 40
       evalkit run --tasks needle_en --kv-cache full,window:256,sinkwindow:4:256,fp8
       evalkit run --prompts my_prompts.jsonl
       evalkit run --model hf --model-args pretrained=/models/qwen --tasks firsttoken
@@ -84,6 +90,16 @@ def run_command(**opts):
     def started(rid: str) -> None:
         click.echo(f"run {rid} started", err=True)
 
+    resume_ref = opts.pop("resume_ref")
+    if resume_ref is not None:
+        _resume(resume_ref, opts, started)
+        return
+    if opts.pop("drift_first"):
+        if opts.get("drift_base"):
+            from evalkit.errors import BadInput
+
+            raise BadInput("give --drift (the sweep's first variant is the base) or --drift-base RUN, not both")
+        opts["drift_base"] = "first"
     lists = [f"--{k.replace('_', '-')} {opts[k]}" for k in ("quant", "kv_cache") if "," in (opts.get(k) or "")]
     runs = api.run_all(opts.pop("tasks") or "", opts.pop("model"), on_start=started, on_done=_print_result, **opts)
     stored = [r for r in runs if not r.status.startswith("not stored")]  # a non-zero rank stores nothing
@@ -91,6 +107,27 @@ def run_command(**opts):
         ids = " ".join(r.id for r in stored)
         click.echo(f"sweep of {len(runs)} runs ({', '.join(lists)}): {ids}")
         click.echo(f"compare them: evalkit compare {ids}")
+
+
+def _resume(ref: str, opts: dict, started) -> None:
+    """`--resume RUN`: the run's own configuration, so any other run option given is refused."""
+    from click.core import ParameterSource
+
+    from evalkit import api
+    from evalkit.errors import BadInput
+
+    ctx = click.get_current_context()
+    given = [f"--{k.replace('_', '-')}" for k in opts
+             if k != "db" and ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None)]
+    if given:
+        raise BadInput(f"--resume continues a run with its own configuration; drop {', '.join(given)}")
+    result = api.resume(ref, db=opts.get("db"), on_start=started)
+    if result.replayed is not None:
+        click.echo(f"resumed run {result.id}: {result.replayed} batches replayed from its journal, "
+                   f"{result.computed} computed now")
+    else:
+        click.echo(f"run {result.id}: its kept results were brought in")
+    _print_result(result)
 
 
 def _print_result(result) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,8 +67,12 @@ def _reason(exc: BaseException) -> str:
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    """Whether the hub libraries run offline, as they themselves read HF_HUB_OFFLINE / HF_DATASETS_OFFLINE."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE or getattr(datasets.config, "HF_HUB_OFFLINE", False)
+                or getattr(datasets.config, "HF_DATASETS_OFFLINE", False))
 
 
 @contextlib.contextmanager

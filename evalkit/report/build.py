@@ -27,6 +27,7 @@ from evalkit.report.needle_sections import (
 from evalkit.report.reading import read_report
 from evalkit.report.rendering import to_html, to_markdown
 from evalkit.report.sections import (
+    Image,
     MAX_ROC_RUNS,
     Section,
     first_token_section,
@@ -39,10 +40,12 @@ from evalkit.store.db import db_path, open_reader
 
 MAX_PROMPTS = 50  # --prompts: first-token prompts charted
 # every file a report may write into --out
+DRIFT_PNG = "drift_by_position.png"
 REPORT_FILES = ("index.html", "summary.md", "leaderboard.png", "first_token.png", "trend.png", "reliability.png",
                 "sink.png", *(f"roc_{k + 1}.png" for k in range(MAX_ROC_RUNS)),
                 *(f"needle_{k + 1}.png" for k in range(MAX_HEATMAPS)), "needle_kv_cache.png",
-                "needle_kv_cache_depth.png", *(f"needle_attn_{k + 1}.png" for k in range(MAX_ATTENTION_PLOTS)))
+                "needle_kv_cache_depth.png", *(f"needle_attn_{k + 1}.png" for k in range(MAX_ATTENTION_PLOTS)),
+                DRIFT_PNG)
 
 
 @dataclass
@@ -65,6 +68,31 @@ def parse_run_refs(values: Iterable[str] | None) -> list[str]:
     return refs
 
 
+def _drift_rows(con, run_ids: list[str]) -> list[dict]:
+    """The drift-by-position rows of these runs ([] for a DB from before m019, or runs without drift)."""
+    from evalkit.report.drift_plot import drift_rows
+
+    has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'drift' AND "
+                      "database_name = current_database()").fetchone()[0]
+    return drift_rows(con, run_ids) if has and run_ids else []
+
+
+def drift_section(rows: list[dict], out_dir: Path) -> Section:
+    """KL divergence and same top by response position, one line per variant (docs/drift.md)."""
+    section = Section("drift", "Drift by response position")
+    if not rows:
+        section.omitted = "no run here teacher-forced a base run's responses (`evalkit run --drift`)"
+        return section
+    from evalkit.report.drift_plot import drift_plot
+
+    section.intro = ("Each variant teacher-forced its base run's greedy responses; KL(base ‖ variant) in nats "
+                     "and the share of positions with the same top token, by position in the response "
+                     "(0 = the first token). See docs/drift.md.")
+    section.images.append(Image(DRIFT_PNG, "drift by position", lambda: drift_plot(
+        rows, out_dir / DRIFT_PNG, title="drift by position against the base run")))
+    return section
+
+
 def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "reports",
                  prompts: int = 4) -> Report:
     """Write the report of ``runs`` (default: the newest done runs, at most `reading.MAX_DEFAULT_RUNS`) into ``out``.
@@ -78,6 +106,7 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
     refs = parse_run_refs(runs)
     with open_reader(db) as con:
         data = read_report(con, refs, prompts)
+        drift = _drift_rows(con, [r["id"] for r in data.runs])
     data.db = str(db_path(db))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -93,6 +122,7 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
         attention_section(data, out_dir),
         conflict_section(data),
         trend_section(data, out_dir),
+        drift_section(drift, out_dir),
     ]
     from evalkit.report.plots import render
 

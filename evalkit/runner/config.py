@@ -22,6 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.backends.models import ModelPlan, resolve
+from evalkit.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MODEL,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TEMPLATE,
+    DEFAULT_TOP_K,
+    MIN_TOP_K,
+)
 from evalkit.errors import BadInput
 from evalkit.prompts import catalog
 from evalkit.prompts.templates import Template, get_template
@@ -37,19 +46,19 @@ class RunConfig:
     """Everything that defines a run; stored as JSON in `runs.config`."""
 
     tasks: list[str]
-    model: str = "hf"
+    model: str = DEFAULT_MODEL
     model_args: str | None = None
-    template: str = "chat"
+    template: str = DEFAULT_TEMPLATE
     templates_file: str | None = None
     quant: str | None = None
     limit: int | None = None
-    seed: int = 1234
-    batch_size: int = 8
+    seed: int = DEFAULT_SEED
+    batch_size: int = DEFAULT_BATCH_SIZE
     name: str | None = None
     db: str | None = None
     prompts_file: str | None = None
-    top_k: int = 50
-    temperature: float = 0.8
+    top_k: int = DEFAULT_TOP_K
+    temperature: float = DEFAULT_TEMPERATURE
     first_temperature: float | None = None
     ban_openers: bool = False
     needle_lengths: list[int] | None = None
@@ -58,6 +67,10 @@ class RunConfig:
     include_path: str | None = None
     kv_cache: str | None = None  # one KV-cache policy (`execute_all` splits a comma list into runs)
     attention: bool = False
+    # drift by position (docs/drift.md): "first" = the sweep's first variant is the base, else a stored
+    # base run (id, prefix, latest, tag:NAME) that kept its distributions; None: no drift pass
+    drift_base: str | None = None
+    keep_distributions: bool = False  # store this run's compact distributions as a drift base
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
@@ -133,7 +146,7 @@ def _check_numbers(cfg: RunConfig) -> None:
         _whole("--limit", cfg.limit, 1)
     _whole("--batch-size", cfg.batch_size, 1, MAX_BATCH)
     _whole("--seed", cfg.seed, 0)
-    _whole("--top-k", cfg.top_k, 50)  # the prior-drift support rule needs k >= 50; the vocabulary caps it later
+    _whole("--top-k", cfg.top_k, MIN_TOP_K)  # the prior-drift support rule needs k >= 50; the vocabulary caps it later
     _finite("--temperature", cfg.temperature, above=0)
     if cfg.first_temperature is not None:
         _finite("--first-temperature", cfg.first_temperature, at_least=0)
@@ -163,12 +176,12 @@ def _check_tasks(cfg: RunConfig) -> list[str]:
                            "rename it there")
         available |= extra
     names = list(dict.fromkeys(cfg.tasks))
-    for name in names:
-        if name not in available:
-            known = sorted(t for t in available if t not in (catalog.GROUP_TAG, catalog.PROMPTS_TASK))
-            from evalkit.scoring.registry import suggest
+    others = [n for n in names if n not in available]  # lm-eval's own tasks, or unknown
+    if others:
+        from evalkit.prompts import lm_eval_tasks
 
-            raise BadInput(f"unknown task {name!r}{suggest(name, known)} (known: {', '.join(known)})")
+        lm_eval_tasks.check_names(others, sorted(t for t in available
+                                                 if t not in (catalog.GROUP_TAG, catalog.PROMPTS_TASK)))
     if catalog.PROMPTS_TASK in names:
         raise BadInput(f"{catalog.PROMPTS_TASK} is the task of your own prompts: give them with --prompts FILE")
     if cfg.prompts_file:
@@ -196,4 +209,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
                     ban_openers=cfg.ban_openers, seed=cfg.seed, kv_cache=cfg.kv_cache, attention=cfg.attention)
     check_device(cfg.device)
     check_writable(cfg.db)
+    from evalkit.prompts import lm_eval_tasks
+
+    lm_eval_tasks.check_data(lm_eval_tasks.not_evalkits(tasks, cfg.include_path))  # their datasets load
     return RunPlan(cfg=cfg, model=model, template=template, lexicon=lexicon, tasks=tasks, prompts=prompts)

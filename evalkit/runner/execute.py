@@ -12,6 +12,7 @@ format output.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -27,13 +28,14 @@ import duckdb
 
 from evalkit import __version__, envvars
 from evalkit.backends import models
-from evalkit.errors import BadInput, DatabaseBusy, ResultsKept, RunFailed
+from evalkit.errors import BadInput, DatabaseBusy, ResultsKept, RunFailed, StorageFault
 from evalkit.prompts.catalog import task_manager
 from evalkit.runner.checks import check_against_model
 from evalkit.runner.config import RunConfig, RunPlan, plan_run
 from evalkit.runner.liveness import Heartbeat, exit_on_signals
 from evalkit.store import runs, spool
 from evalkit.store.db import db_path, now
+from evalkit.store.journal import Journal
 
 __all__ = ["RunConfig", "RunResult", "execute", "execute_all"]
 
@@ -48,6 +50,8 @@ class RunResult:
     eval_s: float = 0.0
     duration_s: float = 0.0
     lead: list[dict[str, Any]] = field(default_factory=list)  # the leading-indicator rows
+    replayed: int | None = None  # a resumed run: batches replayed from its journal (None: not resumed)
+    computed: int | None = None  # a resumed run: batches computed now
 
 
 def _quiet_lm_eval() -> None:
@@ -113,6 +117,12 @@ def attn_implementation(plan: RunPlan, lm) -> str | None:
     return implementation(getattr(lm, "model", None))
 
 
+def _unavailable(lm: Any) -> str | None:
+    """The metrics the loaded engine cannot compute, with why (`lm.unavailable`), as JSON; None: none."""
+    found = getattr(lm, "unavailable", None)
+    return json.dumps(found, sort_keys=True) if isinstance(found, dict) and found else None
+
+
 def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
     """The `runs` row of a run as it starts (`lm`: the loaded model, which says what `--quant` applied
     and which attention implementation it runs)."""
@@ -147,6 +157,8 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "config": cfg.to_json(),
         "attention": cfg.attention,
         "attn_implementation": attn_implementation(plan, lm),
+        "engine": model.engine,
+        "unavailable": _unavailable(lm),
         **_versions(),
         **runs.this_process(),
     }
@@ -206,24 +218,77 @@ def execute_all(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None
     return out
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """A stored run to continue: its id, when it was first created, and its verified journal."""
+
+    run_id: str
+    created_at: dt.datetime
+    journal: Journal
+
+
+# what must not change between a run and its resume: what decides its numbers (the run row's
+# identity columns hold the model file's hash, the template's text, the versions)
+FINGERPRINT_COLUMNS = ("model_fingerprint", "model_args", "quant", "kv_cache", "template_text",
+                       "opener_lexicon_version", "evalkit_version", "lm_eval_version", "transformers_version",
+                       "torch_version")
+
+
+def fingerprint(plan: RunPlan, row: dict[str, Any]) -> dict[str, Any]:
+    """What a resume must match: the configuration (all but its name and DB), the model file's
+    hash, the template, the versions, and the `--prompts` file's content."""
+    from evalkit.paths import file_sha256
+
+    config = json.loads(plan.cfg.to_json())
+    for key in ("name", "db"):
+        config.pop(key, None)
+    out = {"config": config, **{c: row.get(c) for c in FINGERPRINT_COLUMNS}}
+    if plan.cfg.prompts_file:
+        out["prompts_sha256"] = file_sha256(Path(plan.cfg.prompts_file))
+    return out
+
+
+def resume_hint(journal: Journal | None, run_id: str) -> str:
+    """What to say at the end of a run that stopped: how to continue it, when it has a journal."""
+    if journal is None or journal.path is None:
+        return ""
+    return f"; {len(journal.batches)} batches are in its journal: `evalkit run --resume {run_id}` continues it"
+
+
+def keeps_journal(lm) -> bool:
+    """Whether a loaded backend replays and journals its batches (a `journal` attribute): evalkit-hf does."""
+    return any("journal" in vars(c) for c in type(lm).__mro__)
+
+
 def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
-                  on_start: Callable[[str], None] | None) -> RunResult:
-    """One run of a loaded model: the checks against it, the run row, lm-eval, the results."""
+                  on_start: Callable[[str], None] | None, resumed: Resumed | None = None) -> RunResult:
+    """One run of a loaded model: the checks against it, the run row, lm-eval, the results.
+
+    `resumed`: continue that stored run (same id, its journal replayed) instead of starting a new one.
+    """
     cfg = plan.cfg
     check_against_model(plan, lm)
 
     writer = is_main_rank()
-    run_id = new_run_id()
+    run_id = resumed.run_id if resumed else new_run_id()
     row = run_row(plan, run_id, lm)
-    ident = None  # the DB's identity: a kept run is bound to it
-    if writer:
+    ident = None  # the DB's identity: a kept run and a journal are bound to it
+    journal = resumed.journal if resumed else None
+    if writer and resumed:
+        row["created_at"] = resumed.created_at
+        ident = runs.restart_run(cfg.db, run_id)
+    elif writer:
         ident = runs.insert_run(cfg.db, row)
+        if ident is not None and plan.model.backend and plan.model.backend.journal and keeps_journal(lm):
+            journal = Journal.create(db_path(cfg.db), ident, run_id, fingerprint(plan, row))
     if on_start and writer:  # a non-zero rank's id names no stored run
         on_start(run_id)
 
-    restore = exit_on_signals(cfg.db, run_id, t0, writer)
+    restore = exit_on_signals(cfg.db, run_id, t0, writer, note=lambda: resume_hint(journal, run_id))
     beat = Heartbeat(cfg.db, run_id).start() if writer else None
     status, error = "failed", None
+    if journal is not None:
+        lm.journal = journal
     try:
         result, rows = _evaluate(plan, lm, run_id, load_s, t0)
         if beat:
@@ -232,9 +297,15 @@ def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
             final = {"status": "done", "finished_at": now(), "duration_s": time.monotonic() - t0}
             _store(cfg.db, ident, {**row, **final}, rows)
         status = "done"
+        if journal is not None:
+            journal.discard()  # the results are stored: nothing is left to resume
+        if resumed:
+            result = replace(result, replayed=journal.replayed, computed=journal.computed)
         return result if writer else not_stored(result)
     except ResultsKept:
         status = "kept"
+        if journal is not None:
+            journal.discard()  # the kept file holds the whole run
         raise
     except KeyboardInterrupt:  # only when the handlers could not be installed (not the main thread)
         status, error = "interrupted", "interrupted by SIGINT"
@@ -243,12 +314,15 @@ def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
         error = str(exc)
         raise
     except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {exc}{resume_hint(journal, run_id)}"
         raise RunFailed(f"run {run_id} failed: {error}") from exc
     finally:
         if beat:
             beat.stop()
         restore()
+        if journal is not None:
+            journal.close()
+            lm.journal = None
         if writer and status not in ("done", "kept"):
             try:
                 runs.update_run(cfg.db, run_id, status=status, error=error, finished_at=now(),
@@ -258,9 +332,8 @@ def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
 
 
 def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
-    """lm-eval over the run's tasks; (RunResult, (metrics, samples, topk, attention) rows or None off rank 0)."""
-    import lm_eval
-
+    """lm-eval over the run's tasks; (RunResult, (metrics, samples, topk, lead, attention) rows, or None off
+    rank 0)."""
     _quiet_lm_eval()
     cfg, template = plan.cfg, plan.template
     metadata: dict[str, Any] = {"template": template.name}
@@ -274,36 +347,34 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     t_eval = time.monotonic()
     # --limit caps the prompts of a first-token or conflict task (conflict documents are listed pair
     # by pair, so a limit keeps whole pairs); the needle grid runs whole (one document per length x
-    # depth x hint cell), so lm-eval sees the needle tasks in a call of their own
-    needle_tasks = [t for t in plan.tasks if t.startswith("needle") and not t.startswith("needle_conflict")]
-    calls = [(needle_tasks, None), ([t for t in plan.tasks if t not in needle_tasks], cfg.limit)]
+    # depth x hint cell), so lm-eval sees the needle tasks in a call of their own; lm-eval's own tasks
+    # (gsm8k, mmlu ...) have a call of their own too, through its built-in index, answered as text
+    from evalkit.prompts import lm_eval_tasks
+
+    lm_eval_names = lm_eval_tasks.not_evalkits(plan.tasks, cfg.include_path)
+    needle_tasks = [t for t in plan.tasks if t.startswith("needle") and not t.startswith("needle_conflict")
+                    and t not in lm_eval_names]
+    own = [t for t in plan.tasks if t not in needle_tasks and t not in lm_eval_names]
+    calls = [(needle_tasks, None, tm), (own, cfg.limit, tm),
+             (lm_eval_names, cfg.limit, lm_eval_tasks.index() if lm_eval_names else None)]
     parts = []
-    for tasks, limit in calls:
+    for tasks, limit, manager in calls:
         if not tasks:
             continue
-        parts.append(lm_eval.simple_evaluate(
-            model=lm,
-            tasks=tasks,
-            task_manager=tm,
-            limit=limit,
-            log_samples=True,
-            apply_chat_template=template.chat,
-            system_instruction=template.system,
-            random_seed=cfg.seed,
-            numpy_random_seed=cfg.seed,
-            torch_random_seed=cfg.seed,
-            fewshot_random_seed=cfg.seed,
-            bootstrap_iters=1000,  # means get an analytic stderr; nothing is resampled
-            metadata=metadata,
-        ))
+        responses = lm_eval_tasks.text_responses(lm) if manager is not tm else contextlib.nullcontext()
+        with responses:
+            parts.append(_simple_evaluate(plan, lm, tasks, manager, limit, metadata))
     results = merge_results(parts)
     eval_s = time.monotonic() - t_eval
     if results is None:  # non-zero ranks under accelerate get None
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0), None
-    from evalkit.runner.collect import add_intervals, collect
+    from evalkit.runner.collect import add_intervals, collect, first_step_metrics
     from evalkit.scoring.lead import lead_table
 
     metric_rows, sample_rows, topk_rows, attention_rows = collect(run_id, results)
+    if lm_eval_names:  # their generating tasks' first-step means (evalkit's tasks say what they aggregate)
+        leaves = set(lm_eval_tasks.not_evalkits({s["task"] for s in sample_rows}, cfg.include_path))
+        metric_rows += first_step_metrics(run_id, [s for s in sample_rows if s["task"] in leaves], metric_rows)
     if any(s.get("needle_depth") is not None for s in sample_rows):
         from evalkit.scoring.needle import derived_metrics
 
@@ -313,10 +384,36 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
 
         metric_rows += conflict.derived_metrics(run_id, sample_rows)
     add_intervals(metric_rows, sample_rows, results.get("group_subtasks") or {})
+    from evalkit.runner import drift
+
+    metric_rows += drift.observe(plan, lm, run_id, results)  # drift by position (--drift): [] otherwise
     lead_rows = lead_table(run_id, sample_rows, results.get("group_subtasks") or {})
     result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0,
                        lead_rows)
     return result, (metric_rows, sample_rows, topk_rows, lead_rows, attention_rows)
+
+
+def _simple_evaluate(plan: RunPlan, lm, tasks: list[str], manager, limit: int | None, metadata: dict[str, Any]):
+    """One `lm_eval.simple_evaluate` call of the run (None off rank 0). lm-eval's request cache stays
+    off: it is keyed without the model."""
+    import lm_eval
+
+    cfg, template = plan.cfg, plan.template
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=tasks,
+        task_manager=manager,
+        limit=limit,
+        log_samples=True,
+        apply_chat_template=template.chat,
+        system_instruction=template.system,
+        random_seed=cfg.seed,
+        numpy_random_seed=cfg.seed,
+        torch_random_seed=cfg.seed,
+        fewshot_random_seed=cfg.seed,
+        bootstrap_iters=1000,  # means get an analytic stderr; nothing is resampled
+        metadata=metadata,
+    )
 
 
 def merge_results(parts: list[dict | None]) -> dict | None:
@@ -338,7 +435,7 @@ def _store(db, ident, row: dict[str, Any], rows) -> None:
         runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, lead=lead, attention=attention,
                         **final)
         return
-    except (DatabaseBusy, duckdb.Error, OSError) as exc:
+    except (DatabaseBusy, StorageFault, duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0]
     try:
         kept = spool.keep(db_path(db), ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,

@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 
+from evalkit.kinds import RunStatus
 from evalkit.scoring import registry
 from evalkit.store.db import now, transaction
 
@@ -28,7 +29,7 @@ RUN_COLUMNS = (
     "ban_openers", "opener_lexicon_version", "evalkit_version", "lm_eval_version",
     "transformers_version", "torch_version", "git_commit", "host", "duration_s",
     "config", "error", "pid", "pid_start", "heartbeat_at", "model_name", "kv_cache", "quant_detail", "attention",
-    "attn_implementation",
+    "attn_implementation", "engine", "unavailable",
 )
 SAMPLE_COLUMNS = (
     "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
@@ -70,6 +71,23 @@ def insert_run(path, row: dict[str, Any]):
     with transaction(path) as con:
         con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [row[c] for c in cols])
+        return spool.identity(con)
+
+
+RESUMABLE = ("interrupted", "abandoned", "failed")  # and `running` whose process is gone (abandoned)
+
+
+def restart_run(path, run_id: str):
+    """Record a stopped run as `running` again in this process (a resume); return the DB's
+    `spool.Identity`. Raises ValueError when the run is no longer resumable: done, or running."""
+    from evalkit.store import spool
+
+    with transaction(path) as con:  # upkeep first: a `running` run whose process is gone is `abandoned` now
+        row = con.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()
+        if row is None or row[0] not in RESUMABLE:
+            raise ValueError(f"run {run_id} is {row[0] if row else 'gone'}, not resumable")
+        _update(con, run_id, {"status": "running", "error": None, "finished_at": None, "duration_s": None,
+                              **this_process()})
         return spool.identity(con)
 
 
@@ -197,7 +215,7 @@ def _process_gone(pid: int, pid_start: str | None) -> bool:
     return pid_start is not None and current is not None and current != pid_start
 
 
-def is_abandoned(status: str | None, host: str | None, pid: int | None, pid_start: str | None,
+def is_abandoned(status: RunStatus | None, host: str | None, pid: int | None, pid_start: str | None,
                  heartbeat_at: dt.datetime | None, at: dt.datetime | None = None) -> bool:
     """A `running` run whose process is gone: on this host, its pid no longer runs (or runs
     another program); elsewhere, its heartbeat is older than STALE_AFTER. Runs recorded

@@ -12,7 +12,7 @@ Where a kept run waits: the spool folder `<db>.spool/`, or, when that cannot be 
 `<tmp>/evalkit-spool-<uid>/<db_uuid>/` — never a folder named after the DB's file name, which
 another project's `evalkit.duckdb` would share.
 
-What is trusted (README, Robustness): only a file whose manifest names this DB's uuid,
+What is trusted (docs/reliability.md): only a file whose manifest names this DB's uuid,
 whose signature verifies with this DB's key, whose SHA-256 matches, and which holds exactly
 the run its manifest names. A run already `done` in the DB is never replaced. Anything else
 in a spool folder — a planted `*.duckdb`, an empty or truncated file, another DB's kept run —
