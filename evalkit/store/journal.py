@@ -204,6 +204,10 @@ class Journal:
         self.close()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+            try:
+                self.path.parent.rmdir()  # the spool folder goes too when nothing else waits there
+            except OSError:
+                pass
 
 
 def _read(path: Path, ident: spool.Identity, run_id: str):
