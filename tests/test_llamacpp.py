@@ -309,6 +309,35 @@ def test_runs_and_compare_show_the_engine(native_runs, invoke):
     assert json.loads(out.stdout)["dimensions"]["kv_cache"] == ["ggml:f16", "ggml:q8_0"]
 
 
+def test_a_killed_llama_cpp_run_resumes_to_the_rows_of_an_uninterrupted_run(native_runs, tmp_path):
+    """The journal works for llama.cpp as for hf (tests/test_resume.py): killed after its first batch of
+    2 prompts, the run continues from the journal, and its rows equal the uninterrupted run's."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from evalkit.cli import cli as main
+    from tests.test_determinism import TABLES, differences
+
+    ref_db, (ref, _) = native_runs
+    db = tmp_path / "lc.duckdb"
+    shutil.copy(ref_db, db)
+    args = ["run", "--model", "llamacpp", "--tasks", "firsttoken_en", "--limit", "3", "--batch-size", "2",
+            "--db", str(db)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "HF_HUB_OFFLINE": "1", "KILL_AT": "1", "KILL_SIG": "SIGKILL"}
+    proc = subprocess.run([sys.executable, "-m", "tests.kill_cli", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    run_id = next(ln.split()[1] for ln in proc.stderr.splitlines() if ln.startswith("run ") and ln.endswith(" started"))
+    result = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert f"resumed run {run_id}: 1 batches replayed from its journal, 1 computed now" in result.output
+    for table in TABLES:
+        n_ref, n_resumed, diff = differences(db, table, ref.id, run_id)
+        assert n_ref == n_resumed > 0 and diff == [], (table, n_ref, n_resumed, diff)
+
+
 # --- the OpenAI-compatible server backend, against llama-cpp-python's own server --------------------
 
 

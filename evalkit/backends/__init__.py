@@ -35,7 +35,7 @@ BACKENDS = (
             engine="transformers"),
     Backend("evalkit-vllm", "evalkit.backends.vllm", ("vllm",), "vllm", False, engine="vllm"),
     Backend("evalkit-llamacpp", "evalkit.backends.llamacpp", ("llamacpp", "llama-cpp"), "llama_cpp", False,
-            engine="llama.cpp", install=install_hint("llamacpp")),
+            journal=True, engine="llama.cpp", install=install_hint("llamacpp")),
     Backend("evalkit-server", "evalkit.backends.server", ("server", "openai-server"), None, False,
             engine="openai-server"),
 )

@@ -389,6 +389,8 @@ class EvalkitLlamaCpp(TemplateLM):
     prefill and one decoding loop; default 1, so that every number is the one a single request to a
     llama.cpp server gets: llama.cpp's kernels round differently for other batch shapes)."""
 
+    journal = None  # store.journal.Journal | None, set by the runner: greedy batches replay from it (--resume)
+
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  flash_attn: bool = False, top_k: int = 50,
                  temperature: float = 0.8, first_temperature: float | None = None, ban_openers: bool = False,
@@ -565,17 +567,26 @@ class EvalkitLlamaCpp(TemplateLM):
                 contexts = [requests[i].args[0] for i in chunk]
                 docs = [requests[i].doc or {} for i in chunk]
                 cands = [self._candidates(d) for d in docs]
-                steps = probe(
-                    self.eng, contexts, [c for c, _ in cands], top_k=self.top_k, max_new_tokens=max_new,
-                    stop=until, first_temperature=self.first_temperature,
-                    banned_first_ids=self._banned_first_ids(contexts[0]),
-                    seed=self.probe_seed + 7919 * start,
-                    answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
-                    unit_ranks=hf_engine.UNIT_RANKS, tolerance=self.tolerance,
-                    exact_candidates=[c[:n] for c, n in cands], batch_size=self.prompt_batch,
-                )
-                for i, ctx, doc, (cand, n_answer), step in zip(chunk, contexts, docs, cands, steps):
-                    out[i] = self._result(ctx, doc, cand, n_answer, step, until)
+
+                def compute(start=start, contexts=contexts, docs=docs, cands=cands):
+                    steps = probe(
+                        self.eng, contexts, [c for c, _ in cands], top_k=self.top_k, max_new_tokens=max_new,
+                        stop=until, first_temperature=self.first_temperature,
+                        banned_first_ids=self._banned_first_ids(contexts[0]),
+                        seed=self.probe_seed + 7919 * start,
+                        answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
+                        unit_ranks=hf_engine.UNIT_RANKS, tolerance=self.tolerance,
+                        exact_candidates=[c[:n] for c, n in cands], batch_size=self.prompt_batch,
+                    )
+                    return [self._result(ctx, doc, cand, n_answer, step, until)
+                            for ctx, doc, (cand, n_answer), step in zip(contexts, docs, cands, steps)]
+
+                # a batch is its place in the request list and its prompts, as in evalkit-hf: a resumed
+                # run forms the same batches and replays those its journal holds
+                key = [repr(sorted(gen.items())), start, contexts, [c for c, _ in cands]]
+                results = self.journal.batch(key, compute) if self.journal is not None else compute()
+                for i, result in zip(chunk, results):
+                    out[i] = result
                 bar.update(len(chunk))
         bar.close()
         return out
