@@ -15,6 +15,14 @@ through `--model hf` (transformers: the GGUF dequantized to float32) and `--mode
   checkable answers whose answer_hit is the same in both, and the share whose response is the same text).
 
     python bench/engines.py [--limit N] [--db PATH] [--out FILE.md] [--repeats 3] [--threads N]
+                            [--gguf FILE.gguf | --requantize q4_0|q8_0]
+
+`--gguf` runs both engines on another GGUF file (default: the embedded SmolLM2 Q4_1). `--requantize
+TYPE` first writes the embedded file requantized to TYPE with llama.cpp's own `llama_model_quantize`
+(into the bench's temporary folder) and runs on that: the speed of a file type llama.cpp has batched
+CPU kernels for (Q4_0, Q8_0: llamafile's tinyBLAS) — Q4_1 has none on x86, which is what holds the
+default file's prefill and candidate trie to torch's speed. A requantized file is for speed only:
+its numbers are a Q4_1 model rounded twice, not a Q4_0 made from the original weights.
 
 llama.cpp's threads busy-wait at their barriers: on a machine whose cores other processes
 share, `--threads 1` is the steadier measurement (see docs/engines.md).
@@ -37,14 +45,43 @@ PROMPT = "What is the capital of France?"
 DECODE_TOKENS = 32
 
 
-def decode_ms_per_token(repeats: int, threads: int | None) -> dict[str, float]:
+def model_args(engine_name: str, gguf: Path | None, threads: int | None) -> str | None:
+    """The `--model-args` of `engine_name` for `gguf` (None: the embedded file) and llama.cpp's threads."""
+    args = []
+    if gguf is not None:
+        args.append(f"pretrained={gguf.parent},gguf_file={gguf.name}" if engine_name == "hf" else f"model={gguf}")
+    if threads and engine_name == "llamacpp":
+        args.append(f"n_threads={threads}")
+    return ",".join(args) or None
+
+
+def requantize(kind: str, folder: Path) -> Path:
+    """The embedded GGUF requantized to `kind` (q4_0, q8_0) by llama.cpp, written into `folder`."""
+    import ctypes
+
+    import llama_cpp
+
+    from evalkit.backends.models import default_model_args
+
+    ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[kind]
+    embedded = default_model_args()
+    src = Path(embedded["pretrained"]) / embedded["gguf_file"]
+    dst = folder / f"{src.stem}.requantized-{kind}.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize = ftype, True
+    if llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params)) != 0:
+        raise SystemExit(f"llama.cpp could not requantize {src} to {kind}")
+    return dst
+
+
+def decode_ms_per_token(repeats: int, threads: int | None, gguf: Path | None = None) -> dict[str, float]:
     """Batch-1 greedy decode cost of each engine on one chat prompt, ms per token (best of `repeats`)."""
     from evalkit.backends import engine, llamacpp
     from evalkit.backends.models import load, resolve
     from evalkit.prompts.templates import get_template, render_prompt
 
     out = {}
-    hf = load(resolve("hf"), batch_size=1)
+    hf = load(resolve("hf", model_args("hf", gguf, None)), batch_size=1)
     context = render_prompt(hf.tokenizer, get_template("chat"), PROMPT)
 
     def best(fn) -> float:
@@ -60,8 +97,7 @@ def decode_ms_per_token(repeats: int, threads: int | None) -> dict[str, float]:
 
     out["hf"] = 1000 * (best(hf_gen(DECODE_TOKENS + 1)) - best(hf_gen(1))) / DECODE_TOKENS
     del hf
-    args = f"n_threads={threads}" if threads else None
-    lc = load(resolve("llamacpp", args), batch_size=1)
+    lc = load(resolve("llamacpp", model_args("llamacpp", gguf, threads)), batch_size=1)
 
     def lc_gen(n):
         return lambda: llamacpp.probe(lc.eng, [context], top_k=50, max_new_tokens=n)
@@ -71,11 +107,11 @@ def decode_ms_per_token(repeats: int, threads: int | None) -> dict[str, float]:
     return out
 
 
-def suite(engine_name: str, db: str, limit: int | None, threads: int | None) -> dict:
+def suite(engine_name: str, db: str, limit: int | None, threads: int | None, gguf: Path | None = None) -> dict:
     """One whole `firsttoken` run through `engine_name`, stored in `db`; its timings."""
     import evalkit
 
-    args = f"n_threads={threads}" if threads and engine_name == "llamacpp" else None
+    args = model_args(engine_name, gguf, threads)
     cpu0, t0 = time.process_time(), time.perf_counter()
     run = evalkit.run(tasks="firsttoken", model=engine_name, model_args=args, limit=limit, db=db,
                       name=f"bench-{engine_name}")
@@ -112,12 +148,13 @@ def agreement(db: str, hf_run: str, lc_run: str) -> dict:
             "answer_hit_llamacpp": answers[3], "same_response": same_text[0], "same_first_unit": same_text[1]}
 
 
-def render(decode: dict, runs: dict, agree: dict, threads: int | None) -> str:
+def render(decode: dict, runs: dict, agree: dict, threads: int | None, gguf: Path | None = None) -> str:
     hf, lc = runs["hf"], runs["llamacpp"]
     lines = [
-        f"## transformers vs llama.cpp on {os.cpu_count()} CPU cores (llama.cpp threads: {threads or 'all'})",
+        f"## transformers vs llama.cpp on {os.cpu_count()} CPU cores (llama.cpp threads: {threads or 'all'}), "
+        f"{gguf.name if gguf else 'the embedded SmolLM2 Q4_1 GGUF'}",
         "",
-        "| | hf (transformers, fp32) | llamacpp (Q4_1 kernels) | hf / llamacpp |",
+        "| | hf (transformers, fp32) | llamacpp (llama.cpp's kernels) | hf / llamacpp |",
         "|---|---|---|---|",
         f"| decode, batch 1 (ms/token) | {decode['hf']:.1f} | {decode['llamacpp']:.1f} | "
         f"{decode['hf'] / decode['llamacpp']:.2f}x |",
@@ -160,17 +197,26 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="also write the markdown here")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads (default: the usable cores)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--gguf", type=Path, default=None, help="run both engines on this GGUF file")
+    which.add_argument("--requantize", choices=("q4_0", "q8_0"), default=None,
+                       help="run both engines on the embedded GGUF requantized to this type (speed only)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     db = args.db or str(Path(tempfile.mkdtemp(prefix="evalkit-engines-")) / "engines.duckdb")
-    decode = decode_ms_per_token(args.repeats, args.threads)
+    gguf = args.gguf.resolve() if args.gguf else None
+    if args.requantize:
+        gguf = requantize(args.requantize, Path(tempfile.mkdtemp(prefix="evalkit-requantized-")))
+    if gguf is not None and not gguf.is_file():
+        raise SystemExit(f"no GGUF file at {gguf}")
+    decode = decode_ms_per_token(args.repeats, args.threads, gguf)
     print(f"decode ms/token: {decode}", file=sys.stderr, flush=True)
     runs = {}
     for name in ("hf", "llamacpp"):
-        runs[name] = suite(name, db, args.limit, args.threads)
+        runs[name] = suite(name, db, args.limit, args.threads, gguf)
         print(f"{name}: {runs[name]}", file=sys.stderr, flush=True)
-    text = render(decode, runs, agreement(db, runs["hf"]["id"], runs["llamacpp"]["id"]), args.threads)
+    text = render(decode, runs, agreement(db, runs["hf"]["id"], runs["llamacpp"]["id"]), args.threads, gguf)
     print(text)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
