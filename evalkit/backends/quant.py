@@ -1,6 +1,7 @@
 """The `--quant` variants: what each one does to a model's weights, checked and applied in one place.
 
-Owns: the list of variants (`QUANTS`) and the `NAME[:GROUP]` spelling of one (`parse`) or
+Owns: the list of variants (`QUANTS`: one `Quant` record each, carrying its scheme, its
+builder and what it adds to quant_detail) and the `NAME[:GROUP]` spelling of one (`parse`) or
 a comma-separated sweep of them (`parse_sweep`); refusing one that cannot apply (unknown
 name, a bad group size, a backend that holds no weights in this process, a device it
 does not run on, a library that is not installed, a checkpoint of another kind); the
@@ -24,7 +25,8 @@ from __future__ import annotations
 import importlib.util
 import re
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +37,17 @@ from evalkit.kinds import QuantMethod
 PIP_EXTRA = install_hint("quant")
 
 
+# LLM.int8()'s outlier cut: an input feature with |x| above it stays in 16/32-bit (bitsandbytes' default)
+INT8_LLM_THRESHOLD = 6.0
+
+
 @dataclass(frozen=True)
 class Quant:
+    """One `--quant` variant, whole: what it means, what the run row records, and how it is built."""
+
     name: str
     meaning: str
+    scheme: str  # the library call that builds it, recorded in quant_detail.scheme
     dtype: str | None  # the compute dtype a run records in runs.dtype (None: the model's own)
     cpu_only: bool = False
     how: QuantMethod = "cast"  # see the module docstring
@@ -49,60 +58,12 @@ class Quant:
     group_size: int | None = None  # default group size; None: not grouped
     grouped: bool = False  # takes NAME:GROUP
     gpu_only: str | None = None  # why it runs on a CUDA GPU only (the library's own reason)
-
-    @property
-    def scheme(self) -> str:
-        return SCHEMES.get(self.name, self.meaning)
-
-
-QUANTS = {q.name: q for q in (
-    # transformers dequantizes GGUF weights to float32: the Q4_1 rounding is kept, compute is fp32
-    Quant("q4_1", "GGUF Q4_1 weights as loaded: 4-bit rounding kept, dequantized to fp32 for compute", "float32",
-          library="transformers", bits=4),
-    Quant("fp32", "weights and compute in float32 (no change for a GGUF model)", "float32", bits=32),
-    Quant("bf16", "weights and compute cast to bfloat16", "bfloat16", bits=16),
-    Quant("int8-dynamic", "torch dynamic int8 quantization of every nn.Linear (int8 weights, activations "
-          "quantized per batch)", "float32", cpu_only=True, bits=8),
-    Quant("int8-weight", "torchao int8 weight-only, symmetric, per output channel (per group with :G)", None,
-          how="load", library="torchao", needs=("torchao",), bits=8, grouped=True),
-    Quant("int4-weight", "torchao int4 weight-only, symmetric, per group of G input weights (default 32)", None,
-          how="load", library="torchao", needs=("torchao",), bits=4, group_size=32, grouped=True),
-    Quant("int4-tinygemm", "torchao Int4WeightOnlyConfig: int4 weight-only, asymmetric, per group (default 128), "
-          "packed for the tinygemm CUDA kernel, bf16 compute", "bfloat16",
-          how="load", library="torchao", needs=("torchao",), bits=4, group_size=128, grouped=True,
-          gpu_only="torchao packs Int4WeightOnlyConfig for CUDA kernels only (tile_packed_to_4d: tinygemm, "
-                   "'Torch not compiled with CUDA enabled'; plain: mslk; plain_int32: XPU/NPU)"),
-    Quant("nf4", "bitsandbytes 4-bit NormalFloat, blocks of 64 weights, compute in the model's dtype", None,
-          how="load", library="bitsandbytes", needs=("bitsandbytes",), bits=4),
-    Quant("int8-llm", "bitsandbytes LLM.int8(): int8 weights per row, outlier features (|x| > 6) in 16/32-bit",
-          None, how="load", library="bitsandbytes", needs=("bitsandbytes",), bits=8),
-    Quant("hqq4", "HQQ 4-bit, asymmetric, per group (default 64), zero and scale optimised without data", None,
-          how="after", library="hqq", needs=("hqq",), bits=4, group_size=64, grouped=True),
-    Quant("hqq8", "HQQ 8-bit, asymmetric, per group (default 64), zero and scale optimised without data", None,
-          how="after", library="hqq", needs=("hqq",), bits=8, group_size=64, grouped=True),
-    Quant("gptq", "a GPTQ checkpoint, loaded as it is (bits and groups from its config)", None,
-          how="checkpoint", library="gptqmodel", needs=("gptqmodel", "optimum"),
-          install="pip install gptqmodel optimum"),
-    Quant("awq", "an AWQ checkpoint, loaded as it is (bits and groups from its config)", None,
-          how="checkpoint", library="gptqmodel", needs=("gptqmodel",), install="pip install gptqmodel"),
-)}
-SCHEMES = {
-    "q4_1": "GGUF Q4_1 (blocks of 32, scale and minimum per block), dequantized to float32 by transformers",
-    "fp32": "cast to float32",
-    "bf16": "cast to bfloat16",
-    "int8-dynamic": "torch.ao.quantization.quantize_dynamic(nn.Linear, qint8)",
-    "int8-weight": "torchao Int8WeightOnlyConfig (symmetric)",
-    "int4-weight": "torchao IntxWeightOnlyConfig(weight_dtype=torch.int4, symmetric, PerGroup)",
-    "int4-tinygemm": "torchao Int4WeightOnlyConfig(int4_packing_format=tile_packed_to_4d)",
-    "nf4": "bitsandbytes BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=nf4)",
-    "int8-llm": "bitsandbytes BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=6.0)",
-    "hqq4": "hqq AutoHQQHFModel.quantize_model(BaseQuantizeConfig(nbits=4, axis=1))",
-    "hqq8": "hqq AutoHQQHFModel.quantize_model(BaseQuantizeConfig(nbits=8, axis=1))",
-    "gptq": "GPTQ checkpoint (transformers GptqHfQuantizer, gptqmodel kernels)",
-    "awq": "AWQ checkpoint (transformers AwqQuantizer, gptqmodel kernels)",
-}
-DEFAULT_EMBEDDED = "q4_1"  # the embedded SmolLM2 GGUF, as shipped
-MAX_GROUP = 1 << 16
+    load_dtype: str | None = None  # a `from_pretrained` dtype the variant needs (tinygemm packs bfloat16 only)
+    # how="load": the transformers quantization config of a Spec; how="cast"/"after": the model changed
+    config: Callable[[Spec], Any] | None = field(default=None, repr=False)
+    change: Callable[[Any, Spec], Any] | None = field(default=None, repr=False)
+    # what quant_detail adds for this variant: (model, spec, gguf_file) -> fields
+    detail: Callable[[Any, Spec, str | None], dict[str, Any]] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -116,6 +77,152 @@ class Spec:
     @property
     def name(self) -> str:
         return self.quant.name
+
+
+# --- each variant's builders (imports stay inside: the libraries load only when a variant is used) ---
+
+
+def _cast_to(dtype_name: str) -> Callable[[Any, Spec], Any]:
+    def cast(model, spec: Spec):
+        import torch
+
+        return model.to(getattr(torch, dtype_name))
+    return cast
+
+
+def _int8_dynamic(model, spec: Spec):
+    import torch
+
+    model = model.to(torch.float32)
+    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def _int8_weight(spec: Spec):
+    from torchao.quantization import Int8WeightOnlyConfig, PerGroup, PerRow
+    from transformers import TorchAoConfig
+
+    granularity = PerGroup(spec.group_size) if spec.group_size else PerRow()
+    return TorchAoConfig(Int8WeightOnlyConfig(granularity=granularity))
+
+
+def _int4_weight(spec: Spec):
+    import torch
+    from torchao.quantization import IntxWeightOnlyConfig, MappingType, PerGroup
+    from transformers import TorchAoConfig
+
+    return TorchAoConfig(IntxWeightOnlyConfig(weight_dtype=torch.int4,  # type: ignore[attr-defined]
+                                              granularity=PerGroup(spec.group_size),
+                                              mapping_type=MappingType.SYMMETRIC))
+
+
+def _int4_tinygemm(spec: Spec):
+    from torchao.quantization import Int4WeightOnlyConfig
+    from transformers import TorchAoConfig
+
+    return TorchAoConfig(Int4WeightOnlyConfig(group_size=spec.group_size, int4_packing_format="tile_packed_to_4d"))
+
+
+def _nf4(spec: Spec):
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+
+
+def _int8_llm(spec: Spec):
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=INT8_LLM_THRESHOLD)
+
+
+def _hqq(model, spec: Spec):
+    import hqq.models.base as hqq_base
+    from hqq.core.quantize import BaseQuantizeConfig
+    from hqq.models.hf.base import AutoHQQHFModel
+
+    check_groups(model, spec.text)
+    device = str(next(model.parameters()).device)
+    config = BaseQuantizeConfig(nbits=spec.quant.bits, group_size=spec.group_size, axis=1)
+    bar = hqq_base.tqdm
+    hqq_base.tqdm = lambda *a, **k: bar(*a, **{**k, "disable": True})  # it draws a bar per pass on stderr
+    try:
+        AutoHQQHFModel.quantize_model(model, quant_config=config, compute_dtype=model.dtype, device=device)
+    finally:
+        hqq_base.tqdm = bar
+    return model.eval()
+
+
+def _q4_1_detail(model, spec: Spec, gguf_file: str | None) -> dict[str, Any]:
+    if gguf_file:
+        return {"group_size": 32}
+    # q4_1 means "as loaded": a model that is not a GGUF file is left as it is
+    return {"scheme": "as loaded (not a GGUF file: nothing was dequantized)", "bits": None}
+
+
+def _int8_weight_detail(model, spec: Spec, gguf_file: str | None) -> dict[str, Any]:
+    return {} if spec.group_size else {"group_size": None, "granularity": "per output channel"}
+
+
+def _nf4_detail(model, spec: Spec, gguf_file: str | None) -> dict[str, Any]:
+    return {"group_size": _bnb_blocksize(model)}
+
+
+def _int8_llm_detail(model, spec: Spec, gguf_file: str | None) -> dict[str, Any]:
+    return {"granularity": f"per output row; outlier input features (|x| > {INT8_LLM_THRESHOLD}) in float",
+            "activations": "cast to float16 for the int8 matmul (bitsandbytes MatMul8bitLt)"}
+
+
+QUANTS = {q.name: q for q in (
+    # transformers dequantizes GGUF weights to float32: the Q4_1 rounding is kept, compute is fp32
+    Quant("q4_1", "GGUF Q4_1 weights as loaded: 4-bit rounding kept, dequantized to fp32 for compute",
+          "GGUF Q4_1 (blocks of 32, scale and minimum per block), dequantized to float32 by transformers",
+          "float32", library="transformers", bits=4, detail=_q4_1_detail),
+    Quant("fp32", "weights and compute in float32 (no change for a GGUF model)", "cast to float32", "float32",
+          bits=32, change=_cast_to("float32")),
+    Quant("bf16", "weights and compute cast to bfloat16", "cast to bfloat16", "bfloat16", bits=16,
+          change=_cast_to("bfloat16")),
+    Quant("int8-dynamic", "torch dynamic int8 quantization of every nn.Linear (int8 weights, activations "
+          "quantized per batch)", "torch.ao.quantization.quantize_dynamic(nn.Linear, qint8)", "float32",
+          cpu_only=True, bits=8, change=_int8_dynamic),
+    Quant("int8-weight", "torchao int8 weight-only, symmetric, per output channel (per group with :G)",
+          "torchao Int8WeightOnlyConfig (symmetric)", None,
+          how="load", library="torchao", needs=("torchao",), bits=8, grouped=True,
+          config=_int8_weight, detail=_int8_weight_detail),
+    Quant("int4-weight", "torchao int4 weight-only, symmetric, per group of G input weights (default 32)",
+          "torchao IntxWeightOnlyConfig(weight_dtype=torch.int4, symmetric, PerGroup)", None,
+          how="load", library="torchao", needs=("torchao",), bits=4, group_size=32, grouped=True,
+          config=_int4_weight),
+    Quant("int4-tinygemm", "torchao Int4WeightOnlyConfig: int4 weight-only, asymmetric, per group (default 128), "
+          "packed for the tinygemm CUDA kernel, bf16 compute",
+          "torchao Int4WeightOnlyConfig(int4_packing_format=tile_packed_to_4d)", "bfloat16",
+          how="load", library="torchao", needs=("torchao",), bits=4, group_size=128, grouped=True,
+          load_dtype="bfloat16", config=_int4_tinygemm,
+          gpu_only="torchao packs Int4WeightOnlyConfig for CUDA kernels only (tile_packed_to_4d: tinygemm, "
+                   "'Torch not compiled with CUDA enabled'; plain: mslk; plain_int32: XPU/NPU)"),
+    Quant("nf4", "bitsandbytes 4-bit NormalFloat, blocks of 64 weights, compute in the model's dtype",
+          "bitsandbytes BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=nf4)", None,
+          how="load", library="bitsandbytes", needs=("bitsandbytes",), bits=4, config=_nf4, detail=_nf4_detail),
+    Quant("int8-llm", f"bitsandbytes LLM.int8(): int8 weights per row, outlier features "
+          f"(|x| > {INT8_LLM_THRESHOLD:g}) in 16/32-bit",
+          f"bitsandbytes BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold={INT8_LLM_THRESHOLD})", None,
+          how="load", library="bitsandbytes", needs=("bitsandbytes",), bits=8,
+          config=_int8_llm, detail=_int8_llm_detail),
+    Quant("hqq4", "HQQ 4-bit, asymmetric, per group (default 64), zero and scale optimised without data",
+          "hqq AutoHQQHFModel.quantize_model(BaseQuantizeConfig(nbits=4, axis=1))", None,
+          how="after", library="hqq", needs=("hqq",), bits=4, group_size=64, grouped=True, change=_hqq),
+    Quant("hqq8", "HQQ 8-bit, asymmetric, per group (default 64), zero and scale optimised without data",
+          "hqq AutoHQQHFModel.quantize_model(BaseQuantizeConfig(nbits=8, axis=1))", None,
+          how="after", library="hqq", needs=("hqq",), bits=8, group_size=64, grouped=True, change=_hqq),
+    Quant("gptq", "a GPTQ checkpoint, loaded as it is (bits and groups from its config)",
+          "GPTQ checkpoint (transformers GptqHfQuantizer, gptqmodel kernels)", None,
+          how="checkpoint", library="gptqmodel", needs=("gptqmodel", "optimum"),
+          install="pip install gptqmodel optimum"),
+    Quant("awq", "an AWQ checkpoint, loaded as it is (bits and groups from its config)",
+          "AWQ checkpoint (transformers AwqQuantizer, gptqmodel kernels)", None,
+          how="checkpoint", library="gptqmodel", needs=("gptqmodel",), install="pip install gptqmodel"),
+)}
+DEFAULT_EMBEDDED = "q4_1"  # the embedded SmolLM2 GGUF, as shipped
+MAX_GROUP = 1 << 16
 
 
 def _known() -> str:
@@ -253,39 +360,10 @@ def load_config(name: str | None):
     if spec is None or spec.quant.how != "load":
         return None
     with quiet_imports():  # transformers imports the library with its quantization config classes
-        return _load_config(spec)
-
-
-def _load_config(spec: Spec):
-    import torch
-
-    if spec.quant.library == "torchao":
-        from transformers import TorchAoConfig
-
-        if spec.name == "int8-weight":
-            from torchao.quantization import Int8WeightOnlyConfig, PerGroup, PerRow
-
-            granularity = PerGroup(spec.group_size) if spec.group_size else PerRow()
-            return TorchAoConfig(Int8WeightOnlyConfig(granularity=granularity))
-        if spec.name == "int4-weight":
-            from torchao.quantization import IntxWeightOnlyConfig, MappingType, PerGroup
-
-            return TorchAoConfig(IntxWeightOnlyConfig(weight_dtype=torch.int4,  # type: ignore[attr-defined]
-                                                      granularity=PerGroup(spec.group_size),
-                                                      mapping_type=MappingType.SYMMETRIC))
-        if spec.name == "int4-tinygemm":
-            from torchao.quantization import Int4WeightOnlyConfig
-
-            return TorchAoConfig(Int4WeightOnlyConfig(group_size=spec.group_size,
-                                                      int4_packing_format="tile_packed_to_4d"))
-    if spec.quant.library == "bitsandbytes":
-        from transformers import BitsAndBytesConfig
-
-        if spec.name == "nf4":
-            return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_compute_dtype=torch.float32)
-        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=6.0)
-    raise AssertionError(f"no load config for {spec.name}")  # pragma: no cover
+        build = spec.quant.config
+        if build is None:  # pragma: no cover  (every how="load" record carries one)
+            raise AssertionError(f"--quant {spec.name} has no load config")
+        return build(spec)
 
 
 class quiet_imports:
@@ -314,9 +392,7 @@ class quiet_imports:
 def load_kwargs(name: str | None, model_dtype: Any) -> dict[str, Any]:
     """Extra `from_pretrained` arguments a load-time variant needs (tinygemm packs bfloat16 only)."""
     spec = parse(name)
-    if spec is not None and spec.name == "int4-tinygemm":
-        return {"dtype": "bfloat16"}
-    return {}
+    return {"dtype": spec.quant.load_dtype} if spec is not None and spec.quant.load_dtype else {}
 
 
 def check_groups(model, name: str | None) -> None:
@@ -371,38 +447,10 @@ def requantize(model, name: str | None):
 def apply(model, name: str | None):
     """Return the model changed as `name` says (in place where torch allows); load-time and
     checkpoint variants were applied as the model loaded and pass through unchanged."""
-    import torch
-
     spec = parse(name)
-    if spec is None or spec.quant.how in ("load", "checkpoint") or spec.name == "q4_1":
+    if spec is None or spec.quant.change is None:  # as loaded (q4_1), or built while loading
         return model
-    if spec.name == "fp32":
-        return model.to(torch.float32)
-    if spec.name == "bf16":
-        return model.to(torch.bfloat16)
-    if spec.name == "int8-dynamic":
-        model = model.to(torch.float32)
-        return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    if spec.quant.library == "hqq":
-        return _hqq(model, spec)
-    raise BadInput(f"unknown --quant {name!r} (known: {_known()})")  # pragma: no cover
-
-
-def _hqq(model, spec: Spec):
-    import hqq.models.base as hqq_base
-    from hqq.core.quantize import BaseQuantizeConfig
-    from hqq.models.hf.base import AutoHQQHFModel
-
-    check_groups(model, spec.text)
-    device = str(next(model.parameters()).device)
-    config = BaseQuantizeConfig(nbits=spec.quant.bits, group_size=spec.group_size, axis=1)
-    bar = hqq_base.tqdm
-    hqq_base.tqdm = lambda *a, **k: bar(*a, **{**k, "disable": True})  # it draws a bar per pass on stderr
-    try:
-        AutoHQQHFModel.quantize_model(model, quant_config=config, compute_dtype=model.dtype, device=device)
-    finally:
-        hqq_base.tqdm = bar
-    return model.eval()
+    return spec.quant.change(model, spec)
 
 
 def quiet_libraries() -> None:
@@ -491,20 +539,8 @@ def describe(model, name: str | None, *, gguf_file: str | None = None) -> dict[s
         "group_size": spec.group_size if spec else None,
         "compute_dtype": str(compute).replace("torch.", "") if compute is not None else None,
     }
-    if spec and spec.name == "int8-weight" and not spec.group_size:
-        detail["group_size"] = None
-        detail["granularity"] = "per output channel"
-    if spec and spec.name == "q4_1":
-        if gguf_file:
-            detail["group_size"] = 32
-        else:  # q4_1 means "as loaded": a model that is not a GGUF file is left as it is
-            detail.update(scheme="as loaded (not a GGUF file: nothing was dequantized)", bits=None)
-    if spec and spec.quant.library == "bitsandbytes":
-        if spec.name == "nf4":
-            detail["group_size"] = _bnb_blocksize(model)
-        else:
-            detail["granularity"] = "per output row; outlier input features (|x| > 6.0) in float"
-            detail["activations"] = "cast to float16 for the int8 matmul (bitsandbytes MatMul8bitLt)"
+    if spec and spec.quant.detail:
+        detail.update(spec.quant.detail(model, spec, gguf_file))
     qc = getattr(model.config, "quantization_config", None) if hasattr(model, "config") else None
     if spec and spec.quant.how == "checkpoint" and qc is not None:
         qd = qc if isinstance(qc, dict) else qc.to_dict()
