@@ -1,7 +1,7 @@
 """Every default a run or a look at one prompt starts from, and every threshold more than one module reads.
 
 Owns: the `DEFAULT_*` values that `RunConfig`, the click options of `evalkit run` and
-`evalkit inspect`, `models.resolve`, the backends and `inspection.inspect_prompt` all
+`evalkit inspect`, `models.resolve`, every backend (hf, llamacpp, server, vllm) and `inspection.inspect_prompt` all
 point at, and the named thresholds of the metrics (the `unstable` cut, the needle's
 middle band, the attention sink's T and ε), so each is written once. Does not: check
 values (`runner.config` does), or hold a closed set of names (`evalkit.kinds`).
@@ -25,6 +25,16 @@ DEFAULT_BATCH_SIZE: Final = 8  # prompts per batch (a batch also holds at most m
 DEFAULT_TOP_K: Final = 50
 MIN_TOP_K: Final = 50
 DEFAULT_TEMPERATURE: Final = 0.8  # T of top3_mass@T (SPEC §1.4)
+# opener probability a prompt may leave unscored in the candidate trie (0: exact); ft_hit_prob is always exact
+DEFAULT_TOLERANCE: Final = 1e-4
+DEFAULT_ANSWER_TOKENS: Final = 48  # how far a prompt with checkable answers is continued (answer_hit)
+DEFAULT_MAX_GEN_TOKS: Final = 256  # a response's length when its task sets no max_gen_toks (lm-eval's HFLM's)
+
+# --- `--model server` (an OpenAI-compatible server) ---
+DEFAULT_SERVER_LOGPROBS: Final = 20  # top_logprobs: the OpenAI API's cap, which most servers keep
+DEFAULT_SERVER_CONCURRENCY: Final = 4  # parallel requests
+DEFAULT_SERVER_RETRIES: Final = 3  # tries after a failed request
+DEFAULT_SERVER_TIMEOUT_S: Final = 120  # seconds per request
 
 # --- `evalkit inspect` ---
 DEFAULT_INSPECT_TOP_K: Final = 10  # first tokens listed

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from pathlib import Path
 
 import yaml
 
+import evalkit
 from evalkit import defaults
 from evalkit.backends import engine, models
 from evalkit.cli.inspect import inspect_command
@@ -76,3 +78,40 @@ def test_unstable_is_one_function_at_the_named_threshold():
 
     assert unstable(defaults.UNSTABLE_BELOW - 1e-9) == 1.0
     assert unstable(defaults.UNSTABLE_BELOW) == 0.0
+    # every engine calls it: no module but firsttoken compares a mass with the cut itself
+    package = Path(evalkit.__file__).parent
+    comparing = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
+                 if "< UNSTABLE_BELOW" in p.read_text(encoding="utf-8")]
+    assert comparing == ["scoring/firsttoken.py"]
+
+
+def test_every_backend_starts_from_the_same_defaults():
+    """hf, llama.cpp and the server take their first-step, answer and batch defaults from
+    `evalkit.defaults`, so a run on one engine and on another differ in the engine only."""
+    import pytest
+
+    from evalkit.backends.hf import EvalkitHFLM
+    from evalkit.backends.server import EvalkitServer
+    from evalkit.backends.teacher import forced
+
+    hf = _signature_defaults(EvalkitHFLM.__init__)
+    server = _signature_defaults(EvalkitServer.__init__)
+    assert (hf["top_k"], hf["temperature"], hf["tolerance"], hf["answer_max_tokens"]) == (
+        defaults.DEFAULT_TOP_K, defaults.DEFAULT_TEMPERATURE, defaults.DEFAULT_TOLERANCE,
+        defaults.DEFAULT_ANSWER_TOKENS)
+    assert (server["top_k"], server["top_logprobs"], server["temperature"], server["answer_max_tokens"],
+            server["max_gen_toks"]) == (defaults.DEFAULT_SERVER_LOGPROBS, defaults.DEFAULT_SERVER_LOGPROBS,
+                                        defaults.DEFAULT_TEMPERATURE, defaults.DEFAULT_ANSWER_TOKENS,
+                                        defaults.DEFAULT_MAX_GEN_TOKS)
+    assert _signature_defaults(forced)["batch_size"] == defaults.DEFAULT_BATCH_SIZE
+    assert _signature_defaults(models.load)["batch_size"] == defaults.DEFAULT_BATCH_SIZE
+    pytest.importorskip("llama_cpp")
+    from evalkit.backends import llamacpp
+
+    native = _signature_defaults(llamacpp.EvalkitLlamaCpp.__init__)
+    assert (native["top_k"], native["temperature"], native["tolerance"], native["answer_max_tokens"],
+            native["batch_size"], native["max_gen_toks"]) == (
+        defaults.DEFAULT_TOP_K, defaults.DEFAULT_TEMPERATURE, defaults.DEFAULT_TOLERANCE,
+        defaults.DEFAULT_ANSWER_TOKENS, defaults.DEFAULT_BATCH_SIZE, defaults.DEFAULT_MAX_GEN_TOKS)
+    probe = _signature_defaults(llamacpp.probe)
+    assert (probe["top_k"], probe["batch_size"]) == (defaults.DEFAULT_TOP_K, defaults.DEFAULT_BATCH_SIZE)

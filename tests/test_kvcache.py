@@ -13,7 +13,7 @@ import inspect
 import pytest
 import torch
 
-from evalkit.backends import engine, kvcache
+from evalkit.backends import engine, kvcache, models
 from evalkit.backends.kvcache import FULL, parse
 from evalkit.errors import BadInput
 from tests.tiny import build_tiny_model, load_tiny
@@ -253,7 +253,6 @@ def test_fp8_stores_rounded_keys_and_moves_the_logits_a_little(tiny, contexts):
 def test_fp8_on_the_default_model(default_model_available):
     """fp8 on SmolLM2-135M (Q4_1 weights, fp32 compute): the first-step distribution moves
     by a small, nonzero total variation, measured on a few first-token prompts."""
-    from evalkit.backends import models
 
     plan = models.resolve("hf", None, device="cpu")
     lm = models.load(plan, batch_size=1)
@@ -336,7 +335,7 @@ def test_parse_list_refuses_a_policy_twice():
 def hide_backends(monkeypatch):
     """Make optimum-quanto and hqq look uninstalled (whether they are here or not)."""
     real = kvcache.importlib.util.find_spec
-    hidden = {module for _, module, _, _ in kvcache.BACKENDS.values()}
+    hidden = {b.module for b in kvcache.KV_BACKENDS.values()}
     monkeypatch.setattr(kvcache.importlib.util, "find_spec",
                         lambda name, *args: None if name in hidden else real(name, *args))
 
@@ -441,3 +440,23 @@ def test_inspect_runs_under_a_policy(tiny_model_dir):
                             device="cpu", kv_cache="window:4")
     assert (full.kv_cache, window.kv_cache) == ("full", "window:4")
     assert [t.prob for t in full.tokens] != [t.prob for t in window.tokens]
+
+
+def test_a_policy_is_parsed_once_and_handed_over_resolved(tiny_model_dir, monkeypatch):
+    """`--kv-cache` text becomes a KVPolicy once, in `models.resolve`: the plan carries it, the
+    backend receives that object, and a comma list is split in `runner.sweep` into canonical specs."""
+    from evalkit.runner.config import RunConfig
+    from evalkit.runner.sweep import sweep_configs
+
+    configs = sweep_configs(RunConfig(tasks=["firsttoken_en"], kv_cache="full, Window:8", name="x"))
+    assert [(c.kv_cache, c.name) for c in configs] == [("full", "x (full)"), ("window:8", "x (window:8)")]
+
+    calls = []
+    parse = kvcache.parse
+    monkeypatch.setattr(kvcache, "parse", lambda text: calls.append(text) or parse(text))
+    plan = models.resolve("hf", f"pretrained={tiny_model_dir}", device="cpu", kv_cache=configs[1].kv_cache)
+    assert calls == ["window:8"]
+    assert plan.kv_policy == kvcache.KVPolicy("window", window=8) and plan.kv_cache == "window:8"
+    assert plan.backend_args["kv_cache"] is plan.kv_policy  # the object, not its text
+    assert kvcache.as_policy(plan.kv_policy) is plan.kv_policy and calls == ["window:8"]
+    assert kvcache.as_policy("window:8") == plan.kv_policy  # plain lm-eval's text still parses

@@ -15,6 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.backends import Backend, kvcache
+from evalkit.backends.llamacpp_engine import DEFAULT_KV
+from evalkit.defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_SERVER_CONCURRENCY,
+    DEFAULT_SERVER_LOGPROBS,
+    DEFAULT_SERVER_RETRIES,
+    DEFAULT_SERVER_TIMEOUT_S,
+    DEFAULT_TOLERANCE,
+)
 from evalkit.errors import BadInput
 
 # (engine, option) -> why the engine refuses it; the message every refusal prints
@@ -34,17 +43,21 @@ LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretra
                  "n_threads": "CPU threads (default: the usable cores)",
                  "prompt_batch": "prompts sharing one prefill and decoding loop (default 1: each as one request)",
                  "flash_attn": "llama.cpp's flash attention (default false; q8_0/q4_0 caches switch it on)",
-                 "tolerance": "opener probability left unscored per prompt (default 1e-4, as hf; 0: exact)",
-                 "answer_max_tokens": "how far a prompt with checkable answers is continued (default 48)"}
+                 "tolerance": f"opener probability left unscored per prompt (default {DEFAULT_TOLERANCE:g}, "
+                              "as hf; 0: exact)",
+                 "answer_max_tokens": f"how far a prompt with checkable answers is continued "
+                                      f"(default {DEFAULT_ANSWER_TOKENS})"}
 SERVER_ARGS = {"base_url": "the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1",
                "model": "the served model's name (default: the server's first)",
                "tokenizer": "a .gguf file or tokenizer folder mapping the server's token texts to ids",
-               "top_logprobs": "the most logprobs per token the server allows (default 20, the OpenAI cap)",
-               "concurrency": "parallel requests (default 4)", "retries": "tries after a failed request (default 3)",
-               "timeout": "seconds per request (default 120)",
-               "answer_max_tokens": "how far a prompt with checkable answers is continued (default 48)",
+               "top_logprobs": f"the most logprobs per token the server allows (default {DEFAULT_SERVER_LOGPROBS}, "
+                               "the OpenAI cap)",
+               "concurrency": f"parallel requests (default {DEFAULT_SERVER_CONCURRENCY})",
+               "retries": f"tries after a failed request (default {DEFAULT_SERVER_RETRIES})",
+               "timeout": f"seconds per request (default {DEFAULT_SERVER_TIMEOUT_S})",
+               "answer_max_tokens": f"how far a prompt with checkable answers is continued "
+                                    f"(default {DEFAULT_ANSWER_TOKENS})",
                "repeat_penalty": "sent as llama.cpp servers' repeat_penalty (1: none; llama-cpp-python's default 1.1)"}
-DEFAULT_SERVER_LOGPROBS = 20  # the OpenAI API's cap on top_logprobs, which most servers keep
 
 
 def refuse(engine: str, option: str, model_type: str) -> BadInput:
@@ -134,16 +147,10 @@ def gguf_file_type(path: Path) -> str:
 
 
 def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *, quant_name, device, top_k,
-                     temperature, first_temperature, ban_openers, seed, kv_cache, attention):
+                     temperature, first_temperature, ban_openers, seed, kv_policy, attention):
     """The plan of a GGUF run on llama.cpp; refuses what llama.cpp cannot do (REFUSALS, the KV policies
     `kvcache.llamacpp_refusal` names), an unknown model arg, a file that is not a GGUF."""
-    from evalkit.backends.models import (
-        DEFAULT_ANSWER_TOKENS,
-        DEFAULT_NAME,
-        DEFAULT_TOLERANCE,
-        ModelPlan,
-        default_model_args,
-    )
+    from evalkit.backends.models import DEFAULT_NAME, ModelPlan, default_model_args
 
     engine = backend.engine or "llama.cpp"
     if quant_name:
@@ -153,7 +160,7 @@ def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *,
     device = str(args.pop("device")) if "device" in args else device
     if device is not None and not str(device).startswith("cpu"):
         raise refuse(engine, "--device", model_type)
-    policy = kvcache.parse(kv_cache) if kv_cache else kvcache.parse("ggml:f16")  # llama.cpp's own default
+    policy = kvcache.as_policy(kv_policy, f"ggml:{DEFAULT_KV}")  # none asked: llama.cpp's own default
     why = kvcache.llamacpp_refusal(policy)
     if why:
         raise BadInput(f"--kv-cache {policy.spec} cannot run with --model {model_type}: {why}")
@@ -189,26 +196,26 @@ def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *,
         raise BadInput(f"--model-args tolerance must be a probability in [0, 1), got {tolerance!r}")
     args = {"model": str(path), **args}
     backend_args = {"top_k": top_k, "temperature": temperature, "first_temperature": first_temperature,
-                    "ban_openers": ban_openers or None, "probe_seed": seed, "kv_cache": policy.spec}
+                    "ban_openers": ban_openers or None, "probe_seed": seed, "kv_cache": policy}
     return ModelPlan(
         model_type=model_type, lm_type=backend.name, backend=backend, args=args,
         backend_args={k: v for k, v in backend_args.items() if v is not None},
         embedded=embedded, label=DEFAULT_NAME if embedded else path.name, quant=file_type, dtype=None,
-        top_k=top_k, device=device, kv_cache=policy.spec,
+        top_k=top_k, device=device, kv_policy=policy,
     )
 
 
 def resolve_server(backend: Backend, model_type: str, args: dict[str, Any], *, quant_name, device, top_k,
-                   temperature, first_temperature, ban_openers, seed, kv_cache, attention):
+                   temperature, first_temperature, ban_openers, seed, kv_policy, attention):
     """The plan of a run through an OpenAI-compatible server: K = min(--top-k, the server's cap)."""
-    from evalkit.backends.models import DEFAULT_ANSWER_TOKENS, ModelPlan
+    from evalkit.backends.models import ModelPlan
 
     engine = backend.engine or "openai-server"
     for asked, option in ((quant_name, "--quant"), (attention, "--attention"), (first_temperature is not None,
                           "--first-temperature"), (ban_openers, "--ban-openers")):
         if asked:
             raise refuse(engine, option, model_type)
-    if kv_cache and not kvcache.parse(kv_cache).is_full:
+    if kv_policy is not None and not kv_policy.is_full:
         raise refuse(engine, "--kv-cache", model_type)
     if device is not None or "device" in args:
         raise BadInput(f"--device does not apply to --model {model_type}: the server runs where it was started")
@@ -232,5 +239,4 @@ def resolve_server(backend: Backend, model_type: str, args: dict[str, Any], *, q
         model_type=model_type, lm_type=backend.name, backend=backend, args=args,
         backend_args={"top_k": k, "temperature": temperature, "seed": seed},
         embedded=False, label=str(args.get("model") or url), quant=None, dtype=None, top_k=k, device=None,
-        kv_cache=None,
     )

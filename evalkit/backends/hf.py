@@ -30,9 +30,14 @@ from evalkit.backends import attention as attn
 from evalkit.backends import engine, kvcache
 from evalkit.backends import quant as quantization
 from evalkit.backends.convert import cached_args
-from evalkit.backends.models import DEFAULT_ANSWER_TOKENS, DEFAULT_TOLERANCE
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
-from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TEMPERATURE, DEFAULT_TOP_K
+from evalkit.defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TOP_K,
+)
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import candidate_strings, unstable
@@ -96,7 +101,8 @@ class EvalkitHFLM(HFLM):
     opener_mass falls short of exact by at most `tolerance` (a bound, not an
     estimate; 0 is exact; see `engine.probe`). The accepted answers are always
     scored exactly: ft_hit_prob is exact. kv_cache: the KV-cache policy
-    (`kvcache.parse`; default full) every probe runs under, the content-free prior's included.
+    (the plan's `KVPolicy`, or its text from plain lm-eval; default full) every probe runs
+    under, the content-free prior's included.
     attention: read the prefill's attention (docs/metrics.md §1.8) under eager attention.
     journal: the run's `store.journal.Journal` (set by the runner): each greedy batch is
     replayed from it or computed and appended, so a stopped run resumes (`--resume`)."""
@@ -115,12 +121,12 @@ class EvalkitHFLM(HFLM):
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
         answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
-        kv_cache: str | None = None,
+        kv_cache: str | kvcache.KVPolicy | None = None,  # the plan's policy, or plain lm-eval's text
         device: str | None = None,
         attention: bool = False,
         **kwargs: Any,
     ) -> None:
-        policy = kvcache.parse(kv_cache)  # refused before the weights load
+        policy = kvcache.as_policy(kv_cache)  # refused before the weights load
         kvcache.check_available(policy)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

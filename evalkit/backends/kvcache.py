@@ -61,15 +61,28 @@ GROUP = 64  # transformers' QuantizedCache q_group_size default
 RESIDUAL = 128  # transformers' QuantizedCache residual_length default: newest tokens kept in full precision
 MAX_WINDOW = 2**31 - 1
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-# backend -> (pip package that provides it, import name, allowed bits, transformers layer class)
-BACKENDS = {
-    "quanto": ("optimum-quanto", "optimum.quanto", (2, 4), "QuantoQuantizedLayer"),
-    "hqq": ("hqq", "hqq", (1, 2, 3, 4, 8), "HQQQuantizedLayer"),
-}
+
+
+@dataclass(frozen=True)
+class KVBackend:
+    """A library that rounds a `quantized:BACKEND:BITS` cache, through transformers' layer class for it."""
+
+    name: KVQuantBackend
+    package: str  # the pip distribution that provides it
+    module: str  # its import name
+    bits: tuple[int, ...]  # the bit widths it takes
+    layer_class: str  # the transformers.cache_utils class that rounds with it
+
+
+KV_BACKENDS: dict[str, KVBackend] = {b.name: b for b in (
+    KVBackend("quanto", "optimum-quanto", "optimum.quanto", (2, 4), "QuantoQuantizedLayer"),
+    KVBackend("hqq", "hqq", "hqq", (1, 2, 3, 4, 8), "HQQQuantizedLayer"),
+)}
 KVQUANT_PIP = install_hint("kvquant")
 GGML_TYPES = ("f16", "q8_0", "q4_0")  # llama.cpp's K/V cache types `ggml:TYPE` names (llamacpp_engine.KV_TYPES)
-POLICY_HELP = ("full, window:W, sinkwindow:S:W, fp8, quantized:quanto:2|4, quantized:hqq:1|2|3|4|8, "
-               "ggml:f16|q8_0|q4_0 (llamacpp)")
+POLICY_HELP = ", ".join(["full, window:W, sinkwindow:S:W, fp8",
+                         *(f"quantized:{b.name}:{'|'.join(map(str, b.bits))}" for b in KV_BACKENDS.values()),
+                         f"ggml:{'|'.join(GGML_TYPES)} (llamacpp)"])
 
 
 @dataclass(frozen=True)
@@ -166,14 +179,26 @@ def parse(text: str | None) -> KVPolicy:
             if bits_text != "8":
                 raise BadInput(f"--kv-cache {spec!r}: the fp8 backend has 8 bits")
             return KVPolicy("fp8")
-        if backend not in BACKENDS:
-            raise BadInput(f"--kv-cache {spec!r}: unknown backend {backend!r} (known: fp8, {', '.join(BACKENDS)})")
+        if backend not in KV_BACKENDS:
+            raise BadInput(f"--kv-cache {spec!r}: unknown backend {backend!r} (known: fp8, {', '.join(KV_BACKENDS)})")
         bits = _int(bits_text, "BITS", spec, 1)
-        allowed = BACKENDS[backend][2]
+        allowed = KV_BACKENDS[backend].bits
         if bits not in allowed:
             raise BadInput(f"--kv-cache {spec!r}: the {backend} backend takes {', '.join(map(str, allowed))} bits")
         return KVPolicy("quantized", backend=cast(KVQuantBackend, backend), bits=bits)
     raise BadInput(f"unknown --kv-cache {text.strip()!r} (known: {POLICY_HELP})")
+
+
+def as_policy(value: str | KVPolicy | None, default: str = FULL_SPEC) -> KVPolicy:
+    """The policy a backend runs under: the resolved one a `ModelPlan` hands over, or, from plain
+    lm-eval (`--model_args kv_cache=TEXT`), its text parsed here; None: `default`.
+
+    >>> as_policy(parse("window:8")).spec, as_policy("fp8").spec, as_policy(None, "ggml:f16").spec
+    ('window:8', 'fp8', 'ggml:f16')
+    """
+    if isinstance(value, KVPolicy):
+        return value
+    return parse(value or default)
 
 
 def parse_list(text: str | None) -> list[KVPolicy]:
@@ -210,9 +235,10 @@ def check_available(policy: KVPolicy) -> None:
     """Refuse a quantized policy whose backend package is not installed (no import, no torch)."""
     if policy.kind != "quantized":
         return
-    package, module, _, _ = BACKENDS[policy.backend]
+    library = KV_BACKENDS[policy.backend]
+    package = library.package
     try:
-        found = importlib.util.find_spec(module) is not None
+        found = importlib.util.find_spec(library.module) is not None
     except (ImportError, ValueError):
         found = False
     if not found:
@@ -231,13 +257,14 @@ class _Rounder:
         if policy.kind == "quantized":
             import transformers.cache_utils as cu
 
-            cls = getattr(cu, BACKENDS[policy.backend][3], None)
+            library = KV_BACKENDS[policy.backend]
+            cls = getattr(cu, library.layer_class, None)
             if cls is None:
-                raise BadInput(f"--kv-cache {policy.spec}: this transformers has no {BACKENDS[policy.backend][3]}")
+                raise BadInput(f"--kv-cache {policy.spec}: this transformers has no {library.layer_class}")
             try:
                 self.helper = cls(nbits=policy.bits)
             except ImportError as exc:
-                package = BACKENDS[policy.backend][0]
+                package = library.package
                 raise BadInput(f"--kv-cache {policy.spec} needs the {package} package: {KVQUANT_PIP}; "
                                f"{str(exc).splitlines()[0]}") from None
 

@@ -39,11 +39,18 @@ from tqdm import tqdm
 from evalkit.backends import engine as hf_engine
 from evalkit.backends import kvcache
 from evalkit.backends.llamacpp_engine import DEFAULT_KV, SEQ_MAX, LlamaCppEngine, log_softmax
-from evalkit.backends.models import DEFAULT_ANSWER_TOKENS, DEFAULT_TOLERANCE
+from evalkit.defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_GEN_TOKS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TOP_K,
+)
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
+from evalkit.scoring.firsttoken import candidate_strings, unstable
 from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.text import drop_covered
 
@@ -80,10 +87,11 @@ def _lse(logits: np.ndarray) -> float:
 
 
 def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] | None = None, *,
-          top_k: int = 50, max_new_tokens: int = 32, stop: Sequence[str] = (),
+          top_k: int = DEFAULT_TOP_K, max_new_tokens: int = 32, stop: Sequence[str] = (),
           first_temperature: float | None = None, banned_first_ids=frozenset(), seed: int = 0,
           answer_tokens: Sequence[int] | None = None, unit_ranks: int = 0, tolerance: float = 0.0,
-          exact_candidates: list[list[str]] | None = None, batch_size: int = 8) -> list[hf_engine.FirstStep]:
+          exact_candidates: list[list[str]] | None = None,
+          batch_size: int = DEFAULT_BATCH_SIZE) -> list[hf_engine.FirstStep]:
     """`engine.probe`'s results for each context, computed by llama.cpp (see the module docstring).
 
     Same meaning of every argument as `engine.probe` (`tolerance`, `exact_candidates`: the
@@ -392,14 +400,16 @@ class EvalkitLlamaCpp(TemplateLM):
     journal = None  # store.journal.Journal | None, set by the runner: greedy batches replay from it (--resume)
 
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
-                 flash_attn: bool = False, top_k: int = 50,
-                 temperature: float = 0.8, first_temperature: float | None = None, ban_openers: bool = False,
+                 flash_attn: bool = False, top_k: int = DEFAULT_TOP_K,
+                 temperature: float = DEFAULT_TEMPERATURE, first_temperature: float | None = None,
+                 ban_openers: bool = False,
                  probe_seed: int = 0, answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
-                 tolerance: float = DEFAULT_TOLERANCE, kv_cache: str | None = None,
-                 batch_size: int | str | None = 8, max_gen_toks: int = 256, device: str | None = None,
+                 tolerance: float = DEFAULT_TOLERANCE, kv_cache: str | kvcache.KVPolicy | None = None,
+                 batch_size: int | str | None = DEFAULT_BATCH_SIZE, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
+                 device: str | None = None,
                  prompt_batch: int = 1) -> None:
         super().__init__()
-        policy = kvcache.parse(kv_cache or f"ggml:{DEFAULT_KV}")
+        policy = kvcache.as_policy(kv_cache, f"ggml:{DEFAULT_KV}")  # the plan's, or plain lm-eval's text
         cache = kv_type(policy)  # refused before the model loads
         if device not in (None, "cpu") and not str(device).startswith("cpu"):
             raise BadInput(f"--model llamacpp runs on the CPU in this build (got --device {device})")
@@ -661,7 +671,7 @@ class EvalkitLlamaCpp(TemplateLM):
         metrics: dict[str, float] = {
             "top1_prob": math.exp(step.topk_logprobs[0]),
             "top3_mass": top3,
-            "unstable": 1.0 if top3 < UNSTABLE_BELOW else 0.0,
+            "unstable": unstable(top3),
             "entropy": step.entropy,
         }
         if n_answer:

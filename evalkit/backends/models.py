@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.backends import Backend, backend_for, kvcache, quant
-from evalkit.defaults import DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TEMPERATURE, DEFAULT_TOP_K
+from evalkit.defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MODEL,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TOP_K,
+)
 from evalkit.errors import BadInput
 from evalkit.install import DEFAULT_MODEL_INSTALL
 
@@ -36,10 +44,6 @@ DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 # model args that say which model to load: with none of them, `hf` runs the embedded SmolLM2
 IDENTITY_ARGS = ("pretrained", "gguf_file", "tokenizer", "peft", "delta")
-# evalkit-hf's default `tolerance` (probability of opener prefixes left unscored per prompt)
-DEFAULT_TOLERANCE = 1e-4
-# evalkit-hf's default `answer_max_tokens`: how far a prompt with checkable answers is continued
-DEFAULT_ANSWER_TOKENS = 48
 # the most positions a batch of evalkit-hf holds once padded: 2 prompts of 2048 tokens (8 of 576).
 # On the default model each prompt of 2048 tokens adds about 0.42 GB to a plain run's peak RSS
 # (its KV cache, and the prefill's per-layer attention scores), so a needle run at 2048 tokens
@@ -137,7 +141,13 @@ class ModelPlan:
     dtype: str | None
     top_k: int | None  # first-token top-k rows stored per prompt (None: the backend stores none)
     device: str | None
-    kv_cache: str | None = None  # the KV-cache policy's spec (hf backend); None: the backend's own cache
+    # the KV-cache policy, resolved once from --kv-cache (in-process backends); None: the backend keeps its own cache
+    kv_policy: kvcache.KVPolicy | None = None
+
+    @property
+    def kv_cache(self) -> str | None:
+        """The policy's text, as `runs.kv_cache` stores it."""
+        return self.kv_policy.spec if self.kv_policy else None
 
     @property
     def in_process_hf(self) -> bool:
@@ -183,16 +193,17 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
         raise BadInput(f"unknown model type {model_type!r} (lm-eval has no model registered under that name)")
     catalog.check_installed(model_type)
     backend = backend_for(model_type)
+    policy = kvcache.parse(kv_cache) if kv_cache else None  # the one parse of one --kv-cache policy
     if backend is not None and backend.engine in ("llama.cpp", "openai-server"):
         from evalkit.backends import engines
 
         how = engines.resolve_llamacpp if backend.engine == "llama.cpp" else engines.resolve_server
         return how(backend, model_type, parse_model_args(model_args), quant_name=quant_name, device=device,
                    top_k=top_k, temperature=temperature, first_temperature=first_temperature,
-                   ban_openers=ban_openers, seed=seed, kv_cache=kv_cache, attention=attention)
+                   ban_openers=ban_openers, seed=seed, kv_policy=policy, attention=attention)
     hf = bool(backend and backend.in_process_hf)
     quant.check(quant_name, in_process_hf=hf, model_type=model_type, device=device)
-    policy = kvcache.parse(kv_cache)
+    policy = policy or kvcache.FULL
     if policy.kind == "ggml":
         raise BadInput(f"--kv-cache {policy.spec} is one of llama.cpp's own cache types: it runs with --model llamacpp")
     if not policy.is_full and not hf:
@@ -266,7 +277,7 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
                         "first_temperature": first_temperature, "ban_openers": ban_openers, "probe_seed": seed,
                         "attention": True if attention else None}
         if not policy.is_full:  # `full` leaves the backend's arguments as they were before policies
-            backend_args["kv_cache"] = policy.spec
+            backend_args["kv_cache"] = policy  # the resolved policy itself, not its text
         stored_k = top_k
         check_hf_model(args)
     elif first_temperature is not None or ban_openers:
@@ -283,7 +294,7 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
         dtype=quant.dtype(quant_name, args.get("dtype"), embedded=embedded),
         top_k=stored_k,
         device=device,
-        kv_cache=policy.spec if hf else None,
+        kv_policy=policy if hf else None,
     )
 
 
@@ -421,7 +432,7 @@ def model_class(name: str):
         raise BadInput(f"model type {name!r} needs a package that is not installed: {exc}") from exc
 
 
-def load(plan: ModelPlan, *, batch_size: int = 8):
+def load(plan: ModelPlan, *, batch_size: int = DEFAULT_BATCH_SIZE):
     """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`)."""
     from evalkit.progress import phases
 

@@ -39,14 +39,21 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from evalkit.backends import engine as hf_engine
-from evalkit.backends.engines import DEFAULT_SERVER_LOGPROBS
-from evalkit.backends.models import DEFAULT_ANSWER_TOKENS
+from evalkit.defaults import (
+    DEFAULT_ANSWER_TOKENS,
+    DEFAULT_MAX_GEN_TOKS,
+    DEFAULT_SERVER_CONCURRENCY,
+    DEFAULT_SERVER_LOGPROBS,
+    DEFAULT_SERVER_RETRIES,
+    DEFAULT_SERVER_TIMEOUT_S,
+    DEFAULT_TEMPERATURE,
+    MIN_TOP_K,
+)
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import UNSTABLE_BELOW, candidate_strings
+from evalkit.scoring.firsttoken import candidate_strings, unstable
 
-PRIOR_MIN_K = 50  # prior_drift's support rule (docs/metrics.md §1.3)
 ECHO_TOLERANCE = 1e-3  # nats: the echo check's allowance for the server's own float rounding
 ECHO_PROBE = "The capital of France is"  # the echo check's prompt
 CONTENT_FREE = ("N/A", "", "…", "无")
@@ -133,15 +140,18 @@ def ranked(top: dict[str, float] | None, k: int) -> list[tuple[str, float]]:
 @register_model("evalkit-server")
 class EvalkitServer(LM):
     """An OpenAI-compatible server. Model args: base_url, model, tokenizer (a .gguf file or tokenizer
-    folder: the chat template, and token texts to ids), top_logprobs (the server's cap, default 20),
+    folder: the chat template, and token texts to ids), top_logprobs (the server's cap,
+    `DEFAULT_SERVER_LOGPROBS` by default),
     concurrency, retries, timeout, answer_max_tokens, repeat_penalty (sent as llama.cpp servers'
     `repeat_penalty`: llama-cpp-python's server penalises repeats by 1.1 unless told 1, even at
     temperature 0, so its "greedy" text is not the model's); evalkit's own: top_k, temperature, seed."""
 
     def __init__(self, base_url: str, *, model: str | None = None, tokenizer: str | None = None,
-                 top_logprobs: int = DEFAULT_SERVER_LOGPROBS, concurrency: int = 4, retries: int = 3,
-                 timeout: int = 120, answer_max_tokens: int = DEFAULT_ANSWER_TOKENS, top_k: int = 20,
-                 temperature: float = 0.8, seed: int = 0, batch_size: Any = None, max_gen_toks: int = 256,
+                 top_logprobs: int = DEFAULT_SERVER_LOGPROBS, concurrency: int = DEFAULT_SERVER_CONCURRENCY,
+                 retries: int = DEFAULT_SERVER_RETRIES, timeout: int = DEFAULT_SERVER_TIMEOUT_S,
+                 answer_max_tokens: int = DEFAULT_ANSWER_TOKENS, top_k: int = DEFAULT_SERVER_LOGPROBS,
+                 temperature: float = DEFAULT_TEMPERATURE, seed: int = 0, batch_size: Any = None,
+                 max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
                  repeat_penalty: float | None = None) -> None:
         super().__init__()
         if not tokenizer:
@@ -175,9 +185,9 @@ class EvalkitServer(LM):
                                              "K logprobs fix it at T = 1 only (--temperature 1)")
             self.unavailable["unstable"] = self.unavailable["top3_mass"]
         self._echo_ok = self._check_echo()
-        if self.k < PRIOR_MIN_K:
+        if self.k < MIN_TOP_K:
             self.unavailable["prior_drift"] = (f"the server gives K = {self.k} logprobs; prior_drift's support rule "
-                                               f"needs K >= {PRIOR_MIN_K} (top_logprobs=50 where the server allows it)")
+                                               f"needs K >= {MIN_TOP_K} (top_logprobs=50 where the server allows it)")
 
     # -- lm-eval interface --------------------------------------------------------------
 
@@ -292,7 +302,7 @@ class EvalkitServer(LM):
             metrics["top1_prob"] = math.exp(top[0][2])
         if len(top) >= 3 and self.temperature == 1.0:
             metrics["top3_mass"] = sum(math.exp(v) for _, _, v in top[:3])
-            metrics["unstable"] = 1.0 if metrics["top3_mass"] < UNSTABLE_BELOW else 0.0
+            metrics["unstable"] = unstable(metrics["top3_mass"])
         if doc_kind(doc) == FIRSTTOKEN and doc.get("answers"):
             starts = candidate_strings(doc["answers"])
             if top:
@@ -350,7 +360,7 @@ class EvalkitServer(LM):
 
     def _prior(self, context: str, doc: dict) -> dict[int, float] | None:
         """The content-free prior from the same server (K >= 50 only), per prompt frame."""
-        if self.k < PRIOR_MIN_K:
+        if self.k < MIN_TOP_K:
             return None
         prompt = doc.get("prompt")
         if not isinstance(prompt, str) or not prompt or context.count(prompt) != 1:

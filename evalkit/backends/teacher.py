@@ -27,6 +27,7 @@ import torch
 
 from evalkit.backends.engine import _batches, _model_device
 from evalkit.backends.models import BATCH_TOKENS
+from evalkit.defaults import DEFAULT_BATCH_SIZE
 from evalkit.scoring import drift
 
 
@@ -38,7 +39,7 @@ class Forced:
     target_ids: list[int]
 
 
-def teacher_force(model, items: Sequence[Forced], *, batch_size: int = 8,
+def teacher_force(model, items: Sequence[Forced], *, batch_size: int = DEFAULT_BATCH_SIZE,
                   batch_tokens: int = BATCH_TOKENS, pad_id: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (index into `items`, (L, V) float32 log-softmax) for every item with a target, in batches.
 
@@ -90,7 +91,7 @@ def sequence_force(eng, items: Sequence[Forced]) -> Iterator[tuple[int, torch.Te
         yield i, torch.log_softmax(logits.double(), dim=-1)
 
 
-def forced(model, items: Sequence[Forced], *, batch_size: int = 8,
+def forced(model, items: Sequence[Forced], *, batch_size: int = DEFAULT_BATCH_SIZE,
            pad_id: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
     """The teacher-forced distributions through whichever engine `model` is: a llama.cpp engine (it has
     `sequence_logits`), else a Hugging Face causal LM."""
@@ -127,7 +128,7 @@ def compact_rows(logprobs: torch.Tensor, eps: float = drift.DEFAULT_EPS,
     return out
 
 
-def base_pass(model, items: Sequence[Forced], *, eps: float = drift.DEFAULT_EPS, batch_size: int = 8,
+def base_pass(model, items: Sequence[Forced], *, eps: float = drift.DEFAULT_EPS, batch_size: int = DEFAULT_BATCH_SIZE,
               pad_id: int = 0) -> list[list[drift.Compact]]:
     """Per item: its compact distribution at each target position (empty for an empty target); the
     target token is always listed (for a greedy response it is the top token anyway)."""
@@ -138,7 +139,7 @@ def base_pass(model, items: Sequence[Forced], *, eps: float = drift.DEFAULT_EPS,
 
 
 def drift_pass(model, items: Sequence[Forced], bases: Sequence[Sequence[drift.Compact]], *,
-               batch_size: int = 8, pad_id: int = 0) -> list[list[drift.PositionDrift]]:
+               batch_size: int = DEFAULT_BATCH_SIZE, pad_id: int = 0) -> list[list[drift.PositionDrift]]:
     """Per item: the candidate's drift from the base at each target position (`drift.compare_position`
     with the target token, the base's greedy choice, as the Δp token)."""
     if len(bases) != len(items):

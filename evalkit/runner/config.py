@@ -65,7 +65,7 @@ class RunConfig:
     needle_depths: list[float] | None = None
     device: str | None = None
     include_path: str | None = None
-    kv_cache: str | None = None  # one KV-cache policy (`execute_all` splits a comma list into runs)
+    kv_cache: str | None = None  # --kv-cache as given: one policy, or a comma list `runner.sweep` splits into runs
     attention: bool = False
     # drift by position (docs/drift.md): "first" = the sweep's first variant is the base, else a stored
     # base run (id, prefix, latest, tag:NAME) that kept its distributions; None: no drift pass

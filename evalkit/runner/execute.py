@@ -19,7 +19,7 @@ import logging
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -171,45 +171,32 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     checks against the model come after the model loads, still before the run row),
     RunFailed when the run fails at run time (the run row is then `failed`), and
     ResultsKept when it finished but its results wait in a spool file. `cfg.kv_cache`
-    names one policy here; `execute_all` runs a comma list of them.
+    names one policy here; `runner.sweep` splits a comma list into one config each.
     """
-    results = execute_all(cfg, on_start=on_start)
-    if len(results) != 1:
-        raise BadInput("execute runs one --kv-cache policy; use execute_all for a list")
-    return results[0]
+    if cfg.kv_cache and "," in cfg.kv_cache:
+        raise BadInput("execute runs one --kv-cache policy; runner.sweep.execute_sweep runs a list")
+    return execute_all([cfg], on_start=on_start)[0]
 
 
-def sweep_configs(cfg: RunConfig) -> list[RunConfig]:
-    """One configuration per `--kv-cache` policy of a comma list (the same prompts and seed);
-    with several, a `--name` gets the policy appended, "NAME (POLICY)". One policy (or
-    none): `cfg` itself."""
-    from evalkit.backends import kvcache
-
-    policies = kvcache.parse_list(cfg.kv_cache)
-    if len(policies) == 1:
-        return [cfg]
-    return [replace(cfg, kv_cache=p.spec, name=f"{cfg.name.strip()} ({p.spec})" if cfg.name else None)
-            for p in policies]
-
-
-def execute_all(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None,
+def execute_all(cfgs: Sequence[RunConfig], *, on_start: Callable[[str], None] | None = None,
                 on_done: Callable[[RunResult], None] | None = None) -> list[RunResult]:
-    """`execute` for each `--kv-cache` policy of `cfg` in turn, one stored run each.
+    """`execute` for each of `cfgs` in turn, one stored run each, on one loaded model: the
+    configs of one `--quant` variant, differing in their `--kv-cache` policy only
+    (`runner.sweep.sweep_configs`).
 
-    Every configuration is checked (`plan_run`) before the model loads, so a bad policy
-    anywhere in the list writes nothing; the model is loaded once and its policy switched
-    between runs. Stops at the first run that fails (its exception propagates).
+    Every configuration is checked (`plan_run`, which resolves its policy) before the model
+    loads, so a bad policy anywhere in the list writes nothing; the model is loaded once and
+    each plan's resolved policy switched in between runs. Stops at the first run that fails
+    (its exception propagates).
     """
     t0 = time.monotonic()
-    plans = [plan_run(c) for c in sweep_configs(cfg)]
-    lm = models.load(plans[0].model, batch_size=cfg.batch_size)
+    plans = [plan_run(c) for c in cfgs]
+    lm = models.load(plans[0].model, batch_size=plans[0].cfg.batch_size)
     load_s = time.monotonic() - t0
     out = []
     for i, plan in enumerate(plans):
         if i:
-            from evalkit.backends import kvcache
-
-            lm.set_kv_policy(kvcache.parse(plan.cfg.kv_cache))
+            lm.set_kv_policy(plan.model.kv_policy)
             t0, load_s = time.monotonic(), 0.0
         result = _execute_plan(plan, lm, t0, load_s, on_start)
         out.append(result)

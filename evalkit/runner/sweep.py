@@ -1,13 +1,15 @@
-"""A quantization sweep: `--quant bf16,int8-weight,int4-weight` as one run per variant.
+"""Sweeps: `--quant bf16,int8-weight` and `--kv-cache full,window:256` as one run per entry.
 
-Owns: turning one `RunConfig` whose `quant` names several variants into one config per
-variant (same tasks, prompts, seed and every other setting; a `--name` gets the
-variant appended), checking all of them before any model is loaded or anything is
-written (the group sizes against the model's layer widths too), then executing them
-one after another, one model load per variant. A `--kv-cache` comma list runs inside
-each variant (`execute_all`: its policies share the variant's loaded model), so
-`--quant A,B --kv-cache P,Q` stores A/P, A/Q, B/P, B/Q. Does not: run a single
-variant (`execute_all` does) or compare the runs (`evalkit compare BASELINE CAND ...` does).
+Owns: both splits of one `RunConfig` into the runs it asks for, in one place: one config
+per `--quant` variant (`variant_configs`) and, inside each variant, one per `--kv-cache`
+policy (`sweep_configs`); same tasks, prompts, seed and every other setting, a `--name`
+gets the variant ("NAME-VARIANT") or the policy ("NAME (POLICY)") appended. Checking all
+of them before any model is loaded or anything is written (the group sizes against the
+model's layer widths too), then executing them one after another: one model load per
+variant, whose policies share it (`execute_all`), so `--quant A,B --kv-cache P,Q` stores
+A/P, A/Q, B/P, B/Q. Does not: resolve one policy (`models.resolve` does, once, into the
+`ModelPlan`), run one config (`execute_all` does) or compare the runs (`evalkit compare
+BASELINE CAND ...` does).
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from evalkit.backends import quant
+from evalkit.backends import kvcache, quant
 from evalkit.errors import BadInput, RunFailed
 from evalkit.runner.config import RunConfig, RunPlan, check_text, plan_run
-from evalkit.runner.execute import RunResult, execute_all, sweep_configs
+from evalkit.runner.execute import RunResult, execute_all
 
 
 def variant_configs(cfg: RunConfig) -> list[RunConfig]:
@@ -28,6 +30,21 @@ def variant_configs(cfg: RunConfig) -> list[RunConfig]:
         return [cfg]
     name = check_text("--name", cfg.name) if cfg.name is not None else None
     return [dataclasses.replace(cfg, quant=v, name=f"{name}-{v}" if name else None) for v in variants]
+
+
+def sweep_configs(cfg: RunConfig) -> list[RunConfig]:
+    """One config per `--kv-cache` policy of a comma list (the same prompts and seed), each
+    naming its policy's canonical text; with several, a `--name` gets the policy appended,
+    "NAME (POLICY)". One policy (or none): `cfg` itself. A bad policy raises BadInput.
+
+    >>> [c.kv_cache for c in sweep_configs(RunConfig(tasks=["firsttoken"], kv_cache="full, Window:256"))]
+    ['full', 'window:256']
+    """
+    policies = kvcache.parse_list(cfg.kv_cache)
+    if len(policies) == 1:
+        return [cfg]
+    return [dataclasses.replace(cfg, kv_cache=p.spec, name=f"{cfg.name.strip()} ({p.spec})" if cfg.name else None)
+            for p in policies]
 
 
 def all_configs(cfg: RunConfig) -> list[RunConfig]:
@@ -89,7 +106,7 @@ def execute_sweep(cfg: RunConfig, *, on_start: Callable[[str], None] | None = No
 def _execute_variants(cfg: RunConfig, on_start, on_done) -> list[RunResult]:
     variants = variant_configs(cfg)
     if len(variants) == 1:  # one variant: `execute_all` checks its runs
-        return execute_all(cfg, on_start=on_start, on_done=on_done)
+        return execute_all(sweep_configs(cfg), on_start=on_start, on_done=on_done)
     plan_sweep(cfg)
     results: list[RunResult] = []
 
@@ -100,7 +117,7 @@ def _execute_variants(cfg: RunConfig, on_start, on_done) -> list[RunResult]:
 
     for variant in variants:
         try:
-            execute_all(variant, on_start=on_start, on_done=done)
+            execute_all(sweep_configs(variant), on_start=on_start, on_done=done)
         except (BadInput, RunFailed) as exc:
             if not results:
                 raise
