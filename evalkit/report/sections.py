@@ -23,6 +23,7 @@ from evalkit.report.reading import MIN_BIN_SIZE, ReportData, config_line
 from evalkit.scoring import registry
 
 MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
+MAX_TABLE_METRICS = 8  # metric columns of one leaderboard table: with the run and task columns, 1280 px wide
 MAX_ROC_RUNS = 3  # ROC figures, newest runs with checkable answers first
 MAX_TREND_TASKS = 6  # lines per trend panel (one per task)
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
@@ -166,7 +167,11 @@ def leaderboard_section(data: ReportData, out_dir: Path) -> Section:
     section.intro = ("Each metric's value and its 95 % interval from the leaderboard view (Wilson for "
                      "proportions, bootstrap percentile for other means, so it stays inside the metric's "
                      "range); ↑ higher is better, ↓ lower is better; the best run per task is in bold.")
-    section.tables.append(Table(columns, rows, numeric_from=2, strong=strong))
+    for a, b in column_chunks(len(metrics), MAX_TABLE_METRICS):  # tables that fit the page, never cut off
+        caption = f"metrics {a + 1}-{b} of {len(metrics)}" if b - a < len(metrics) else ""
+        section.tables.append(Table(columns[:2] + columns[2 + a:2 + b], [r[:2] + r[2 + a:2 + b] for r in rows],
+                                    caption=caption, numeric_from=2,
+                                    strong={(i, j - a) for i, j in strong if a + 2 <= j < b + 2}))
     breakdowns = sorted({r["metric"] for r in data.leaderboard if is_breakdown(r["metric"])})
     if breakdowns:
         section.notes.append(f"{len(breakdowns)} breakdown metrics (e.g. {breakdowns[0]}) are left out of this "
@@ -186,6 +191,17 @@ def leaderboard_section(data: ReportData, out_dir: Path) -> Section:
         if len(metrics) > len(plotted):
             section.notes.append(f"The plot shows the first {len(plotted)} of {len(metrics)} metrics.")
     return section
+
+
+def column_chunks(n: int, most: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges cutting n columns into the fewest tables of at most `most`, evenly.
+
+    >>> column_chunks(12, 8), column_chunks(5, 8), column_chunks(17, 8)
+    ([(0, 6), (6, 12)], [(0, 5)], [(0, 6), (6, 12), (12, 17)])
+    """
+    parts = max(1, -(-n // most))
+    size = -(-n // parts)
+    return [(a, min(n, a + size)) for a in range(0, n, size)]
 
 
 def short_text(text: str | None, width: int = 160) -> str:
