@@ -13,6 +13,8 @@ from evalkit.backends import engine
 from evalkit.backends.engine import candidate_ids, first_unit_ids, probe, top_mass, topk_dict
 from tests.tiny import build_tiny_model, load_tiny
 
+REASSOCIATION = 1e-4  # nats: the engine's stated float-reassociation tolerance
+
 QUESTIONS = [
     "What is recursion?",
     "法国的首都是哪里？请简短回答。",
@@ -66,9 +68,11 @@ def test_topk_matches_plain_forward(tiny, contexts):
         ref = reference_logprobs(model, ids)[-1]
         values, indices = torch.topk(ref, 20)
         assert step.topk_ids == indices.tolist()
-        assert step.topk_logprobs == pytest.approx(values.tolist(), abs=1e-5)
-        assert torch.allclose(step.logprobs, ref, atol=1e-5)
-        assert step.entropy == pytest.approx(float(-(ref.exp() * ref).sum()), abs=1e-5)
+        # the batch's shared head is prefilled apart from the rest: float reassociation, within the
+        # engine's stated tolerance (tests/test_engine_equivalence.py)
+        assert step.topk_logprobs == pytest.approx(values.tolist(), abs=REASSOCIATION)
+        assert torch.allclose(step.logprobs, ref, atol=REASSOCIATION)
+        assert step.entropy == pytest.approx(float(-(ref.exp() * ref).sum()), abs=REASSOCIATION)
         assert step.first_token_id == step.topk_ids[0]
 
 

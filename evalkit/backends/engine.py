@@ -1,15 +1,23 @@
 """The exact first-step engine: one prefill, and everything evalkit reads off the first step.
 
 Owns, for a batch of already-templated prompts on a Hugging Face causal LM:
-- one batched prefill (left padding, explicit position ids, KV cache kept) giving the
-  full-vocabulary first-step distribution: top-k, entropy, float32 log-softmax;
+- one batched prefill (explicit position ids, KV cache kept) giving the full-vocabulary
+  first-step distribution: top-k, entropy, float32 log-softmax. The head every prompt of the
+  batch shares (a chat template's system turn) is computed once and its cache repeated; each
+  row's remaining tokens are left-padded after it;
 - candidate-string probabilities (docs/metrics.md §1.1 `ft_hit_prob`): P(response starts with a
   string) as the product of its tokens' teacher-forced conditional probabilities,
-  the string tokenised in its real context; one extra batched forward per prompt over
-  all its candidates, reusing a copy of the prompt's KV cache;
+  the string tokenised in its real context (once per template frame); the batch's candidate
+  tries are fed level by level after the prompts, rows grouped by how many nodes they need so
+  none is padded to another language's trie, each group on its own copy of its prompts' cache;
+- the first unit of each likely first token (a split UTF-8 character completed greedily), its
+  nodes fed in the trie's own level forwards;
 - a greedy continuation from the same cache, with first-step interventions (banned
   first tokens, a sampled first token at a given temperature);
 - pure helpers on the results: `top_mass`, `topk_dict`, `first_unit_ids`.
+
+None of the batching moves a number beyond float reassociation: `tests/test_engine_equivalence.py`
+holds every field to the pre-speed-work engine (`tests/reference_engine.py`) within 1e-4 nats.
 
 Does not: import lm-eval, store anything, apply chat templates, normalise or cut text
 (stop strings only stop generation; cutting the text before them is the caller's job).
@@ -20,6 +28,7 @@ counted in its probability.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import math
@@ -49,6 +58,7 @@ class FirstStep:
     candidate_tokens: dict[str, list[int]] = field(default_factory=dict)  # candidate -> its tokens in context
     unscored_mass: float = 0.0  # bound on how much any sum of candidate_probs falls short (<= tolerance)
     candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
+    unit_positions: int = 0  # first-unit nodes forwarded that the trie did not already feed
     response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
     answer_ids: list[int] = field(default_factory=list)  # the longer continuation asked for (answer_tokens), eos excluded
     units: dict[int, str] = field(default_factory=dict)  # top token id -> its first unit (unit_ranks)
@@ -281,6 +291,12 @@ def first_unit_ids(decode: Callable[[list[int]], str], ids: Sequence[int]) -> tu
 
 UNIT_RANKS = 10  # the likeliest first tokens whose first unit a run stores (first_token_topk.unit)
 UNIT_TOKENS = 4  # a first unit is completed over at most this many tokens (a UTF-8 character has <= 4 bytes)
+MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from this many on
+# the padded node positions one level forward of the candidate trie may hold: its logits are
+# positions x vocabulary floats (1024 x 49152 x 4 bytes = 200 MB on the default model)
+TRIE_POSITIONS = 1024
+GROUP_SLACK = 1.25  # rows share a trie group while their first levels are within this ratio (+4 nodes)
+LSE_ROWS = 256  # node rows per logsumexp chunk (its temporary is rows x vocabulary floats)
 
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
@@ -316,6 +332,25 @@ def _read_attention(requests, indices, offsets, length):
     from evalkit.backends import attention
 
     return attention.capture([requests[i] or attention.Request() for i in indices], offsets, length)
+
+
+def _rows_of(cache, rows: torch.Tensor):
+    """A new cache holding these batch rows of `cache`, which is left as it was: each layer is a
+    shallow copy whose tensors `batch_select_indices` replaces (it indexes, never writes in place)."""
+    sub = copy.copy(cache)
+    sub.layers = [copy.copy(layer) for layer in cache.layers]
+    sub.batch_select_indices(rows)
+    return sub
+
+
+def _logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last axis of (B, Q, V) logits in float32, LSE_ROWS rows at a time: (B, Q)."""
+    B, Q, V = logits.shape
+    flat = logits.reshape(B * Q, V)
+    out = torch.empty(B * Q, dtype=torch.float32, device=logits.device)
+    for i in range(0, B * Q, LSE_ROWS):
+        out[i:i + LSE_ROWS] = torch.logsumexp(flat[i:i + LSE_ROWS].float(), dim=-1)
+    return out.reshape(B, Q)
 
 
 def _truncate_cache(cache, length: int) -> None:
@@ -362,6 +397,11 @@ class _Engine:
         # transformers 5 renamed `past_key_values` to `cache` (old name deprecated)
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
         self.keep_kw = "logits_to_keep" in params
+        # (text after the context's last added token, candidate) -> the candidate's tokens there (`in_context`)
+        self.tail_ids: dict[tuple[str, str], list[int]] = {}
+        self.frame_cuts = True  # False once this tokenizer is seen not to cut its input at added tokens
+        decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.added_tokens = [str(getattr(t, "content", t)) for t in decoder.values() if str(getattr(t, "content", t))]
 
     def forward(self, input_ids, attention_mask, position_ids, cache=None, last_only=False):
         """Model forward with a cache kept: (logits, cache)."""
@@ -382,22 +422,9 @@ class _Engine:
 
     def run_batch(self, indices, contexts, ids_list, cand_lists, exact_sets=None, answer_lens=None) -> list[FirstStep]:
         """Prefill one batch together; `indices` are the prompts' places in `contexts` (seeds)."""
-        B, P = len(ids_list), max(len(ids) for ids in ids_list)
-        input_ids = torch.full((B, P), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, P), dtype=torch.long)
-        for r, ids in enumerate(ids_list):
-            input_ids[r, P - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            mask[r, P - len(ids) :] = 1
-        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = new_cache(self.policy, self.model, [P - len(ids) for ids in ids_list]) if self.policy.rounds else None
-        attn = mask
-        if self.policy.evicts:  # a query at position t reads only the keys the policy keeps at t
-            eye = torch.eye(P, dtype=torch.bool, device=self.device).unsqueeze(0)  # padding rows read themselves
-            attn = self.policy_mask(position_ids, position_ids, mask, also=eye)
-        with _read_attention(self.attention, indices, [P - len(ids) for ids in ids_list], P) as seen:
-            logits, cache = self.forward(input_ids, attn, position_ids, cache=cache, last_only=True)
-        logprobs = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (B, V)
+        B = len(ids_list)
+        with _read_attention(self.attention, indices, self.pads(ids_list), max(len(ids) for ids in ids_list)) as seen:
+            logprobs, cache, mask, position_ids = self.prefill(ids_list)
         self.progress("prefill done", PREFILL_SHARE)
 
         steps = []
@@ -415,16 +442,19 @@ class _Engine:
         if seen is not None:
             for step, read in zip(steps, seen.results()):
                 step.attention = read
-        if any(cand_lists):
+        toks_of = [{c: self.in_context(contexts[r], ids_list[r], c) for c in dict.fromkeys(cand_lists[r])}
+                   for r in range(B)]
+        unit_tops = [s.topk_ids[: min(self.unit_ranks, k)] for s in steps] if self.unit_ranks else [[] for _ in steps]
+        if any(toks_of) or any(unit_tops):
             self.progress("candidate trie", PREFILL_SHARE)
-            scored = self.candidate_probs(contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets)
-            for step, (probs, unscored, positions, tokens) in zip(steps, scored):
-                step.candidate_probs, step.unscored_mass, step.candidate_positions = probs, unscored, positions
-                step.candidate_tokens = tokens
-        if self.unit_ranks:
-            ranks = min(self.unit_ranks, k)
-            for step, units in zip(steps, self.complete_units(cache, mask, [s.topk_ids[:ranks] for s in steps])):
-                step.units = units
+            scored, units = self.score_nodes(toks_of, unit_tops, cache, mask, logprobs, exact_sets)
+            for r, step in enumerate(steps):
+                probs, unscored, positions, unit_fed = scored[r]
+                step.candidate_probs = {c: probs[c] for c in dict.fromkeys(cand_lists[r])}
+                step.unscored_mass, step.candidate_positions, step.unit_positions = unscored, positions, unit_fed
+                step.candidate_tokens = toks_of[r]
+                if self.unit_ranks:
+                    step.units = units[r]
 
         first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
         for r in range(B):
@@ -444,6 +474,61 @@ class _Engine:
         self.progress("batch done", 1.0)
         return steps
 
+    @staticmethod
+    def pads(ids_list) -> list[int]:
+        P = max(len(ids) for ids in ids_list)
+        return [P - len(ids) for ids in ids_list]
+
+    def shared_head(self, ids_list) -> int:
+        """How many leading tokens every prompt of the batch shares and the prefill computes once (0: none).
+
+        Only where nothing else reads the prefill column by column: the `full` policy (no eviction
+        masks, no rounded cache) and no attention capture. At least one token of every prompt stays
+        after the head, so each row's own last position is computed in the batch."""
+        if len(ids_list) < 2 or not self.policy.is_full or self.attention is not None:
+            return 0
+        head = min(len(ids) for ids in ids_list) - 1
+        first = ids_list[0]
+        for ids in ids_list[1:]:
+            n = 0
+            while n < head and ids[n] == first[n]:
+                n += 1
+            head = n
+        return head if head >= MIN_SHARED_HEAD else 0
+
+    def prefill(self, ids_list):
+        """Prefill the batch: (first-step log-probs (B, V) float32, cache, key mask (B, P), positions (B, P)).
+
+        Rows are left-padded. A head every row shares (`shared_head`) is computed once, as one row,
+        and its cache repeated for every row; each row's remaining tokens are then left-padded after
+        the head (the padding sits between head and tail, masked out; positions stay the real ones)."""
+        B = len(ids_list)
+        head = self.shared_head(ids_list)
+        cache = None
+        if head:
+            ids = torch.tensor([ids_list[0][:head]], dtype=torch.long, device=self.device)
+            ones = torch.ones_like(ids)
+            _, cache = self.forward(ids, ones, torch.arange(head, device=self.device).unsqueeze(0), last_only=True)
+            cache.batch_repeat_interleave(B)
+        tails = [ids[head:] for ids in ids_list]
+        S = max(len(t) for t in tails)
+        input_ids = torch.full((B, S), self.pad_id, dtype=torch.long)
+        tail_mask = torch.zeros((B, S), dtype=torch.long)
+        for r, t in enumerate(tails):
+            input_ids[r, S - len(t):] = torch.tensor(t, dtype=torch.long)
+            tail_mask[r, S - len(t):] = 1
+        mask = torch.cat([torch.ones((B, head), dtype=torch.long), tail_mask], dim=-1).to(self.device)
+        input_ids = input_ids.to(self.device)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        if cache is None and self.policy.rounds:
+            cache = new_cache(self.policy, self.model, self.pads(ids_list))
+        attn = mask
+        if self.policy.evicts:  # a query at position t reads only the keys the policy keeps at t
+            eye = torch.eye(S, dtype=torch.bool, device=self.device).unsqueeze(0)  # padding rows read themselves
+            attn = self.policy_mask(position_ids, position_ids, mask, also=eye)
+        logits, cache = self.forward(input_ids, attn, position_ids[:, head:], cache=cache, last_only=True)
+        return torch.log_softmax(logits[:, -1, :].float(), dim=-1), cache, mask, position_ids
+
     def policy_mask(self, q_pos, k_pos, k_valid, also=None):
         """The 4-D additive attention mask of the KV-cache policy: query i of row r may read
         key column j when the column holds a real token (`k_valid`) the policy keeps visible
@@ -459,77 +544,144 @@ class _Engine:
         neg = torch.finfo(self.float_dtype).min
         return torch.zeros(allow.shape, dtype=self.float_dtype, device=allow.device).masked_fill(~allow, neg).unsqueeze(1)
 
-    def candidate_probs(self, contexts, ids_list, cand_lists, cache, mask, logprobs, exact_sets=None):
-        """Per prompt of the prefilled batch: ({candidate: P(response starts with it)},
-        unscored mass, trie positions forwarded, {candidate: its tokens in context}).
+    def in_context(self, context: str, context_ids: list[int], candidate: str) -> list[int]:
+        """`candidate_ids(context, candidate)`, computed once per template frame where the tokenizer allows.
 
-        Teacher forcing over the token trie of each prompt's candidates, one trie level
-        per forward for the whole batch. The level's nodes (proper prefixes of some
-        candidate) are packed side by side after the prompt in the batch's own KV cache,
-        each attending to its prompt and its ancestors only (a custom 4-D mask), so
-        shared prefixes are fed once and the cache is never copied. The cache is cropped
-        back to the prompt afterwards. Before each level, a prompt's least likely new
-        prefixes are left out while their total probability fits in what is left of
-        its `tolerance` (see `probe`); prefixes of the prompt's exact candidates never are.
+        A fast tokenizer cuts its input at added tokens (`<|im_start|>` …) before anything else, so a
+        candidate's tokens after a context depend only on the text after the context's last added token:
+        the tail ("assistant\\n" under a chat template) is the key, the same for every prompt of a frame.
+        The first context seen with each tail is also tokenised whole, and the shortcut is dropped for
+        good if any candidate's tokens differ (a tokenizer that does not cut there)."""
+        cut = self.frame_cut(context)
+        if cut is None:
+            return candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
+        tail = context[cut:]
+        key = (tail, candidate)
+        ids = self.tail_ids.get(key)
+        if ids is None:
+            head_ids = _encode(self.tokenizer, tail, False)
+            joint = _encode(self.tokenizer, tail + candidate, False)
+            n = len(head_ids)
+            if len(joint) > n and joint[:n] == head_ids:
+                ids = joint[n:]
+            else:  # a merge across the boundary: the whole-context rule decides
+                ids = candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
+            whole = candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
+            if ids != whole:  # checked once per key, on the first context with this tail
+                self.frame_cuts = False  # this tokenizer does not cut at its added tokens: never again
+                return whole
+            self.tail_ids[key] = ids
+        return ids
+
+    def frame_cut(self, context: str) -> int | None:
+        """Where the text after the context's last added token starts (the start of that token), or None."""
+        if not self.frame_cuts or not self.added_tokens:
+            return None
+        best = -1
+        for tok in self.added_tokens:
+            best = max(best, context.rfind(tok))
+        return best if best >= 0 else None
+
+    def score_nodes(self, toks_of, unit_tops, cache, mask, logprobs, exact_sets=None):
+        """The candidate trie and the first units of the batch, in shared forwards.
+
+        Returns (per row: ({candidate: P(response starts with it)}, unscored mass, trie positions
+        forwarded, first-unit positions forwarded beside them), per row: {top token id: its first unit}).
+
+        Candidates: teacher forcing over the token trie of each prompt's candidates (`toks_of[r]`:
+        candidate -> its tokens in context), one trie level per forward. A node is a proper prefix
+        `(row, t0, ..., t{d-1})`; fed its last token at position n_real + d - 1 after the prompt, it
+        attends to its prompt and its ancestors only (a custom 4-D mask), so shared prefixes are fed
+        once and the prompt's cache is never recomputed. Before each level, a prompt's least likely
+        new prefixes are left out while their total probability fits in what is left of its
+        `tolerance` (see `probe`); prefixes of the prompt's exact candidates never are.
+
+        First units: each token of `unit_tops[r]` that holds no whole character alone is completed
+        greedily (`first_unit_ids`), at most UNIT_TOKENS tokens deep; its nodes ride in the same
+        level forwards, and a node the trie already feeds is not fed twice. "" when no unit is
+        whole by then. Tokens that are whole alone map to their own stripped text.
+
+        Rows are grouped by how many nodes their first level holds, and each group runs its levels
+        on its own copy of its rows' prompt cache, so a row is padded only to its group's widest
+        level, not the batch's: an English prompt's few dozen nodes do not wait on a Chinese one's
+        two hundred. The prompt cache is left as it was.
         """
         B, P = mask.shape
-        state = getattr(cache, "evalkit_state", None)
-        if state is not None:  # trie nodes are alternatives, never a sequence: no residual flush
-            state["hold"] = True
-        toks_of: list[dict[str, list[int]]] = []
-        for r in range(B):
-            toks_of.append({
-                c: candidate_ids(self.tokenizer, contexts[r], c, ids_list[r], self.add_special_tokens)
-                for c in dict.fromkeys(cand_lists[r])
-            })
         kept: set[tuple[int, ...]] = set()  # prefixes of exact candidates: always forced
         for r in range(B):
             for c in (exact_sets[r] if exact_sets else ()):
                 tk = toks_of[r].get(c, [])
                 kept.update((r, *tk[:d]) for d in range(1, len(tk)))
-        node_lp: dict[tuple[int, ...], torch.Tensor] = {(r,): logprobs[r] for r in range(B)}  # (row, *prefix) -> (V,)
+        # node -> {next token: log P(next | node)}; the root's is read from the prefill's full row
+        child_lp: dict[tuple[int, ...], dict[int, float]] = {}
+        trie_done: set[tuple[int, ...]] = {(r,) for r in range(B)}  # the root and every trie node forwarded
         node_sum: dict[tuple[int, ...], float] = {(r,): 0.0 for r in range(B)}  # log P(prefix)
-        slot: dict[tuple[int, ...], int] = {}  # node -> its column after the prompt
+        wanted: dict[tuple[int, ...], set[int]] = {}  # node -> the next tokens the trie reads off it
+        for r in range(B):
+            for tk in toks_of[r].values():
+                for d in range(len(tk)):
+                    wanted.setdefault((r, *tk[:d]), set()).add(tk[d])
+        for r in range(B):
+            child_lp[(r,)] = {t: float(logprobs[r, t]) for t in wanted.get((r,), ())}
+        units: list[dict[int, str]] = [{} for _ in range(B)]
+        unit_open: list[list[tuple[int, ...]]] = [[] for _ in range(B)]  # nodes whose greedy next token is wanted
+        for r, ids in enumerate(unit_tops):
+            for t in ids:
+                unit, _ = first_unit_ids(self.decode, [t])
+                if unit:
+                    units[r][t] = unit
+                else:
+                    unit_open[r].append((r, t))
         budget = [self.tolerance] * B  # probability each prompt may still leave unscored
         positions = [0] * B
-        used = 0  # extension columns so far (the same for every row; short rows are padded)
-        depth_max = max((len(tk) for d in toks_of for tk in d.values()), default=0) - 1
-        try:
-            for depth in range(1, depth_max + 1):
-                level: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
-                for r in range(B):
-                    fresh = []
-                    for tk in toks_of[r].values():
-                        if len(tk) <= depth:
-                            continue
-                        node, parent = (r, *tk[:depth]), (r, *tk[: depth - 1])
-                        if parent not in node_lp or node in node_sum:
-                            continue  # parent left out, or node already queued
-                        node_sum[node] = node_sum[parent] + float(node_lp[parent][node[-1]])
-                        fresh.append(node)
-                    fresh.sort(key=lambda n: (node_sum[n], n))
-                    for j, node in enumerate(fresh):
-                        if node in kept:
-                            level[r].append(node)
-                            continue
-                        p = math.exp(node_sum[node])
-                        if p > budget[r]:  # this one and every likelier one is scored
-                            level[r] += fresh[j:]
-                            break
-                        budget[r] -= p
-                if not any(level):
+        unit_fed = [0] * B  # first-unit nodes forwarded that the trie did not feed
+        depth_max = max(max((len(tk) for d in toks_of for tk in d.values()), default=0) - 1,
+                        UNIT_TOKENS - 1 if any(unit_open) else 0)
+
+        def trie_level(r: int, depth: int) -> list[tuple[int, ...]]:
+            """Row r's trie nodes of this depth that are forwarded, after the tolerance cut."""
+            fresh = []
+            for tk in toks_of[r].values():
+                if len(tk) <= depth:
+                    continue
+                node, parent = (r, *tk[:depth]), (r, *tk[: depth - 1])
+                if parent not in trie_done or node in node_sum:
+                    continue  # parent left out, or node already queued
+                node_sum[node] = node_sum[parent] + child_lp[parent][node[-1]]
+                fresh.append(node)
+            fresh.sort(key=lambda n: (node_sum[n], n))
+            level = []
+            for j, node in enumerate(fresh):
+                if node in kept:
+                    level.append(node)
+                    continue
+                p = math.exp(node_sum[node])
+                if p > budget[r]:  # this one and every likelier one is scored
+                    level += fresh[j:]
                     break
-                for r, nodes in enumerate(level):
-                    positions[r] += len(nodes)
-                lp, used = self.forward_nodes(level, depth, slot, used, cache, mask)
-                for r, nodes in enumerate(level):
-                    for j, node in enumerate(nodes):
-                        node_lp[node] = lp[r, j]
+                budget[r] -= p
+            positions[r] += len(level)
+            trie_done.update(level)
+            return level
+
+        state = getattr(cache, "evalkit_state", None)
+        if state is not None:  # trie nodes are alternatives, never a sequence: no residual flush
+            state["hold"] = True
+        try:
+            if depth_max >= 1:
+                first_level = [trie_level(r, 1) for r in range(B)]
+                groups = self.node_groups(first_level, unit_open)
+                for g, rows in enumerate(groups):
+                    self.progress(f"candidate trie {g + 1}/{len(groups)}",
+                                  PREFILL_SHARE + (FIRST_STEP_SHARE - PREFILL_SHARE) * g / len(groups))
+                    self.score_group(rows, first_level, unit_open, trie_level, depth_max, cache, mask, child_lp,
+                                     wanted, units, unit_fed)
         finally:
-            if used:
-                _truncate_cache(cache, P)
             if state is not None:
                 state["hold"] = False
+        for nodes in unit_open:
+            for node in nodes:
+                units[node[0]].setdefault(node[1], "")
         out = []
         for r in range(B):
             probs = {}
@@ -538,96 +690,135 @@ class _Engine:
                     probs[cand] = 1.0
                     continue
                 last = (r, *tk[:-1])
-                if last not in node_lp:  # under a prefix left out: counted in the unscored mass
+                if last not in trie_done:  # under a prefix left out: counted in the unscored mass
                     probs[cand] = 0.0
                     continue
-                probs[cand] = math.exp(node_sum[last] + float(node_lp[last][tk[-1]]))
-            out.append(({c: probs[c] for c in dict.fromkeys(cand_lists[r])}, self.tolerance - budget[r], positions[r],
-                        toks_of[r]))
-        return out
+                probs[cand] = math.exp(node_sum[last] + child_lp[last][tk[-1]])
+            out.append((probs, self.tolerance - budget[r], positions[r], unit_fed[r]))
+        return out, units
 
-    def forward_nodes(self, level, depth: int, slot: dict, used: int, cache, mask):
-        """Forward one level of token trees packed after the prompts: (log-probs (B, Q, V), columns used).
+    def node_groups(self, first_level, unit_open) -> list[list[int]]:
+        """Rows cut into groups that share level forwards: rows with like first levels together (their
+        deeper levels are alike too), each group within TRIE_POSITIONS padded positions a level."""
+        B = len(first_level)
+        if not self.policy.is_full and self.policy.rounds:  # a rounded cache is never copied: one group
+            return [list(range(B))]
+        width = [len(first_level[r]) + len(unit_open[r]) for r in range(B)]
+        order = sorted((r for r in range(B) if width[r]), key=lambda r: (width[r], r))
+        groups: list[list[int]] = []
+        for r in order:
+            g = groups[-1] if groups else None
+            if g is not None and (len(g) + 1) * width[r] <= TRIE_POSITIONS and width[r] <= GROUP_SLACK * width[g[0]] + 4:
+                g.append(r)
+            else:
+                groups.append([r])
+        return groups
 
-        `level[r]` holds row r's nodes `(r, t0, ..., t{depth-1})`, each fed its last token at
+    def score_group(self, rows, first_level, unit_open, trie_level, depth_max, cache, mask, child_lp, wanted,
+                    units, unit_fed) -> None:
+        """Run every level of these rows' trie and unit nodes on a copy of their prompt cache (the
+        batch's own cache, cropped back after, when the group is the whole batch)."""
+        B, P = mask.shape
+        whole = len(rows) == B
+        if whole:  # the batch's own cache: its rows in its order
+            rows = list(range(B))
+        sub = cache if whole else _rows_of(cache, torch.tensor(rows, device=self.device))
+        sub_mask = mask if whole else mask[rows]
+        slot: dict[tuple[int, ...], int] = {}  # node -> its column after the prompt
+        used = 0
+        n_real = sub_mask.sum(-1).tolist()
+        try:
+            level = {r: first_level[r] for r in rows}
+            opened = {r: unit_open[r] for r in rows}
+            for depth in range(1, depth_max + 1):
+                if depth > 1:
+                    level = {r: trie_level(r, depth) for r in rows}
+                feed: list[list[tuple[int, ...]]] = []
+                for r in rows:
+                    nodes = list(level[r])
+                    seen = set(nodes)
+                    extra = [n for n in opened[r] if n not in seen]
+                    unit_fed[r] += len(extra)
+                    feed.append(nodes + extra)
+                if not any(feed):
+                    break
+                logits, used = self.forward_nodes(feed, depth, slot, used, sub, sub_mask, n_real)
+                lse = _logsumexp_rows(logits)  # (b, Q)
+                open_now = {n for r in rows for n in opened[r]}
+                reads = [(j, q, node) for j, nodes in enumerate(feed) for q, node in enumerate(nodes)]
+                # the next tokens the trie reads off each node, gathered at once
+                pairs = [(j, q, node, t) for j, q, node in reads for t in wanted.get(node, ())]
+                if pairs:
+                    jj, qq, tt = (torch.tensor([p[i] for p in pairs], device=logits.device) for i in (0, 1, 3))
+                    vals = (logits[jj, qq, tt].float() - lse[jj, qq]).tolist()
+                    for (_, _, node, t), v in zip(pairs, vals):
+                        child_lp.setdefault(node, {})[t] = v
+                units_read = [(j, q, node) for j, q, node in reads if node in open_now]
+                greedy: list[int] = []
+                if units_read:
+                    jj, qq = (torch.tensor([u[i] for u in units_read], device=logits.device) for i in (0, 1))
+                    greedy = torch.argmax(logits[jj, qq], dim=-1).tolist()
+                nxt: dict[int, list[tuple[int, ...]]] = {r: [] for r in rows}
+                for (_, _, node), token in zip(units_read, greedy):
+                    child = (*node, int(token))
+                    unit, _ = first_unit_ids(self.decode, list(child[1:]))
+                    if unit or child[-1] in self.eos:
+                        units[node[0]][node[1]] = unit
+                    elif depth + 1 < UNIT_TOKENS:
+                        nxt[node[0]].append(child)
+                    else:
+                        units[node[0]][node[1]] = ""
+                for r in rows:
+                    unit_open[r] = nxt[r]
+                opened = nxt
+        finally:
+            if whole and used:
+                _truncate_cache(cache, P)
+
+    def forward_nodes(self, level, depth: int, slot: dict, used: int, cache, mask, n_real):
+        """Forward one level of token trees packed after the prompts: (logits (B, Q, V), columns used).
+
+        `level[r]` holds row r's nodes `(row, t0, ..., t{depth-1})`, each fed its last token at
         position n_real + depth - 1 and attending to its prompt and its ancestors (whose
         columns after the prompt `slot` records; the level's own columns are added to it),
         under the KV-cache policy. The nodes are alternatives: the caller crops the cache back
-        to the prompt when its trees are done."""
+        to the prompt (or drops its copy) when its trees are done."""
         B, P = mask.shape
-        n_real = mask.sum(-1).tolist()
-        evicts = self.policy.evicts
         Q = max(len(nodes) for nodes in level)
+        real = torch.tensor(n_real, dtype=torch.long)
         inp = torch.full((B, Q), self.pad_id, dtype=torch.long)
-        pos = torch.zeros((B, Q), dtype=torch.long)
+        pos = (real + depth - 1).unsqueeze(1).expand(B, Q).clone()
         allow = torch.zeros((B, Q, P + used + Q), dtype=torch.bool)
         allow[:, :, :P] = mask.bool().cpu().unsqueeze(1)
+        rr, jj, tok, ar, aj, ac, anc_pos = [], [], [], [], [], [], []
         for r, nodes in enumerate(level):
             for j, node in enumerate(nodes):
-                inp[r, j] = node[-1]
-                pos[r, j] = n_real[r] + depth - 1
-                for k in range(2, len(node)):  # ancestors (row, t0), (row, t0, t1), ...
-                    # the ancestor node[:k] sits at position n_real + k - 2
-                    if not evicts or self.policy.visible(n_real[r] + depth - 1, n_real[r] + k - 2):
-                        allow[r, j, P + slot[node[:k]]] = True
-                allow[r, j, P + used + j] = True
+                rr.append(r)
+                jj.append(j)
+                tok.append(node[-1])
+                for k in range(2, len(node)):  # ancestors (row, t0), (row, t0, t1), ... at position n_real + k - 2
+                    ar.append(r)
+                    aj.append(j)
+                    ac.append(P + slot[node[:k]])
+                    anc_pos.append(n_real[r] + k - 2)
                 slot[node] = used + j
-        if evicts:  # each node reads the prompt keys the policy keeps at its position
+        if rr:
+            r_t, j_t = torch.tensor(rr), torch.tensor(jj)
+            inp[r_t, j_t] = torch.tensor(tok, dtype=torch.long)
+            allow[r_t, j_t, P + used + j_t] = True
+        if ar:
+            a_r, a_j, a_c = torch.tensor(ar), torch.tensor(aj), torch.tensor(ac)
+            ok = torch.ones(len(ar), dtype=torch.bool)
+            if self.policy.evicts:
+                ok = self.policy.visible(real[a_r] + depth - 1, torch.tensor(anc_pos))
+            allow[a_r[ok], a_j[ok], a_c[ok]] = True
+        if self.policy.evicts:  # each node reads the prompt keys the policy keeps at its position
             prompt_pos = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
             allow[:, :, :P] &= self.policy.visible(pos[:, :, None], prompt_pos[:, None, :])
         neg = torch.finfo(self.float_dtype).min
         attn = torch.zeros(allow.shape, dtype=self.float_dtype).masked_fill(~allow, neg).unsqueeze(1)
         logits, _ = self.forward(inp.to(self.device), attn.to(self.device), pos.to(self.device), cache=cache)
-        return torch.log_softmax(logits.float(), dim=-1), used + Q  # (B, Q, V)
-
-    def complete_units(self, cache, mask, top_ids: list[list[int]]) -> list[dict[int, str]]:
-        """Per prompt: {token id: its first unit} for the tokens of `top_ids[r]` that hold no
-        whole character alone (a byte of a split character, a bare space or newline).
-
-        The unit is docs/metrics.md's first unit of the greedy continuation after that token
-        (`first_unit_ids`), read from the prefilled cache one level of all rows' unfinished
-        tokens per forward, at most UNIT_TOKENS tokens deep; "" when none is whole by then.
-        Tokens that are whole alone map to their own stripped text. The cache is cropped back."""
-        B, P = mask.shape
-        decode = self.decode
-        out: list[dict[int, str]] = [{} for _ in range(B)]
-        open_: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
-        for r, ids in enumerate(top_ids):
-            for t in ids:
-                unit, n = first_unit_ids(decode, [t])
-                if unit:
-                    out[r][t] = unit
-                else:
-                    open_[r].append((r, t))
-        state = getattr(cache, "evalkit_state", None)
-        if state is not None:
-            state["hold"] = True
-        slot: dict[tuple[int, ...], int] = {}
-        used = 0
-        try:
-            for depth in range(1, UNIT_TOKENS):
-                if not any(open_):
-                    break
-                lp, used = self.forward_nodes(open_, depth, slot, used, cache, mask)
-                nxt: list[list[tuple[int, ...]]] = [[] for _ in range(B)]
-                for r, nodes in enumerate(open_):
-                    for j, node in enumerate(nodes):
-                        child = (*node, int(torch.argmax(lp[r, j])))
-                        unit, _ = first_unit_ids(decode, list(child[1:]))
-                        if unit or child[-1] in self.eos:
-                            out[r][node[1]] = unit
-                        else:
-                            nxt[r].append(child)
-                open_ = nxt
-        finally:
-            if used:
-                _truncate_cache(cache, P)
-            if state is not None:
-                state["hold"] = False
-        for nodes in open_:
-            for node in nodes:
-                out[node[0]][node[1]] = ""
-        return out
+        return logits, used + Q  # (B, Q, V)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

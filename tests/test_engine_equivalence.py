@@ -1,0 +1,125 @@
+"""The first-step engine against its reference: the pre-speed-work engine (`tests/reference_engine.py`).
+
+The engine now prefills a batch's shared head once, scores each batch's candidate trie in groups of
+rows with like node counts (each on its own copy of the prompt cache), feeds the first-unit nodes in
+the trie's own level forwards, and tokenises candidates once per template frame. None of that may
+change a number beyond float reassociation. Stated tolerance (docs/performance.md): log-probabilities
+within REASSOCIATION (absolute, nats), candidate probabilities within REASSOCIATION relative; token
+choices (top-k order, greedy responses, first units, which trie prefixes the tolerance leaves out)
+identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evalkit.backends import engine
+from evalkit.backends.kvcache import parse
+from evalkit.scoring.lexicon import load_lexicon
+from tests import reference_engine
+from tests.test_firststep import QUESTIONS
+from tests.tiny import build_tiny_model, load_tiny
+
+REASSOCIATION = 1e-4  # nats; what a different matmul blocking moves a float32 log-probability by, with margin
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return load_tiny(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+
+
+@pytest.fixture(scope="module")
+def contexts(tiny):
+    _, tokenizer = tiny
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            for q in QUESTIONS * 2]
+
+
+def assert_same(new: list[engine.FirstStep], old: list[engine.FirstStep]) -> None:
+    assert len(new) == len(old)
+    for a, b in zip(new, old):
+        assert a.context_ids == b.context_ids
+        assert a.topk_ids == b.topk_ids
+        assert a.topk_logprobs == pytest.approx(b.topk_logprobs, abs=REASSOCIATION)
+        assert torch.allclose(a.logprobs, b.logprobs, atol=REASSOCIATION)
+        assert a.entropy == pytest.approx(b.entropy, abs=REASSOCIATION)
+        assert a.candidate_tokens == b.candidate_tokens
+        assert set(a.candidate_probs) == set(b.candidate_probs)
+        for cand, p in b.candidate_probs.items():
+            assert a.candidate_probs[cand] == pytest.approx(p, rel=REASSOCIATION, abs=1e-12), cand
+        assert a.unscored_mass == pytest.approx(b.unscored_mass, rel=REASSOCIATION, abs=1e-12)
+        assert a.candidate_positions == b.candidate_positions
+        assert a.units == b.units
+        assert a.first_token_id == b.first_token_id
+        assert a.response_ids == b.response_ids
+        assert a.answer_ids == b.answer_ids
+
+
+def both(model, tokenizer, contexts, **kwargs):
+    return (engine.probe(model, tokenizer, contexts, **kwargs),
+            reference_engine.probe(model, tokenizer, contexts, **kwargs))
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 12])
+@pytest.mark.parametrize("tolerance", [0.0, 1e-4, 0.05])
+def test_every_field_matches_the_reference(tiny, contexts, batch_size, tolerance):
+    model, tokenizer = tiny
+    cands = [["Recursion", "Paris", "递归", "巴黎"] + load_lexicon().entries for _ in contexts]
+    exact = [c[:2] for c in cands]
+    new, old = both(model, tokenizer, contexts, candidates=cands, exact_candidates=exact, top_k=50,
+                    max_new_tokens=6, batch_size=batch_size, tolerance=tolerance, unit_ranks=engine.UNIT_RANKS,
+                    answer_tokens=[12 if i % 2 else 0 for i in range(len(contexts))], stop=["\n\n"])
+    assert_same(new, old)
+    assert any(s.units for s in new) and any(s.candidate_positions for s in new)
+
+
+@pytest.mark.parametrize("policy", ["window:8", "sinkwindow:2:8", "fp8"])
+def test_cache_policies_match_the_reference(tiny, contexts, policy):
+    model, tokenizer = tiny
+    cands = [["Recursion", "递归"] + load_lexicon().entries[:30] for _ in contexts]
+    new, old = both(model, tokenizer, contexts, candidates=cands, top_k=20, max_new_tokens=4, batch_size=4,
+                    unit_ranks=5, kv_policy=parse(policy))
+    assert_same(new, old)
+
+
+def test_the_shared_head_is_prefilled_once(tiny, contexts, monkeypatch):
+    """A batch of chat prompts shares the template's head: the prefill feeds it once, not once a row."""
+    model, tokenizer = tiny
+    fed: list[int] = []
+    forward = engine._Engine.forward
+
+    def counting(self, input_ids, *args, **kwargs):
+        fed.append(int(input_ids.numel()))
+        return forward(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(engine._Engine, "forward", counting)
+    engine.probe(model, tokenizer, contexts[:4], max_new_tokens=0, batch_size=4)
+    ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in contexts[:4]]
+    head = 0
+    while all(len(i) > head + 1 and i[head] == ids[0][head] for i in ids):
+        head += 1
+    assert head >= engine.MIN_SHARED_HEAD
+    assert fed == [head, 4 * max(len(i) - head for i in ids)]
+
+
+def test_frame_tokenisation_equals_whole_context_tokenisation(tiny, contexts):
+    """Candidates tokenised after the frame's tail are the tokens `candidate_ids` gives after the whole
+    context, for every prompt (the shortcut is checked on each frame's first prompt, and here on all)."""
+    model, tokenizer = tiny
+    eng = engine._Engine(model, tokenizer, 5, 0, (), None, frozenset(), 0, False)
+    for context in contexts:
+        ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+        for cand in ["Recursion", " Paris", "递归", "好的", "\n", "Sure!"] + load_lexicon().entries:
+            assert eng.in_context(context, ids, cand) == engine.candidate_ids(tokenizer, context, cand, ids)
+    assert eng.frame_cuts and eng.tail_ids  # the shortcut was taken, not dropped
+
+
+def test_a_tokenizer_that_merges_across_its_added_tokens_drops_the_shortcut(tiny, contexts):
+    model, tokenizer = tiny
+    eng = engine._Engine(model, tokenizer, 5, 0, (), None, frozenset(), 0, False)
+    eng.added_tokens = ["is"]  # not an added token at all: the cut would be wrong, and is noticed
+    context = "This is"
+    ids = tokenizer(context, add_special_tokens=False)["input_ids"]
+    got = [eng.in_context(context, ids, c) for c in ["land", "n't", " it"]]
+    assert got == [engine.candidate_ids(tokenizer, context, c, ids) for c in ["land", "n't", " it"]]
