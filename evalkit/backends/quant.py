@@ -91,10 +91,54 @@ def _cast_to(dtype_name: str) -> Callable[[Any, Spec], Any]:
 
 
 def _int8_dynamic(model, spec: Spec):
+    """torch's dynamic int8 quantization, with the activations' scale taken per token.
+
+    `quantize_dynamic` rounds every nn.Linear's weights to int8 (one scale per tensor), and its
+    modules then quantize each input with one scale for the whole input tensor: every row of the
+    batch and every position, so a prompt's numbers would depend on what is batched with it and on
+    the tokens after it. Each module is replaced by a `RowwiseDynamicLinear` that keeps those int8
+    weights and takes each token's own scale: the same prompt gives the same numbers in any batch.
+    """
     import torch
 
+    class RowwiseDynamicLinear(torch.nn.Module):
+        """An int8 dynamic linear layer whose activations are quantized token by token.
+
+        Weights: the int8 values and scale torch's dynamic module holds, dequantized once. Input:
+        each row of the last axis (one token) gets its own affine scale and zero point over
+        [min(x, 0), max(x, 0)], in 7 bits as torch's x86 kernels take activations (reduce_range),
+        is rounded and dequantized; the product is computed in float32. A row's output depends on
+        that row alone."""
+
+        weight: torch.Tensor  # (out, in) float32, the int8 weights dequantized
+        bias: torch.Tensor | None
+
+        def __init__(self, module):
+            super().__init__()
+            self.register_buffer("weight", module.weight().dequantize())
+            bias = module.bias()
+            self.register_buffer("bias", bias.detach().clone() if bias is not None else None)
+            self.in_features, self.out_features = module.in_features, module.out_features
+
+        def forward(self, x):
+            lo = x.amin(dim=-1, keepdim=True).clamp(max=0)
+            hi = x.amax(dim=-1, keepdim=True).clamp(min=0)
+            scale = ((hi - lo) / INT8_DYNAMIC_LEVELS).clamp(min=torch.finfo(torch.float32).tiny)
+            zero = torch.round(-lo / scale).clamp(0, INT8_DYNAMIC_LEVELS)
+            q = torch.clamp(torch.round(x / scale) + zero, 0, INT8_DYNAMIC_LEVELS)
+            return torch.nn.functional.linear((q - zero) * scale, self.weight, self.bias)
+
     model = model.to(torch.float32)
-    return torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+    dynamic = torch.ao.nn.quantized.dynamic.Linear
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, dynamic):
+                setattr(module, name, RowwiseDynamicLinear(child))
+    return model
+
+
+INT8_DYNAMIC_LEVELS = 127  # activation levels of int8-dynamic: 7 bits, as torch's x86 int8 kernels take them
 
 
 def _int8_weight(spec: Spec):
@@ -182,7 +226,9 @@ QUANTS = {q.name: q for q in (
     Quant("bf16", "weights and compute cast to bfloat16", "cast to bfloat16", "bfloat16", bits=16,
           change=_cast_to("bfloat16")),
     Quant("int8-dynamic", "torch dynamic int8 quantization of every nn.Linear (int8 weights, activations "
-          "quantized per batch)", "torch.ao.quantization.quantize_dynamic(nn.Linear, qint8)", "float32",
+          "quantized per token, so a prompt's numbers do not depend on its batch)",
+          "torch.ao.quantization.quantize_dynamic(nn.Linear, qint8) weights; activations 7-bit affine per token",
+          "float32",
           cpu_only=True, bits=8, change=_int8_dynamic),
     Quant("int8-weight", "torchao int8 weight-only, symmetric, per output channel (per group with :G)",
           "torchao Int8WeightOnlyConfig (symmetric)", None,
