@@ -295,7 +295,8 @@ MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from t
 # the padded node positions one level forward of the candidate trie may hold: its logits are
 # positions x vocabulary floats (1024 x 49152 x 4 bytes = 200 MB on the default model)
 TRIE_POSITIONS = 1024
-GROUP_SLACK = 1.25  # rows share a trie group while their first levels are within this ratio (+4 nodes)
+FORWARD_POSITIONS = 24  # what a forward costs before its first position, in positions (docs/performance.md)
+PAD_SHARE = 0.15  # a trie group may pad this share of its positions
 LSE_ROWS = 256  # node rows per logsumexp chunk (its temporary is rows x vocabulary floats)
 
 
@@ -699,19 +700,25 @@ class _Engine:
 
     def node_groups(self, first_level, unit_open) -> list[list[int]]:
         """Rows cut into groups that share level forwards: rows with like first levels together (their
-        deeper levels are alike too), each group within TRIE_POSITIONS padded positions a level."""
+        deeper levels are alike too). A forward costs about FORWARD_POSITIONS positions before it computes
+        any (the weights are read from memory once a forward), so a row joins the group before it while
+        the padding that adds stays under that, or under PAD_SHARE of the group's positions; a group
+        holds at most TRIE_POSITIONS padded positions a level."""
         B = len(first_level)
-        if not self.policy.is_full and self.policy.rounds:  # a rounded cache is never copied: one group
+        if self.policy.rounds:  # a rounded cache is never copied: one group
             return [list(range(B))]
         width = [len(first_level[r]) + len(unit_open[r]) for r in range(B)]
         order = sorted((r for r in range(B) if width[r]), key=lambda r: (width[r], r))
         groups: list[list[int]] = []
         for r in order:
             g = groups[-1] if groups else None
-            if g is not None and (len(g) + 1) * width[r] <= TRIE_POSITIONS and width[r] <= GROUP_SLACK * width[g[0]] + 4:
-                g.append(r)
-            else:
-                groups.append([r])
+            if g is not None:
+                padded = (len(g) + 1) * width[r]
+                padding = padded - sum(width[i] for i in g) - width[r]
+                if padded <= TRIE_POSITIONS and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
+                    g.append(r)
+                    continue
+            groups.append([r])
         return groups
 
     def score_group(self, rows, first_level, unit_open, trie_level, depth_max, cache, mask, child_lp, wanted,

@@ -39,15 +39,23 @@ class Forced:
     target_ids: list[int]
 
 
+# target positions whose (V,) float32 log-softmax one teacher-forced batch holds: 512 x 49152 x 4 bytes
+# = 100 MB on the default model, twice (logits and log-softmax), whatever the run's batch size
+LOGIT_POSITIONS = 512
+
+
 def teacher_force(model, items: Sequence[Forced], *, batch_size: int = DEFAULT_BATCH_SIZE,
                   batch_tokens: int = BATCH_TOKENS, pad_id: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
     """Yield (index into `items`, (L, V) float32 log-softmax) for every item with a target, in batches.
 
     Row j of an item's tensor is the distribution of target token j given the context and the
     target tokens before it. One forward per batch of context + target[:-1]; items are batched
-    longest first within `batch_size` prompts and `batch_tokens` padded positions.
+    longest first within `batch_size` prompts and `batch_tokens` padded positions, and within
+    LOGIT_POSITIONS target positions, whose full-vocabulary distributions a batch holds at once.
     """
     todo = [i for i, it in enumerate(items) if it.target_ids]
+    longest = max((len(items[i].target_ids) for i in todo), default=1)
+    batch_size = max(1, min(batch_size, LOGIT_POSITIONS // longest))
     for i in todo:
         if not items[i].context_ids:
             raise ValueError(f"item {i} has no context tokens; nothing to predict from")
