@@ -4,7 +4,11 @@ Owns: `check_output_file` (`--junit`, `$GITHUB_STEP_SUMMARY`) and `check_output_
 (`report --out`, `export --parquet`, `needle-heatmap --out`): a path that is a folder
 where a file is wanted (or the reverse), whose folder is missing or not writable, that
 is the DB, its WAL or an input file of the same command, or that holds any DuckDB file
-is refused with one line (BadInput), before anything is read or written.
+is refused with one line (BadInput), before anything is read or written. An output is a
+regular file, a link (replaced itself) or absent: a device (`/dev/null`), a FIFO, a socket
+or a folder where a file is wanted is refused (`special_kind`), by the checks and again by
+the writers at the moment they write, so even a path that changed kind after the check is
+never replaced or written into.
 
 And the three ways an output is written, none of which opens an existing path for writing:
 
@@ -39,6 +43,40 @@ from pathlib import Path
 from evalkit.errors import BadInput
 
 _NAME_KEEP = 180  # characters of the output's name kept in a temporary's name (NAME_MAX is 255)
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What is at `path` when it is neither absent, a regular file nor a symbolic link (which
+    is not followed): "a folder", "a FIFO", "a character device", ...; else None.
+
+    >>> special_kind("/dev/null"), special_kind("/no/such/file")
+    ('a character device', None)
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:  # absent, or its folder is not one: the write says why
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return kind_of(mode)
+
+
+def kind_of(mode: int) -> str:
+    """The kind of a file from its `st_mode`, as a phrase ("a regular file", "a FIFO", ...)."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def refuse_special(path: Path, what: str) -> None:
+    """BadInput when `path` is a device, FIFO, socket or folder: evalkit writes only regular files."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise BadInput(f"{what} {path} is {kind}, not a regular file; evalkit writes only regular files "
+                       "(choose a new path)")
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -82,6 +120,7 @@ def check_output_file(path: str | os.PathLike, what: str, protect: Iterable[str 
         raise BadInput(f"{what} {path} is a symbolic link; evalkit does not append through links")
     if path.is_dir():
         raise BadInput(f"{what} {path} is a folder, not a file")
+    refuse_special(path, what)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise BadInput(f"cannot write {what} {path}: its folder does not exist")
@@ -107,7 +146,8 @@ def check_output_dir(path: str | os.PathLike, what: str, names: Iterable[str] = 
     path = Path(path)
     names = list(names)
     if path.exists() and not path.is_dir():
-        raise BadInput(f"{what} {path} is a file, not a folder")
+        kind = kind_of(path.stat().st_mode)
+        raise BadInput(f"{what} {path} is {kind}, not a folder")
     if whole and path.is_symlink() and not path.exists():
         raise BadInput(f"{what} {path} is a symbolic link to nothing; remove it or choose another folder")
     existing = path
@@ -127,6 +167,7 @@ def check_output_dir(path: str | os.PathLike, what: str, names: Iterable[str] = 
         target = path / name
         if target.is_dir() and not target.is_symlink():
             raise BadInput(f"cannot write {what} {path}: {target} is a folder")
+        refuse_special(target, what)
         _refuse_overwrite(target, what, protected)
     return path
 
@@ -161,7 +202,8 @@ def _fsync_folder(folder: Path) -> None:
 def write_file(path: str | os.PathLike, data: str | bytes, what: str = "output") -> Path:
     """Write `data` (str as UTF-8) to `path` atomically, replacing a file or link there; return the path.
 
-    Raises BadInput (one line naming the path) when it cannot be written.
+    Raises BadInput (one line naming the path) when it cannot be written, or when `path` is a
+    device, FIFO, socket or folder (checked again just before the rename).
     """
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
@@ -179,6 +221,7 @@ def write_file(path: str | os.PathLike, data: str | bytes, what: str = "output")
             os.fsync(fd)
         finally:
             os.close(fd)
+        refuse_special(path, what)  # again at the rename: a path that became a device is never replaced
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -191,16 +234,24 @@ def write_file(path: str | os.PathLike, data: str | bytes, what: str = "output")
 
 
 def append_file(path: str | os.PathLike, text: str, what: str = "output") -> Path:
-    """Append `text` (UTF-8) to `path`, created if missing; a link at `path` is refused (BadInput)."""
+    """Append `text` (UTF-8) to `path`, created if missing; a link, or anything but a regular
+    file at `path` (a device, a FIFO: opened without waiting, then checked), is refused (BadInput)."""
     path = Path(path)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    refuse_special(path, what)
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EMLINK) or path.is_symlink():
             raise BadInput(f"{what} {path} is a symbolic link; evalkit does not append through links") from None
+        refuse_special(path, what)  # a FIFO without a reader: ENXIO
         raise _cannot(what, path, exc) from None
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise BadInput(f"{what} {path} is {kind_of(mode)}, not a regular file; evalkit writes only regular files "
+                           "(choose a new path)")
         view = memoryview(text.encode("utf-8"))
         while view:
             view = view[os.write(fd, view):]
@@ -276,8 +327,7 @@ def read_input(path: str | os.PathLike, what: str, limit: int) -> bytes:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a pipe" if stat.S_ISFIFO(st.st_mode) else "a device"
-            raise BadInput(f"cannot read {what} {p}: it is {kind}, not a regular file")
+            raise BadInput(f"cannot read {what} {p}: it is {kind_of(st.st_mode)}, not a regular file")
         if st.st_size > limit:
             raise BadInput(f"{what} {p} is {st.st_size:,} bytes; at most {limit:,} are read")
         chunks, size = [], 0
