@@ -39,6 +39,7 @@ import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from evalkit.errors import BadInput
 
@@ -315,14 +316,25 @@ def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Pat
 MAX_YAML_BYTES = 4 << 20  # a templates file or an opener lexicon: small files a person writes
 
 
-def read_input(path: str | os.PathLike, what: str, limit: int) -> bytes:
-    """A file the user names as input, read whole; BadInput (one line) when it is missing or
-    unreadable, not a regular file (a device such as /dev/zero, a FIFO, a folder: never read,
-    never waited on), or larger than `limit` bytes."""
+@contextlib.contextmanager
+def open_input(path: str | os.PathLike, what: str, limit: int, *, follow_links: bool = True) -> Iterator[_Capped]:
+    """An input file the user (or another process) handed evalkit, open for reading in binary.
+
+    The one door for untrusted input files: BadInput (one line naming `what` and the path)
+    when it is missing or unreadable, a link and `follow_links` is off, not a regular file (a
+    device such as /dev/zero, a FIFO, a socket, a folder: opened without waiting, never
+    read), or larger than `limit` bytes. Read it whole (`read_input`) or line by line
+    (`read_lines`); both stop at `limit` even when the file grows while read.
+    """
     p = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # a FIFO opens without waiting for a writer
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+        fd = os.open(p, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise BadInput(f"cannot read {what} {p}: it is a symbolic link, not a regular file") from None
         raise BadInput(f"cannot read {what} {p}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
@@ -330,20 +342,64 @@ def read_input(path: str | os.PathLike, what: str, limit: int) -> bytes:
             raise BadInput(f"cannot read {what} {p}: it is {kind_of(st.st_mode)}, not a regular file")
         if st.st_size > limit:
             raise BadInput(f"{what} {p} is {st.st_size:,} bytes; at most {limit:,} are read")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise BadInput(f"cannot read {what} {p}: {exc.strerror or exc}") from None
-    finally:
+        os.set_blocking(fd, True)
+        fh = os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
-    if size > limit:  # it grew while read
-        raise BadInput(f"{what} {p} is over {limit:,} bytes")
-    return b"".join(chunks)
+        raise
+    with fh:
+        yield _Capped(fh, p, what, limit)
+
+
+class _Capped:
+    """A binary reader that refuses to go past `limit` bytes (a file that grew after its size was read)."""
+
+    def __init__(self, fh: BinaryIO, path: Path, what: str, limit: int) -> None:
+        self._fh, self._path, self._what, self._limit, self.consumed = fh, path, what, limit, 0
+
+    def _count(self, data: bytes) -> bytes:
+        self.consumed += len(data)
+        if self.consumed > self._limit:
+            raise BadInput(f"{self._what} {self._path} is over {self._limit:,} bytes")
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        left = self._limit + 1 - self.consumed
+        try:
+            return self._count(self._fh.read(left if size < 0 else min(size, left)))
+        except OSError as exc:
+            raise BadInput(f"cannot read {self._what} {self._path}: {exc.strerror or exc}") from None
+
+    def readline(self, size: int = -1) -> bytes:
+        left = self._limit + 1 - self.consumed
+        try:
+            return self._count(self._fh.readline(left if size < 0 else min(size, left)))
+        except OSError as exc:
+            raise BadInput(f"cannot read {self._what} {self._path}: {exc.strerror or exc}") from None
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+
+def read_input(path: str | os.PathLike, what: str, limit: int) -> bytes:
+    """A file the user names as input, read whole; BadInput (one line) when it is missing or
+    unreadable, not a regular file (a device such as /dev/zero, a FIFO, a folder: never read,
+    never waited on), or larger than `limit` bytes (see `open_input`)."""
+    with open_input(path, what, limit) as fh:
+        return fh.read()
+
+
+def read_lines(fh: _Capped, what: str, path: str | os.PathLike, max_line: int) -> Iterator[bytes]:
+    """The lines of a file from `open_input`, one at a time (each with its newline, the last one
+    perhaps without); BadInput when a line is longer than `max_line` bytes, so a file of one
+    endless line is never held whole."""
+    while True:
+        line = fh.readline(max_line + 1)
+        if not line:
+            return
+        if len(line) > max_line and not line.endswith(b"\n"):
+            raise BadInput(f"{what} {path} has a line longer than {max_line:,} bytes")
+        yield line
 
 
 def file_sha256(path: str | os.PathLike) -> str:

@@ -244,16 +244,37 @@ def ingest_pending(con: duckdb.DuckDBPyConnection, db: Path, files: Iterable[Pat
     for path in list(files) if named else pending_files(db, ident):
         try:
             run_id = verify(path, ident)
-            _ingest_file(con, path, run_id)
+            if not _already_in(con, run_id):
+                _ingest_file(con, path, run_id)
         except (BadInput, duckdb.Error) as exc:
             if named:
                 raise BadInput(str(exc).splitlines()[0]) from None
             _set_aside(path, str(exc).splitlines()[0])
             continue
-        path.unlink(missing_ok=True)
-        manifest_of(path).unlink(missing_ok=True)
+        _remove_kept(path, run_id)
         done.append(run_id)
     return done
+
+
+def _already_in(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
+    """Whether a verified kept run is in the DB already, done, with its results: brought in by an
+    ingest that committed but could not remove the file after (its folder not writable)."""
+    rows = con.execute("SELECT status FROM main.runs WHERE id = ?", [run_id]).fetchall()
+    return rows == [("done",)] and bool(
+        con.execute("SELECT count(*) FROM main.metrics WHERE run_id = ?", [run_id]).fetchall()[0][0])
+
+
+def _remove_kept(path: Path, run_id: str) -> None:
+    """Remove a kept run's file and manifest once the run is in the DB. The commit is what counts:
+    a file that cannot be removed (its folder read-only, immutable) is one warning, never an error,
+    and a later ingest finds the run in and only tries to remove it again."""
+    for p in (path, manifest_of(path)):
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("evalkit: run %s is in the DB, but its kept file %s could not be removed (%s); "
+                        "remove it by hand", run_id, p, exc.strerror or exc)
+            return
 
 
 def ingest(db, paths: Iterable[str | os.PathLike] = ()) -> list[str]:
