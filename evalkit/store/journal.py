@@ -47,7 +47,7 @@ FORMAT = 1
 SUFFIX = ".journal"
 MAX_JOURNAL_BYTES = 16 << 30  # a journal is read line by line; one larger than this is refused
 MAX_HEADER_BYTES = 1 << 20  # its first line: the format, the DB's uuid, the run and its fingerprint
-MAX_LINE_BYTES = 1 << 30  # one batch's responses (4096 prompts x a vocabulary-wide top-k stays below it)
+MAX_LINE_BYTES = 256 << 20  # one batch's responses (64 prompts x a 49k-token top-k: about 110 MB)
 log = logging.getLogger("evalkit")
 
 
@@ -258,7 +258,8 @@ def _read(path: Path, ident: spool.Identity, run_id: str):
     try:
         with open_input(path, "journal", MAX_JOURNAL_BYTES, follow_links=False) as fh:
             st = os.fstat(fh.fileno())
-            return (*_verify(read_lines(fh, "journal", path, MAX_LINE_BYTES), bad, ident, run_id),
+            first = fh.readline(MAX_HEADER_BYTES + 1)  # a file of zeros is refused here, after 1 MiB
+            return (*_verify(first, read_lines(fh, "journal", path, MAX_LINE_BYTES), bad, ident, run_id),
                     (st.st_dev, st.st_ino))
     except BadInput as exc:
         if str(exc).startswith("journal "):
@@ -266,13 +267,13 @@ def _read(path: Path, ident: spool.Identity, run_id: str):
         raise bad(f"cannot be read ({str(exc).split(': ', 1)[-1]})") from None
 
 
-def _verify(lines: Iterator[bytes], bad: Callable[[str], BadInput], ident: spool.Identity, run_id: str):
-    """(batches, last signature, header, bytes that verified) of a journal's lines."""
-    first = next(lines, b"")
+def _verify(first: bytes, lines: Iterator[bytes], bad: Callable[[str], BadInput], ident: spool.Identity,
+            run_id: str):
+    """(batches, last signature, header, bytes that verified) of a journal: its first line, then the rest."""
+    if len(first) > MAX_HEADER_BYTES:
+        raise bad(f"has no header line within its first {MAX_HEADER_BYTES:,} bytes")
     if not first.endswith(b"\n"):  # the part after the last newline is a line cut short
         raise bad("is empty or has no complete header")
-    if len(first) > MAX_HEADER_BYTES:
-        raise bad(f"has a header line of {len(first):,} bytes (at most {MAX_HEADER_BYTES:,})")
     try:
         parsed = json.loads(first)
         header, sig = parsed["header"], parsed["sig"]
