@@ -36,7 +36,10 @@ def _stored(db, ref: str) -> tuple[str, dict[str, Any], spool.Identity | None, b
         cur = con.execute("SELECT * FROM runs WHERE id = ?", [run_id])
         names = [d[0] for d in cur.description]
         row = dict(zip(names, cur.fetchone()))
-        ident = spool.identity(con)
+        ident = spool.owned_identity(con, path)
+        if ident is None and spool.identity(con) is not None:
+            raise BadInput(f"{path} is a copy of another evalkit DB file: run {run_id}'s journal belongs to that "
+                           "file; resume it there, or run it again here")
     kept = run_id in spool.pending_ids(path)
     return run_id, row, ident, kept
 

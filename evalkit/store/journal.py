@@ -59,7 +59,7 @@ def find(db: Path, ident: spool.Identity, run_id: str) -> Path | None:
     """The journal of `run_id` in the DB's spool folder or its fallback folder, None when there is none."""
     for folder in (spool.spool_dir(db), spool.fallback_dir(ident)):
         path = path_in(folder, run_id)
-        if path.is_file():
+        if os.path.lexists(path) and spool.trusted(db, folder):
             return path
     return None
 
@@ -136,8 +136,7 @@ class Journal:
         errors = []
         for folder in (spool.spool_dir(db), spool.fallback_dir(ident)):
             try:
-                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-                path = path_in(folder, run_id)
+                path = path_in(spool.make_folder(db, folder), run_id)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             except OSError as exc:
                 errors.append(f"{folder}: {exc.strerror or exc}")

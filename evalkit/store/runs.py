@@ -21,7 +21,7 @@ import duckdb
 from evalkit.errors import BadInput
 from evalkit.kinds import RunStatus
 from evalkit.scoring import registry
-from evalkit.store.db import now, transaction
+from evalkit.store.db import db_path, now, transaction
 
 RUN_COLUMNS = (
     "id", "created_at", "finished_at", "status", "name", "model", "model_args",
@@ -72,7 +72,7 @@ def insert_run(path, row: dict[str, Any]):
     with transaction(path) as con:
         con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [row[c] for c in cols])
-        return spool.identity(con)
+        return spool.bind_file(con, db_path(path))
 
 
 RESUMABLE = ("interrupted", "abandoned", "failed")  # and `running` whose process is gone (abandoned)
@@ -96,7 +96,7 @@ def restart_run(path, run_id: str):
             raise BadInput(f"run {run_id} is {status} now: another process finished it; nothing to resume")
         _update(con, run_id, {"status": "running", "error": None, "finished_at": None, "duration_s": None,
                               **this_process()})
-        return spool.identity(con)
+        return spool.bind_file(con, db_path(path))
 
 
 def update_run(path, run_id: str, **fields: Any) -> None:
