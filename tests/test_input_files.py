@@ -277,3 +277,12 @@ def test_drift_corpus_refuses_a_file_of_the_wrong_kind_or_size(invoke, tmp_path,
     expect = {"/dev/zero": "a character device, not a regular file", "fifo": "a FIFO, not a regular file",
               "folder": "is a directory", "too-big": "at most 100 are read"}[kind]
     assert len(lines) == 1 and lines[0].startswith("evalkit: error: ") and expect in lines[0], lines
+
+
+def test_a_spool_manifest_that_is_a_fifo_is_refused_without_waiting(tmp_path):
+    me = ident()
+    kept = tmp_path / "r1.duckdb"
+    kept.write_bytes(b"x")
+    os.mkfifo(spool.manifest_of(kept))
+    with pytest.raises(BadInput, match="a FIFO, not a regular file"):
+        spool.verify(kept, me)

@@ -38,13 +38,14 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
-from evalkit.paths import file_sha256
+from evalkit.paths import file_sha256, read_input
 from evalkit.store import runs
 from evalkit.store.db import db_path, inspect_con, migrate, open_writer
 
 SUFFIX = ".duckdb"
 MANIFEST = ".spool.json"  # beside RUN.duckdb: RUN.duckdb.spool.json
 FORMAT = 1
+MAX_MANIFEST_BYTES = 64 << 10  # a manifest: the uuid, the run, a SHA-256 and a signature
 log = logging.getLogger("evalkit")
 
 
@@ -267,7 +268,7 @@ def verify(path: Path, ident: Identity) -> str:
     """The run id of a kept-run file that this DB wrote, checked; BadInput saying what is wrong otherwise."""
     manifest = manifest_of(path)
     try:
-        meta = json.loads(manifest.read_text(encoding="utf-8"))
+        meta = json.loads(read_input(manifest, "spool manifest", MAX_MANIFEST_BYTES).decode("utf-8"))
         if not isinstance(meta, dict):
             raise ValueError("not an object")
     except (OSError, ValueError) as exc:
@@ -280,7 +281,11 @@ def verify(path: Path, ident: Identity) -> str:
         raise BadInput(f"{path} is not a spool file of this DB (its manifest does not name it)")
     if not hmac.compare_digest(ident.sign(run_id, sha), sig):
         raise BadInput(f"{path} is not a spool file of this DB (its signature does not verify)")
-    if file_sha256(path) != sha:
+    try:
+        actual = file_sha256(path)
+    except OSError as exc:
+        raise BadInput(f"{path} cannot be read ({exc.strerror or exc})") from None
+    if actual != sha:
         raise BadInput(f"{path} changed after it was kept (its SHA-256 differs from its manifest's)")
     return run_id
 
