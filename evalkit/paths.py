@@ -290,6 +290,8 @@ def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Pat
     """
     path = Path(path)
     target = Path(os.path.realpath(path))
+    if os.path.lexists(target) and not target.is_dir():  # a FIFO or device is never renamed aside and removed
+        raise BadInput(f"{what} {path} is {kind_of(os.lstat(target).st_mode)}, not a folder")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         new = _temp_name(target.parent, target.name, "new")

@@ -60,6 +60,11 @@ FILE_CASES: list[Case] = [
                                                "9223372036854775808"], "--n-ctx"),
     _case("c7-sizes/needle-lengths-item-2-31", ["run", *FAKE, "--tasks", "needle", "--needle-lengths", "256,2147483648",
                                                 "--db", "{db}"], "--needle-lengths"),
+    *[_case(f"c7-sizes/db-a-fifo-{argv[0]}", [*argv, "--db", "{fifo}"], "a FIFO, not a DuckDB file")
+      for argv in (["runs"], ["migrate"], ["show", "latest"], ["run", *FAKE, "--tasks", "firsttoken", "--limit", "1"],
+                   ["compare", "latest", "latest"])],
+    _case("c7-sizes/db-a-fifo-merged-query", ["query", "SELECT 1", "--db", "{db}", "--db", "{fifo}"],
+          "a FIFO, not a DuckDB file"),
     # ---- class 10: DuckDB files of other programs -----------------------------------------------------
     *[_case(f"c10-foreign/{command}-{shape}", [*argv, "--db", f"{{foreign_{shape}}}"], "another program",
             watch=f"foreign_{shape}")

@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import os
 import random
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,13 +42,33 @@ def now() -> dt.datetime:
 
 
 def is_duckdb_file(path: Path) -> bool:
-    """A DuckDB file carries the magic bytes 'DUCK' at offset 8; an empty file is not one."""
+    """A DuckDB file is a regular file carrying the magic bytes 'DUCK' at offset 8; an empty file,
+    a FIFO (opened without waiting, never read) or a device is not one."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(12)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.pread(fd, 12, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return len(head) == 12 and head[8:12] == b"DUCK"
+
+
+def refuse_special(path: Path) -> None:
+    """BadInput when the DB path is a folder, FIFO, device or socket: a DB is a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        from evalkit.paths import kind_of
+
+        raise BadInput(f"{path} is {kind_of(mode)}, not a DuckDB file")
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -211,6 +232,7 @@ def _connect_reader(path: Path, config: dict | None) -> duckdb.DuckDBPyConnectio
         raise BadInput(f"no evalkit database at {path} (store a run with `evalkit run`, or pass --db)")
     if path.is_dir():
         raise BadInput(f"{path} is a directory, not a DuckDB file")
+    refuse_special(path)
     if not is_duckdb_file(path):
         raise BadInput(f"{path} is not a DuckDB file")
     return open_waiting(path, lambda: duckdb.connect(str(path), read_only=True, config=dict(config or {})))
@@ -268,6 +290,7 @@ def check_writable(path: str | os.PathLike | None = None) -> Path:
     path = db_path(path)
     if path.is_dir():
         raise BadInput(f"{path} is a directory, not a DuckDB file")
+    refuse_special(path)
     if path.exists():
         if not is_duckdb_file(path):
             raise BadInput(f"{path} is not a DuckDB file")
