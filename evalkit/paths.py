@@ -63,8 +63,8 @@ def special_kind(path: str | os.PathLike) -> str | None:
 
 
 def kind_of(mode: int) -> str:
-    """The kind of a file from its `st_mode`, as a phrase ("a regular file", "a FIFO", ...)."""
-    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
+    """The kind of a file from its `st_mode`, as a phrase ("a file" for a regular one, "a FIFO", ...)."""
+    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
                        (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
                        (stat.S_ISBLK, "a block device")):
         if test(mode):
