@@ -187,3 +187,21 @@ def test_a_copy_does_not_resume_from_the_originals_journal(invoke, fake_run, tmp
     shutil.copy(y, a2)
     res = invoke("run", "--resume", run_id, "--db", a2)
     assert res.exit_code == 2 and "is a copy of another evalkit DB file" in res.stderr, res.output
+
+
+# ----------------------------------------------------------------------- class 4: the key and `query`
+
+
+@pytest.mark.parametrize("sql", ["SELECT * FROM evalkit_meta", "SELECT value FROM main.evalkit_meta",
+                                 "SELECT * FROM evalkit_meta WHERE key = 'spool_key'"])
+def test_query_does_not_print_the_signing_key(invoke, fake_run, tmp_path, sql):
+    db = tmp_path / "y.duckdb"
+    fake_run(db)
+    key = identity_of(db).key
+    before = db.read_bytes()
+    res = invoke("query", sql, "--db", db, "--format", "csv")
+    assert res.exit_code == 0, res.output
+    assert key not in res.stdout and "spool_key" not in res.stdout
+    assert db.read_bytes() == before
+    if sql == "SELECT * FROM evalkit_meta":
+        assert "db_uuid" in res.stdout and "application_id" in res.stdout  # the rest stays readable

@@ -253,7 +253,24 @@ def reader_connection(path: str | os.PathLike | None = None, *, sandbox: bool = 
     if problem:
         con.close()
         raise BadInput(problem)
+    if sandbox:
+        hide_secrets(con)
     return con
+
+
+SECRET_KEYS = ("spool_key",)  # evalkit_meta rows user SQL does not see by name
+
+
+def hide_secrets(con: duckdb.DuckDBPyConnection) -> None:
+    """Shadow `evalkit_meta` with a TEMP view without the signing key, so `SELECT * FROM
+    evalkit_meta` (or `main.evalkit_meta`) in `evalkit query` never prints it into a log. Only
+    a catalog-qualified name (`evalkit.main.evalkit_meta`) reaches the table itself, as any
+    DuckDB client with read access to the file does: DuckDB has no per-table permission, so
+    the key's real guard is that only this user's closed spool folders are trusted (spool)."""
+    db = con.execute("SELECT current_database()").fetchall()[0][0]
+    quoted = '"' + db.replace('"', '""') + '"'
+    hidden = ", ".join(f"'{k}'" for k in SECRET_KEYS)
+    con.execute(f"CREATE TEMP VIEW evalkit_meta AS SELECT * FROM {quoted}.main.evalkit_meta WHERE key NOT IN ({hidden})")
 
 
 @contextlib.contextmanager
