@@ -26,6 +26,12 @@ sys.path.insert(0, str(ROOT))
 
 from tests.test_bad_input import CASES, Case, common_prefix, fingerprint, make_inputs, registered, seed_db  # noqa: E402
 
+# ---- issue 36, classes 1, 7, 10 (files, folders, the store): tests/test_bad_input_files.py ------------
+from tests.test_bad_input_files import FILE_CASES, make_file_inputs  # noqa: E402
+
+FILE_CASE_IDS = {c.id for c in FILE_CASES}
+# ---- end of issue 36 (files) ---------------------------------------------------------------------------
+
 
 def run_case(case: Case, seed: Path, seed2: Path, prefix: str, work: Path, tiny: Path) -> dict:
     if not registered(case.command):
@@ -38,6 +44,8 @@ def run_case(case: Case, seed: Path, seed2: Path, prefix: str, work: Path, tiny:
     shutil.copyfile(seed, db)
     shutil.copyfile(seed2, db2)
     paths = make_inputs(inputs, db, db2, prefix, tiny)
+    if case.id in FILE_CASE_IDS:  # issue 36 (files): FIFOs, a socket, foreign DuckDB files
+        paths.update(make_file_inputs(inputs))
     before = fingerprint(dbdir), fingerprint(inputs)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EVALKIT_DB": str(db), "HF_HUB_OFFLINE": "1",
            **case.environ(paths)}
@@ -85,6 +93,15 @@ def markdown(results: list[dict]) -> str:
     done = [r for r in results if not r["skipped"]]
     out += ["", f"{sum(r['ok'] for r in done)}/{len(done)} cases as wanted; "
             f"{len(results) - len(done)} skipped."]
+    # ---- issue 36 (files): one row count per class, from the id's prefix (`c1-outputs/...`) ----------
+    classes: dict[str, list[dict]] = {}
+    for r in done:
+        if r["case"].id in FILE_CASE_IDS:
+            classes.setdefault(r["case"].id.split("/")[0], []).append(r)
+    if classes:
+        out += ["", "| class | cases | as wanted |", "|---|---|---|"]
+        out += [f"| {name} | {len(rows)} | {sum(r['ok'] for r in rows)} |" for name, rows in sorted(classes.items())]
+    # ---- end of issue 36 (files) ----------------------------------------------------------------------
     return "\n".join(out) + "\n"
 
 
@@ -102,7 +119,7 @@ def main() -> int:
 
         tiny = build_tiny_model(work / "tiny")
         with ThreadPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(lambda c: run_case(c, seed, seed2, prefix, work, tiny), CASES))
+            results = list(pool.map(lambda c: run_case(c, seed, seed2, prefix, work, tiny), [*CASES, *FILE_CASES]))
     text = markdown(results)
     Path(args.out).write_text(text, encoding="utf-8")
     print(text)

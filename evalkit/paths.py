@@ -4,7 +4,11 @@ Owns: `check_output_file` (`--junit`, `$GITHUB_STEP_SUMMARY`) and `check_output_
 (`report --out`, `export --parquet`, `needle-heatmap --out`): a path that is a folder
 where a file is wanted (or the reverse), whose folder is missing or not writable, that
 is the DB, its WAL or an input file of the same command, or that holds any DuckDB file
-is refused with one line (BadInput), before anything is read or written.
+is refused with one line (BadInput), before anything is read or written. An output is a
+regular file, a link (replaced itself) or absent: a device (`/dev/null`), a FIFO, a socket
+or a folder where a file is wanted is refused (`special_kind`), by the checks and again by
+the writers at the moment they write, so even a path that changed kind after the check is
+never replaced or written into.
 
 And the three ways an output is written, none of which opens an existing path for writing:
 
@@ -35,10 +39,45 @@ import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from evalkit.errors import BadInput
 
 _NAME_KEEP = 180  # characters of the output's name kept in a temporary's name (NAME_MAX is 255)
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What is at `path` when it is neither absent, a regular file nor a symbolic link (which
+    is not followed): "a folder", "a FIFO", "a character device", ...; else None.
+
+    >>> special_kind("/dev/null"), special_kind("/no/such/file")
+    ('a character device', None)
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:  # absent, or its folder is not one: the write says why
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+        return None
+    return kind_of(mode)
+
+
+def kind_of(mode: int) -> str:
+    """The kind of a file from its `st_mode`, as a phrase ("a file" for a regular one, "a FIFO", ...)."""
+    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a folder"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def refuse_special(path: Path, what: str) -> None:
+    """BadInput when `path` is a device, FIFO, socket or folder: evalkit writes only regular files."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise BadInput(f"{what} {path} is {kind}, not a regular file; evalkit writes only regular files "
+                       "(choose a new path)")
 
 
 def _same(a: Path, b: Path) -> bool:
@@ -82,6 +121,7 @@ def check_output_file(path: str | os.PathLike, what: str, protect: Iterable[str 
         raise BadInput(f"{what} {path} is a symbolic link; evalkit does not append through links")
     if path.is_dir():
         raise BadInput(f"{what} {path} is a folder, not a file")
+    refuse_special(path, what)
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise BadInput(f"cannot write {what} {path}: its folder does not exist")
@@ -107,7 +147,8 @@ def check_output_dir(path: str | os.PathLike, what: str, names: Iterable[str] = 
     path = Path(path)
     names = list(names)
     if path.exists() and not path.is_dir():
-        raise BadInput(f"{what} {path} is a file, not a folder")
+        kind = kind_of(path.stat().st_mode)
+        raise BadInput(f"{what} {path} is {kind}, not a folder")
     if whole and path.is_symlink() and not path.exists():
         raise BadInput(f"{what} {path} is a symbolic link to nothing; remove it or choose another folder")
     existing = path
@@ -127,6 +168,7 @@ def check_output_dir(path: str | os.PathLike, what: str, names: Iterable[str] = 
         target = path / name
         if target.is_dir() and not target.is_symlink():
             raise BadInput(f"cannot write {what} {path}: {target} is a folder")
+        refuse_special(target, what)
         _refuse_overwrite(target, what, protected)
     return path
 
@@ -161,7 +203,8 @@ def _fsync_folder(folder: Path) -> None:
 def write_file(path: str | os.PathLike, data: str | bytes, what: str = "output") -> Path:
     """Write `data` (str as UTF-8) to `path` atomically, replacing a file or link there; return the path.
 
-    Raises BadInput (one line naming the path) when it cannot be written.
+    Raises BadInput (one line naming the path) when it cannot be written, or when `path` is a
+    device, FIFO, socket or folder (checked again just before the rename).
     """
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
@@ -179,6 +222,7 @@ def write_file(path: str | os.PathLike, data: str | bytes, what: str = "output")
             os.fsync(fd)
         finally:
             os.close(fd)
+        refuse_special(path, what)  # again at the rename: a path that became a device is never replaced
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -191,16 +235,24 @@ def write_file(path: str | os.PathLike, data: str | bytes, what: str = "output")
 
 
 def append_file(path: str | os.PathLike, text: str, what: str = "output") -> Path:
-    """Append `text` (UTF-8) to `path`, created if missing; a link at `path` is refused (BadInput)."""
+    """Append `text` (UTF-8) to `path`, created if missing; a link, or anything but a regular
+    file at `path` (a device, a FIFO: opened without waiting, then checked), is refused (BadInput)."""
     path = Path(path)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    refuse_special(path, what)
     try:
         fd = os.open(path, flags, 0o666)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.EMLINK) or path.is_symlink():
             raise BadInput(f"{what} {path} is a symbolic link; evalkit does not append through links") from None
+        refuse_special(path, what)  # a FIFO without a reader: ENXIO
         raise _cannot(what, path, exc) from None
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise BadInput(f"{what} {path} is {kind_of(mode)}, not a regular file; evalkit writes only regular files "
+                           "(choose a new path)")
         view = memoryview(text.encode("utf-8"))
         while view:
             view = view[os.write(fd, view):]
@@ -238,6 +290,8 @@ def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Pat
     """
     path = Path(path)
     target = Path(os.path.realpath(path))
+    if os.path.lexists(target) and not target.is_dir():  # a FIFO or device is never renamed aside and removed
+        raise BadInput(f"{what} {path} is {kind_of(os.lstat(target).st_mode)}, not a folder")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         new = _temp_name(target.parent, target.name, "new")
@@ -264,36 +318,90 @@ def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Pat
 MAX_YAML_BYTES = 4 << 20  # a templates file or an opener lexicon: small files a person writes
 
 
-def read_input(path: str | os.PathLike, what: str, limit: int) -> bytes:
-    """A file the user names as input, read whole; BadInput (one line) when it is missing or
-    unreadable, not a regular file (a device such as /dev/zero, a FIFO, a folder: never read,
-    never waited on), or larger than `limit` bytes."""
+@contextlib.contextmanager
+def open_input(path: str | os.PathLike, what: str, limit: int, *, follow_links: bool = True) -> Iterator[_Capped]:
+    """An input file the user (or another process) handed evalkit, open for reading in binary.
+
+    The one door for untrusted input files: BadInput (one line naming `what` and the path)
+    when it is missing or unreadable, a link and `follow_links` is off, not a regular file (a
+    device such as /dev/zero, a FIFO, a socket, a folder: opened without waiting, never
+    read), or larger than `limit` bytes. Read it whole (`read_input`) or line by line
+    (`read_lines`); both stop at `limit` even when the file grows while read.
+    """
     p = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # a FIFO opens without waiting for a writer
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
+        fd = os.open(p, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise BadInput(f"cannot read {what} {p}: it is a symbolic link, not a regular file") from None
         raise BadInput(f"cannot read {what} {p}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "a pipe" if stat.S_ISFIFO(st.st_mode) else "a device"
-            raise BadInput(f"cannot read {what} {p}: it is {kind}, not a regular file")
+            raise BadInput(f"cannot read {what} {p}: it is {kind_of(st.st_mode)}, not a regular file")
         if st.st_size > limit:
             raise BadInput(f"{what} {p} is {st.st_size:,} bytes; at most {limit:,} are read")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise BadInput(f"cannot read {what} {p}: {exc.strerror or exc}") from None
-    finally:
+        os.set_blocking(fd, True)
+        fh = os.fdopen(fd, "rb")
+    except BaseException:
         os.close(fd)
-    if size > limit:  # it grew while read
-        raise BadInput(f"{what} {p} is over {limit:,} bytes")
-    return b"".join(chunks)
+        raise
+    with fh:
+        yield _Capped(fh, p, what, limit)
+
+
+class _Capped:
+    """A binary reader that refuses to go past `limit` bytes (a file that grew after its size was read)."""
+
+    def __init__(self, fh: BinaryIO, path: Path, what: str, limit: int) -> None:
+        self._fh, self._path, self._what, self._limit, self.consumed = fh, path, what, limit, 0
+
+    def _count(self, data: bytes) -> bytes:
+        self.consumed += len(data)
+        if self.consumed > self._limit:
+            raise BadInput(f"{self._what} {self._path} is over {self._limit:,} bytes")
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        left = self._limit + 1 - self.consumed
+        try:
+            return self._count(self._fh.read(left if size < 0 else min(size, left)))
+        except OSError as exc:
+            raise BadInput(f"cannot read {self._what} {self._path}: {exc.strerror or exc}") from None
+
+    def readline(self, size: int = -1) -> bytes:
+        left = self._limit + 1 - self.consumed
+        try:
+            return self._count(self._fh.readline(left if size < 0 else min(size, left)))
+        except OSError as exc:
+            raise BadInput(f"cannot read {self._what} {self._path}: {exc.strerror or exc}") from None
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+
+def read_input(path: str | os.PathLike, what: str, limit: int) -> bytes:
+    """A file the user names as input, read whole; BadInput (one line) when it is missing or
+    unreadable, not a regular file (a device such as /dev/zero, a FIFO, a folder: never read,
+    never waited on), or larger than `limit` bytes (see `open_input`)."""
+    with open_input(path, what, limit) as fh:
+        return fh.read()
+
+
+def read_lines(fh: _Capped, what: str, path: str | os.PathLike, max_line: int) -> Iterator[bytes]:
+    """The lines of a file from `open_input`, one at a time (each with its newline, the last one
+    perhaps without); BadInput when a line is longer than `max_line` bytes, so a file of one
+    endless line is never held whole."""
+    while True:
+        line = fh.readline(max_line + 1)
+        if not line:
+            return
+        if len(line) > max_line and not line.endswith(b"\n"):
+            raise BadInput(f"{what} {path} has a line longer than {max_line:,} bytes")
+        yield line
 
 
 def file_sha256(path: str | os.PathLike) -> str:

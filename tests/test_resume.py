@@ -151,7 +151,7 @@ def test_resume_refuses_what_cannot_resume(tiny_model_dir, reference, tmp_path):
     con.execute("UPDATE runs SET config = ? WHERE id = ?", [json.dumps({**cfg, "batch_size": 3}), run_id])
     con.close()
     line = refusal(good)
-    assert "what it ran with has changed" in line and '"batch_size":2' in line and '"batch_size":3' in line
+    assert "what it ran with has changed (config.batch_size: 2 -> 3)" in line
     path.unlink()
     out = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db)])
     assert out.exit_code == 2 and f"run {run_id} has no journal" in out.output

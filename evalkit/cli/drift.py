@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from evalkit.cli.options import whole
 from evalkit.runner.corpus import DEFAULT_N_CTX
 
 
@@ -13,10 +14,10 @@ from evalkit.runner.corpus import DEFAULT_N_CTX
               help="Comma list of --quant variants; the first is the base, e.g. q4_1,int8-weight.")
 @click.option("--model", default="hf", show_default=True, help="lm-eval model type (the hf engine only).")
 @click.option("--model-args", default=None, help="K=V,... (default: the embedded SmolLM2 GGUF).")
-@click.option("--n-ctx", type=int, default=DEFAULT_N_CTX, show_default=True,
+@click.option("--n-ctx", type=whole(8), default=DEFAULT_N_CTX, show_default=True,
               help="Chunk length in tokens; the second half of each chunk is scored.")
-@click.option("--chunks", type=int, default=None, help="Score only the first N chunks.")
-@click.option("--batch-size", type=int, default=4, show_default=True)
+@click.option("--chunks", type=whole(1), default=None, help="Score only the first N chunks.")
+@click.option("--batch-size", type=whole(1), default=4, show_default=True)
 @click.option("--device", default=None, help="cpu, cuda, cuda:0, mps.")
 def drift_corpus_command(text_file, quant, model, model_args, n_ctx, chunks, batch_size, device):
     """KL divergence, Δp and same top of each variant against the first over a text, in llama.cpp's lines.

@@ -8,7 +8,7 @@ import unicodedata
 
 import click
 
-from evalkit.cli.options import first_step_options, format_option, model_options, prompt_options
+from evalkit.cli.options import first_step_options, format_option, model_options, prompt_options, whole
 from evalkit.cli.output import render
 from evalkit.defaults import (
     DEFAULT_ATTENTION_LAYERS,
@@ -47,11 +47,11 @@ def _pad(text: str, width: int) -> str:
 @click.argument("prompt")
 @prompt_options
 @model_options("inspect")
-@click.option("--top-k", type=int, default=DEFAULT_INSPECT_TOP_K, show_default=True, help="First tokens to list.")
+@click.option("--top-k", type=whole(1), default=DEFAULT_INSPECT_TOP_K, show_default=True, help="First tokens to list.")
 @first_step_options("inspect")
 @click.option("--task", default=DEFAULT_INSPECT_TASK, show_default=True,
               help="The task whose generation settings (stop strings, max tokens) the response uses.")
-@click.option("--attention-layers", type=int, default=DEFAULT_ATTENTION_LAYERS, show_default=True,
+@click.option("--attention-layers", type=whole(1), default=DEFAULT_ATTENTION_LAYERS, show_default=True,
               help="With --attention: average the last N layers (and every head).")
 @format_option
 def inspect_command(prompt, template, templates_file, quant, kv_cache, top_k, model_args, temperature, task, device,

@@ -9,6 +9,11 @@ args, `--quant`, `--kv-cache`, `--device`), the prompt (`prompt_options`: `--tem
 grammar (`kvcache.POLICY_HELP`). A `Variant` says which command a group is for: `run`
 takes comma lists (one run per variant or policy), `inspect` one of each. Does not: check
 values (`runner.config`, `models.resolve`) or hold the commands' own options.
+
+And the one type of every integer option (`whole`): a click `IntRange` with both ends set,
+at most `INT_MAX`, so a number no command can use or store (`--limit 9223372036854775808`)
+is one usage line (exit 2) before any work. tests/test_option_ranges.py walks every command
+and holds each integer option to it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,32 @@ from evalkit.backends import kvcache, quant
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TEMPLATE
 
 F = TypeVar("F", bound=Callable[..., Any])
+INT_MAX = 2**31 - 1  # the largest whole number an option takes: runs store them as INTEGER (runner.config.INT32_MAX)
+
+
+class WholeNumber(click.IntRange):
+    """An IntRange whose refusal names the option and its range in evalkit's words."""
+
+    name = "whole number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            option = param.opts[0] if param is not None and param.opts else "the value"
+            self.fail(f"{option} must be a whole number from {self.min} to {self.max}, got {str(value)[:40]!r}",
+                      param, ctx)
+
+
+def whole(minimum: int, maximum: int = INT_MAX) -> WholeNumber:
+    """The type of an integer option: a whole number in [minimum, maximum], at most INT_MAX.
+
+    >>> whole(1).convert("7", None, None), whole(1).max
+    (7, 2147483647)
+    """
+    if not minimum <= maximum <= INT_MAX:
+        raise ValueError(f"an option's range [{minimum}, {maximum}] must lie within [.., {INT_MAX}]")
+    return WholeNumber(minimum, maximum)
 Variant = Literal["run", "inspect"]  # the command an option group is for: `run` sweeps, `inspect` looks once
 
 db_option = click.option(

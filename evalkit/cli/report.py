@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from evalkit.cli.options import db_option
+from evalkit.cli.options import db_option, whole
 
 
 @click.command("report")
@@ -13,7 +13,7 @@ from evalkit.cli.options import db_option
                    "Default: the newest done runs, at most 12.")
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False),
               help="Folder for index.html, summary.md and the PNG plots.")
-@click.option("--prompts", type=int, default=4, show_default=True,
+@click.option("--prompts", type=whole(0), default=4, show_default=True,
               help="First-token prompts to chart (those where the runs disagree most).")
 @db_option
 def report_command(runs, out, prompts, db):

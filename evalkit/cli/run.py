@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from evalkit.backends.models import BATCH_TOKENS
-from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options
+from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options, whole
 from evalkit.cli.output import lead_table, metric_table, next_steps
 from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
 from evalkit.prompts.presets import LENGTH_PRESETS
@@ -18,6 +18,12 @@ def _csv_list(kind, presets=None):
         if presets and value.strip() in presets:
             return list(presets[value.strip()])
         try:
+            if isinstance(kind, click.IntRange):  # each item a whole number held to the option type's range
+                items = [int(v) for v in value.split(",") if v.strip()]
+                if any(not kind.min <= v <= kind.max for v in items):
+                    raise click.BadParameter(f"{param.opts[0]} must be a whole number from {kind.min} to "
+                                             f"{kind.max} in each item, got {value!r}")
+                return items
             return [kind(v) for v in value.split(",") if v.strip()]
         except ValueError:
             named = f" or one of {', '.join(presets)}" if presets else ""
@@ -36,20 +42,20 @@ def _csv_list(kind, presets=None):
 @click.option("--prompts", "prompts_file", type=click.Path(dir_okay=False), default=None,
               help="Your own prompts as JSONL (see docs/cli.md), scored like firsttoken.")
 @prompt_options
-@click.option("--limit", type=int, default=None,
+@click.option("--limit", type=whole(1), default=None,
               help="At most N prompts per first-token or needle_conflict task (conflict documents are listed "
                    "pair by pair); the needle grid always runs whole: narrow it with --needle-lengths / "
                    "--needle-depths.")
-@click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True)
-@click.option("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, show_default=True,
+@click.option("--seed", type=whole(0), default=DEFAULT_SEED, show_default=True)
+@click.option("--batch-size", type=whole(1), default=DEFAULT_BATCH_SIZE, show_default=True,
               help=f"Prompts per batch; a batch also holds at most {BATCH_TOKENS} padded positions "
               "(long prompts go fewer at a time).")
-@click.option("--top-k", type=int, default=DEFAULT_TOP_K, show_default=True,
+@click.option("--top-k", type=whole(1), default=DEFAULT_TOP_K, show_default=True,
               help=f"First-token candidates stored per prompt (>= {MIN_TOP_K}).")
 @first_step_options("run")
 @click.option("--first-temperature", type=float, default=None, help="Sample the first token at T1 (0: argmax).")
 @click.option("--ban-openers", is_flag=True, help="Mask opener-initial tokens at step 1 only.")
-@click.option("--needle-lengths", callback=_csv_list(int, LENGTH_PRESETS), default=None,
+@click.option("--needle-lengths", callback=_csv_list(whole(1), LENGTH_PRESETS), default=None,
               help="Needle and conflict prompt lengths in the model's tokens, e.g. 256,512, or a preset: "
                    + ", ".join(f"{k} ({','.join(map(str, v))})" for k, v in LENGTH_PRESETS.items()) + ".")
 @click.option("--needle-depths", callback=_csv_list(float), default=None,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from evalkit.cli.options import db_option, format_option
+from evalkit.cli.options import db_option, format_option, whole
 from evalkit.cli.output import lead_table, metric_table, next_steps, render
 
 
 @click.command("runs")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Newest N runs.")
+@click.option("--limit", type=whole(1), default=50, show_default=True, help="Newest N runs.")
 @db_option
 @format_option
 def runs_command(limit, db, fmt):

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evalkit.errors import BadInput
+from evalkit.paths import read_input
 from evalkit.scoring import drift
 
 DEFAULT_N_CTX = 512  # llama-perplexity's default context
+MAX_CORPUS_BYTES = 64 << 20  # a corpus text read whole and tokenised: 50x wikitext-2's test split
 
 
 @dataclass(frozen=True)
@@ -34,19 +36,16 @@ class CorpusResult:
     seconds: float  # the variant's teacher-forced pass
 
 
-def read_text(path: str | os.PathLike) -> str:
-    """The file's text; BadInput (one line) when it cannot be read, is not UTF-8 or is empty."""
+def read_text(path: str | os.PathLike, limit: int = MAX_CORPUS_BYTES) -> str:
+    """The file's text; BadInput (one line) when it cannot be read, is not a regular file (a
+    device such as /dev/zero, a FIFO: never read or waited on), is over `limit` bytes, is not
+    UTF-8 or is empty."""
     p = Path(path)
+    raw = read_input(p, "corpus file", limit)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{p}: is a folder, not a text file") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadInput(f"{p}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise BadInput(f"{p}: cannot be read ({exc.strerror or exc})") from None
     if not text.strip():
         raise BadInput(f"{p}: the file holds no text")
     return text

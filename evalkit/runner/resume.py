@@ -36,8 +36,13 @@ def _stored(db, ref: str) -> tuple[str, dict[str, Any], spool.Identity | None, b
         cur = con.execute("SELECT * FROM runs WHERE id = ?", [run_id])
         names = [d[0] for d in cur.description]
         row = dict(zip(names, cur.fetchone()))
-        ident = spool.identity(con)
+        ident = spool.owned_identity(con, path)  # None too for a copy of another DB file not re-keyed yet
+        copy = ident is None and spool.identity(con) is not None
     kept = run_id in spool.pending_ids(path)
+    if copy and not kept and row["status"] != "done":
+        _check_status(run_id, row)
+        raise BadInput(f"{path} is a copy of another evalkit DB file: run {run_id}'s journal belongs to that "
+                       "file; resume it there, or run it again here")
     return run_id, row, ident, kept
 
 

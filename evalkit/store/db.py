@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import os
 import random
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,13 +42,33 @@ def now() -> dt.datetime:
 
 
 def is_duckdb_file(path: Path) -> bool:
-    """A DuckDB file carries the magic bytes 'DUCK' at offset 8; an empty file is not one."""
+    """A DuckDB file is a regular file carrying the magic bytes 'DUCK' at offset 8; an empty file,
+    a FIFO (opened without waiting, never read) or a device is not one."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(12)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.pread(fd, 12, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
     return len(head) == 12 and head[8:12] == b"DUCK"
+
+
+def refuse_special(path: Path) -> None:
+    """BadInput when the DB path is a folder, FIFO, device or socket: a DB is a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        from evalkit.paths import kind_of
+
+        raise BadInput(f"{path} is {kind_of(mode)}, not a DuckDB file")
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -91,28 +112,87 @@ class FileState:
         return [m for m in MIGRATION_NAMES if m not in self.applied]
 
 
+# the shape of the two tables by which evalkit knows its own file: column -> type, in order
+SCHEMA_VERSION_COLUMNS = {"version": "INTEGER", "name": "VARCHAR", "applied_at": "TIMESTAMP"}
+META_COLUMNS = {"key": "VARCHAR", "value": "VARCHAR"}
+
+
+def _objects(con: duckdb.DuckDBPyConnection, db: str) -> dict[tuple[str, str], str]:
+    """(schema, name) -> kind of everything a program created in database `db`: tables, views,
+    sequences, macros, types, indexes and schemas of its own (DuckDB's catalog functions)."""
+    found: dict[tuple[str, str], str] = {}
+    queries = {
+        "table": "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ?",
+        "view": "SELECT schema_name, view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal",
+        "sequence": "SELECT schema_name, sequence_name FROM duckdb_sequences() WHERE database_name = ?",
+        "macro": "SELECT schema_name, function_name FROM duckdb_functions() WHERE database_name = ? AND NOT internal",
+        "type": "SELECT schema_name, type_name FROM duckdb_types() WHERE database_name = ? AND NOT internal",
+        "index": "SELECT schema_name, index_name FROM duckdb_indexes() WHERE database_name = ?",
+        "schema": "SELECT schema_name, schema_name FROM duckdb_schemas() WHERE database_name = ? AND NOT internal",
+    }
+    for kind, sql in queries.items():
+        for schema, name in con.execute(sql, [db]).fetchall():
+            found.setdefault((schema, name), kind)
+    return found
+
+
+def _has_shape(con: duckdb.DuckDBPyConnection, db: str, table: str, columns: dict[str, str]) -> bool:
+    """Whether `db`.main.`table` is a base table whose columns are exactly `columns` (name and type, in order)."""
+    got = con.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = ? "
+                      "AND schema_name = 'main' AND table_name = ? ORDER BY column_index", [db, table]).fetchall()
+    return [(n.lower(), t.upper()) for n, t in got] == list(columns.items())
+
+
+def _old_evalkit(con: duckdb.DuckDBPyConnection, db: str, names: tuple[str, ...], tables: set[str]) -> bool:
+    """Whether an unmarked file is an evalkit DB from before the marker (m008): its migrations
+    are our first ones, in order, and every table they create has exactly their columns."""
+    count = len(names)
+    if not names or list(names) != MIGRATION_NAMES[:count] or count > MIGRATION_NAMES.index("m008_create_meta"):
+        return False
+    scratch = duckdb.connect(":memory:")
+    try:
+        for migration in MIGRATIONS[:count]:
+            migration(scratch)
+        made = {t for (t,) in scratch.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
+        shapes = {t: dict(scratch.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE table_name = ? "
+                                          "ORDER BY column_index", [t]).fetchall()) for t in made}
+    finally:
+        scratch.close()
+    return made <= tables and all(_has_shape(con, db, t, cols) for t, cols in shapes.items())
+
+
 def inspect_con(con: duckdb.DuckDBPyConnection, database: str | None = None) -> FileState:
-    """What the open database (`database`, default the connection's own) is, by its tables."""
+    """What the open database (`database`, default the connection's own) is, by what evalkit wrote.
+
+    An evalkit DB is known by its own marks, never by a table name another program may use
+    too: `evalkit_meta` (a table of exactly evalkit's columns) holding evalkit's
+    application_id, and `schema_version` of exactly evalkit's columns listing evalkit's
+    migrations. A DB written before the marker (m008) is known by its migrations alone, which
+    must be evalkit's first ones, in order. A file holding anything at all (a table, a view, a
+    sequence, a macro, a type, a schema) that is not marked so is `foreign`; `empty` is a file
+    with nothing in it. Reads only; a catalog DuckDB cannot read as evalkit's is `foreign`.
+    """
     # fetchall, not fetchone: a result left unfinished blocks the connection's relational API
     # (`con.sql`) in DuckDB 2, and a reader's connection is handed to the user
     db = database or con.execute("SELECT current_database()").fetchall()[0][0]
-    relations = {r[0] for r in con.execute(
-        "SELECT table_name FROM duckdb_tables() WHERE database_name = ? "
-        "UNION ALL SELECT view_name FROM duckdb_views() WHERE database_name = ? AND NOT internal",
-        [db, db]).fetchall()}
-    if not relations:
-        return FileState("empty")
-    if "schema_version" not in relations:
+    try:
+        objects = _objects(con, db)
+        if not objects:
+            return FileState("empty")
+        tables = {name for (schema, name), kind in objects.items() if schema == "main" and kind == "table"}
+        if "schema_version" not in tables or not _has_shape(con, db, "schema_version", SCHEMA_VERSION_COLUMNS):
+            return FileState("foreign")
+        quoted = '"' + db.replace('"', '""') + '"'
+        names = tuple(r[0] for r in con.execute(
+            f"SELECT name FROM {quoted}.main.schema_version ORDER BY version").fetchall())
+        marked = False
+        if "evalkit_meta" in tables and _has_shape(con, db, "evalkit_meta", META_COLUMNS):
+            rows = con.execute(f"SELECT value FROM {quoted}.main.evalkit_meta WHERE key = 'application_id'").fetchall()
+            marked = rows == [(APPLICATION_ID,)]
+    except duckdb.Error:
         return FileState("foreign")
-    names = tuple(r[0] for r in con.execute(f'SELECT name FROM "{db}".main.schema_version ORDER BY version').fetchall())
-    marked = False
-    if "evalkit_meta" in relations:
-        rows = con.execute(f"SELECT value FROM \"{db}\".main.evalkit_meta WHERE key = 'application_id'").fetchall()
-        marked = bool(rows) and rows[0][0] == APPLICATION_ID
     known = [n for n in names if n in MIGRATION_NAMES]
-    # an evalkit from before the marker: its migrations are a prefix of ours, in order
-    old_evalkit = bool(names) and list(names) == MIGRATION_NAMES[: len(names)]
-    if not (marked or old_evalkit):
+    if not (marked or _old_evalkit(con, db, names, tables)):
         return FileState("foreign")
     return FileState("evalkit", tuple(known), tuple(n for n in names if n not in MIGRATION_NAMES))
 
@@ -152,6 +232,7 @@ def _connect_reader(path: Path, config: dict | None) -> duckdb.DuckDBPyConnectio
         raise BadInput(f"no evalkit database at {path} (store a run with `evalkit run`, or pass --db)")
     if path.is_dir():
         raise BadInput(f"{path} is a directory, not a DuckDB file")
+    refuse_special(path)
     if not is_duckdb_file(path):
         raise BadInput(f"{path} is not a DuckDB file")
     return open_waiting(path, lambda: duckdb.connect(str(path), read_only=True, config=dict(config or {})))
@@ -172,7 +253,24 @@ def reader_connection(path: str | os.PathLike | None = None, *, sandbox: bool = 
     if problem:
         con.close()
         raise BadInput(problem)
+    if sandbox:
+        hide_secrets(con)
     return con
+
+
+SECRET_KEYS = ("spool_key",)  # evalkit_meta rows user SQL does not see by name
+
+
+def hide_secrets(con: duckdb.DuckDBPyConnection) -> None:
+    """Shadow `evalkit_meta` with a TEMP view without the signing key, so `SELECT * FROM
+    evalkit_meta` (or `main.evalkit_meta`) in `evalkit query` never prints it into a log. Only
+    a catalog-qualified name (`evalkit.main.evalkit_meta`) reaches the table itself, as any
+    DuckDB client with read access to the file does: DuckDB has no per-table permission, so
+    the key's real guard is that only this user's closed spool folders are trusted (spool)."""
+    db = con.execute("SELECT current_database()").fetchall()[0][0]
+    quoted = '"' + db.replace('"', '""') + '"'
+    hidden = ", ".join(f"'{k}'" for k in SECRET_KEYS)
+    con.execute(f"CREATE TEMP VIEW evalkit_meta AS SELECT * FROM {quoted}.main.evalkit_meta WHERE key NOT IN ({hidden})")
 
 
 @contextlib.contextmanager
@@ -209,6 +307,7 @@ def check_writable(path: str | os.PathLike | None = None) -> Path:
     path = db_path(path)
     if path.is_dir():
         raise BadInput(f"{path} is a directory, not a DuckDB file")
+    refuse_special(path)
     if path.exists():
         if not is_duckdb_file(path):
             raise BadInput(f"{path} is not a DuckDB file")

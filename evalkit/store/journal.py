@@ -16,7 +16,10 @@ defines the batch — its place in the request list and its prompts), its respon
 signature chained to the line before it. So a journal of another DB, another run, a
 changed configuration, or with a line changed, removed, moved or added, fails to verify,
 and resume refuses it with one line naming the file. A last line cut short by a crash
-(no newline) is dropped: its batch simply runs again.
+(no newline) is dropped: its batch simply runs again — the file is cut back to its verified
+lines only when the resumed run writes its first batch, so a refused resume changes nothing.
+The file is read line by line (`paths.open_input`: a regular file, not a link, at most
+MAX_JOURNAL_BYTES, each line at most MAX_LINE_BYTES, the header MAX_HEADER_BYTES), never whole.
 
 Why batches and not prompts: a backend's numbers depend on the batch a prompt was padded
 in, and on the batch's seed. A resumed run forms the same batches from the same request
@@ -30,17 +33,21 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evalkit.contract import FirstStepResult
 from evalkit.errors import BadInput
+from evalkit.paths import open_input, read_lines
 from evalkit.store import spool
 
 FORMAT = 1
 SUFFIX = ".journal"
+MAX_JOURNAL_BYTES = 16 << 30  # a journal is read line by line; one larger than this is refused
+MAX_HEADER_BYTES = 1 << 20  # its first line: the format, the DB's uuid, the run and its fingerprint
+MAX_LINE_BYTES = 256 << 20  # one batch's responses (64 prompts x a 49k-token top-k: about 110 MB)
 log = logging.getLogger("evalkit")
 
 
@@ -52,7 +59,7 @@ def find(db: Path, ident: spool.Identity, run_id: str) -> Path | None:
     """The journal of `run_id` in the DB's spool folder or its fallback folder, None when there is none."""
     for folder in (spool.spool_dir(db), spool.fallback_dir(ident)):
         path = path_in(folder, run_id)
-        if path.is_file():
+        if os.path.lexists(path) and spool.trusted(db, folder):
             return path
     return None
 
@@ -114,6 +121,7 @@ class Journal:
     replayed: int = 0  # batches served from the journal in this process
     computed: int = 0  # batches computed in this process
     _fd: int | None = None
+    _resume_at: tuple[int, int, int] | None = None  # resumed: (device, inode, verified bytes), cut to on first write
 
     # -- opening --------------------------------------------------------------
 
@@ -128,8 +136,7 @@ class Journal:
         errors = []
         for folder in (spool.spool_dir(db), spool.fallback_dir(ident)):
             try:
-                folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-                path = path_in(folder, run_id)
+                path = path_in(spool.make_folder(db, folder), run_id)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             except OSError as exc:
                 errors.append(f"{folder}: {exc.strerror or exc}")
@@ -144,15 +151,41 @@ class Journal:
 
     @classmethod
     def resume(cls, path: Path, ident: spool.Identity, run_id: str) -> tuple[Journal, dict[str, Any]]:
-        """The journal at `path` verified and open for appending, with its header's fingerprint;
-        BadInput naming the file when it is not this DB's journal of this run, or was changed."""
-        batches, last_sig, header, good_bytes = _read(path, ident, run_id)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW)
-            os.truncate(fd, good_bytes)  # a last line cut short by a crash goes
-        except OSError as exc:
-            raise BadInput(f"journal {path} cannot be written: {exc.strerror or exc}") from None
-        return cls(path, ident, run_id, last_sig, batches, _fd=fd), header["fingerprint"]
+        """The journal at `path` verified, with its header's fingerprint; BadInput naming the file
+        when it is not this DB's journal of this run, or was changed. Nothing is written here: the
+        file is opened for appending (and a last line cut short by a crash dropped) when the
+        resumed run writes its first batch, so a resume refused after this leaves it as it was."""
+        batches, last_sig, header, good_bytes, ino = _read(path, ident, run_id)
+        return cls(path, ident, run_id, last_sig, batches, _resume_at=(*ino, good_bytes)), header["fingerprint"]
+
+    def _writable(self) -> bool:
+        """Whether lines can be appended; a resumed journal is opened (and cut back to the lines
+        that verified) on its first write, only if it is still the file that was verified."""
+        if self._fd is None and self._resume_at is not None and self.path is not None:
+            dev, ino, good_bytes = self._resume_at
+            self._resume_at = None
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            except OSError as exc:
+                log.warning("evalkit: the journal %s of run %s cannot be written (%s); a resume would run the "
+                            "rest again", self.path, self.run_id, exc.strerror or exc)
+                return False
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (dev, ino) or st.st_size < good_bytes:
+                os.close(fd)
+                log.warning("evalkit: the journal %s of run %s changed after it was verified; it is left as it is "
+                            "and this run keeps no journal", self.path, self.run_id)
+                self.path = None
+                return False
+            try:
+                os.truncate(fd, good_bytes)  # a last line cut short by a crash goes
+            except OSError as exc:
+                os.close(fd)
+                log.warning("evalkit: the journal %s of run %s cannot be written (%s)", self.path, self.run_id,
+                            exc.strerror or exc)
+                return False
+            self._fd = fd
+        return self._fd is not None
 
     # -- use ------------------------------------------------------------------
 
@@ -166,7 +199,7 @@ class Journal:
             return [decode(d) for d in held]
         results = list(compute())
         self.computed += 1
-        if self._fd is not None:
+        if self._writable():
             encoded = [encode(r) for r in results]
             payload = _dumps({"key": key, "results": encoded})
             sig = _sign(self.ident, self.last_sig, payload)
@@ -203,7 +236,12 @@ class Journal:
         """Remove the journal: the run's results are stored (or kept) without it."""
         self.close()
         if self.path is not None:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as exc:  # the results are stored already: a journal left behind loses nothing
+                log.warning("evalkit: the journal %s of run %s could not be removed (%s); the run is stored, "
+                            "remove the file by hand", self.path, self.run_id, exc.strerror or exc)
+                return
             try:
                 self.path.parent.rmdir()  # the spool folder goes too when nothing else waits there
             except OSError:
@@ -211,23 +249,33 @@ class Journal:
 
 
 def _read(path: Path, ident: spool.Identity, run_id: str):
-    """(batches, last signature, header, bytes that verified) of a journal; BadInput when it does not verify."""
+    """(batches, last signature, header, bytes that verified, (device, inode)) of a journal, read
+    line by line; BadInput when it does not verify."""
     def bad(why: str) -> BadInput:
         return BadInput(f"journal {path} {why}; resume refused (run it again without --resume)")
 
     try:
-        if path.is_symlink() or not path.is_file():
-            raise bad("is not a regular file")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise bad(f"cannot be read ({exc.strerror or exc})") from None
-    lines = data.split(b"\n")
-    complete, good_bytes = lines[:-1], 0  # the part after the last newline is a line cut short
-    if not complete:
+        with open_input(path, "journal", MAX_JOURNAL_BYTES, follow_links=False) as fh:
+            st = os.fstat(fh.fileno())
+            first = fh.readline(MAX_HEADER_BYTES + 1)  # a file of zeros is refused here, after 1 MiB
+            return (*_verify(first, read_lines(fh, "journal", path, MAX_LINE_BYTES), bad, ident, run_id),
+                    (st.st_dev, st.st_ino))
+    except BadInput as exc:
+        if str(exc).startswith("journal "):
+            raise
+        raise bad(f"cannot be read ({str(exc).split(': ', 1)[-1]})") from None
+
+
+def _verify(first: bytes, lines: Iterator[bytes], bad: Callable[[str], BadInput], ident: spool.Identity,
+            run_id: str):
+    """(batches, last signature, header, bytes that verified) of a journal: its first line, then the rest."""
+    if len(first) > MAX_HEADER_BYTES:
+        raise bad(f"has no header line within its first {MAX_HEADER_BYTES:,} bytes")
+    if not first.endswith(b"\n"):  # the part after the last newline is a line cut short
         raise bad("is empty or has no complete header")
     try:
-        first = json.loads(complete[0])
-        header, sig = first["header"], first["sig"]
+        parsed = json.loads(first)
+        header, sig = parsed["header"], parsed["sig"]
         if not isinstance(header, dict) or header.get("kind") != "evalkit-journal":
             raise ValueError("no journal header")
     except (ValueError, KeyError, TypeError):
@@ -238,9 +286,11 @@ def _read(path: Path, ident: spool.Identity, run_id: str):
         raise bad(f"is not the journal of run {run_id} (it names {header.get('run_id')!r})")
     if not isinstance(sig, str) or not hmac.compare_digest(_sign(ident, "", _dumps(header)), sig):
         raise bad("has a header whose signature does not verify")
-    good_bytes = len(complete[0]) + 1
+    good_bytes = len(first)
     batches: dict[str, list[dict[str, Any]]] = {}
-    for n, raw in enumerate(complete[1:], start=2):
+    for n, raw in enumerate(lines, start=2):
+        if not raw.endswith(b"\n"):  # a last line cut short by a crash: its batch runs again
+            break
         try:
             line = json.loads(raw)
             key, results, line_sig = line["key"], line["results"], line["sig"]
@@ -254,7 +304,7 @@ def _read(path: Path, ident: spool.Identity, run_id: str):
         except (KeyError, TypeError, ValueError):
             raise bad(f"line {n} holds responses of another shape") from None
         batches[key], sig = results, line_sig
-        good_bytes += len(raw) + 1
+        good_bytes += len(raw)
     return batches, sig, header, good_bytes
 
 
@@ -262,18 +312,26 @@ def _read(path: Path, ident: spool.Identity, run_id: str):
 
 
 def differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """`key: stored -> current` for each fingerprint entry that differs, in key order.
+    """`key: stored -> current` for each fingerprint entry that differs, in key order, nested
+    entries named by their path and every value whole (a resume refused names what changed).
 
     >>> differences({"seed": 1, "quant": None}, {"seed": 2, "quant": None})
     ['seed: 1 -> 2']
+    >>> differences({"config": {"batch_size": 2, "tasks": ["a"]}}, {"config": {"batch_size": 3, "tasks": ["a"]}})
+    ['config.batch_size: 2 -> 3']
     """
     out = []
     for key in sorted(set(stored) | set(current)):
-        if stored.get(key) != current.get(key):
-            out.append(f"{key}: {_short(stored.get(key))} -> {_short(current.get(key))}")
+        old, new = stored.get(key), current.get(key)
+        if old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            out += [f"{key}.{change}" for change in differences(old, new)]
+        else:
+            out.append(f"{key}: {_shown(old) if key in stored else '(none)'} -> "
+                       f"{_shown(new) if key in current else '(none)'}")
     return out
 
 
-def _short(value: Any, width: int = 60) -> str:
-    text = value if isinstance(value, str) else _dumps(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else _dumps(value)

@@ -18,9 +18,10 @@ from typing import Any
 
 import duckdb
 
+from evalkit.errors import BadInput
 from evalkit.kinds import RunStatus
 from evalkit.scoring import registry
-from evalkit.store.db import now, transaction
+from evalkit.store.db import db_path, now, transaction
 
 RUN_COLUMNS = (
     "id", "created_at", "finished_at", "status", "name", "model", "model_args",
@@ -71,7 +72,7 @@ def insert_run(path, row: dict[str, Any]):
     with transaction(path) as con:
         con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [row[c] for c in cols])
-        return spool.identity(con)
+        return spool.bind_file(con, db_path(path))
 
 
 RESUMABLE = ("interrupted", "abandoned", "failed")  # and `running` whose process is gone (abandoned)
@@ -79,16 +80,23 @@ RESUMABLE = ("interrupted", "abandoned", "failed")  # and `running` whose proces
 
 def restart_run(path, run_id: str):
     """Record a stopped run as `running` again in this process (a resume); return the DB's
-    `spool.Identity`. Raises ValueError when the run is no longer resumable: done, or running."""
+    `spool.Identity`. Raises BadInput when the run is no longer resumable — another process
+    resumed it (or finished it) since it was checked — and changes nothing then."""
     from evalkit.store import spool
 
     with transaction(path) as con:  # upkeep first: a `running` run whose process is gone is `abandoned` now
-        row = con.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()
-        if row is None or row[0] not in RESUMABLE:
-            raise ValueError(f"run {run_id} is {row[0] if row else 'gone'}, not resumable")
+        row = con.execute("SELECT status, pid, host FROM runs WHERE id = ?", [run_id]).fetchall()
+        if not row:
+            raise BadInput(f"run {run_id} is gone from the DB; nothing to resume")
+        status, pid, host = row[0]
+        if status == "running":
+            raise BadInput(f"run {run_id} was resumed by another process (pid {pid} on {host}) a moment ago; "
+                           "resume it once that one has stopped")
+        if status not in RESUMABLE:
+            raise BadInput(f"run {run_id} is {status} now: another process finished it; nothing to resume")
         _update(con, run_id, {"status": "running", "error": None, "finished_at": None, "duration_s": None,
                               **this_process()})
-        return spool.identity(con)
+        return spool.bind_file(con, db_path(path))
 
 
 def update_run(path, run_id: str, **fields: Any) -> None:

@@ -33,6 +33,7 @@ from evalkit.store.db import (
     open_reader,
     open_waiting,
     refusal,
+    refuse_special,
 )
 
 # statement types that only read. MULTI is what DuckDB makes of PIVOT (a SELECT over an
@@ -165,6 +166,7 @@ def _attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
         raise BadInput(f"no evalkit database at {path}")
     if path.is_dir():
         raise BadInput(f"{path} is a directory, not a DuckDB file")
+    refuse_special(path)
     if not is_duckdb_file(path):
         raise BadInput(f"{path} is not a DuckDB file")
     open_waiting(path, lambda: con.execute(f"ATTACH {_literal(path)} AS {alias} (READ_ONLY)"))

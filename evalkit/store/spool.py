@@ -28,6 +28,7 @@ import hmac
 import json
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,13 +38,14 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
-from evalkit.paths import file_sha256
+from evalkit.paths import file_sha256, read_input
 from evalkit.store import runs
 from evalkit.store.db import db_path, inspect_con, migrate, open_writer
 
 SUFFIX = ".duckdb"
 MANIFEST = ".spool.json"  # beside RUN.duckdb: RUN.duckdb.spool.json
 FORMAT = 1
+MAX_MANIFEST_BYTES = 64 << 10  # a manifest: the uuid, the run, a SHA-256 and a signature
 log = logging.getLogger("evalkit")
 
 
@@ -69,6 +71,54 @@ def identity(con: duckdb.DuckDBPyConnection, database: str | None = None) -> Ide
     return Identity(rows["db_uuid"], rows["spool_key"])
 
 
+def file_id(path: Path) -> str:
+    """The identity of the DB file itself: its inode, which a copy never shares and a rename keeps.
+    (The device number is left out: it changes across reboots and containers for the same file.)"""
+    return str(os.stat(path).st_ino)
+
+
+def owned_identity(con: duckdb.DuckDBPyConnection, path: Path) -> Identity | None:
+    """The open DB's identity when it is this file's own (reads only): None for a copy of another
+    DB file (its recorded file id is another's) that has not been re-keyed yet, or a DB without one.
+    A DB that has recorded no file id yet (written before evalkit recorded it) is taken as its own."""
+    ident = identity(con)
+    if ident is None:
+        return None
+    recorded = con.execute("SELECT value FROM evalkit_meta WHERE key = 'file_id'").fetchall()
+    return ident if not recorded or recorded == [(file_id(path),)] else None
+
+
+def bind_file(con: duckdb.DuckDBPyConnection, path: Path) -> Identity | None:
+    """Make the open DB's identity this file's own, inside the caller's write transaction; return it.
+
+    The first write records the file's id beside its uuid (`evalkit_meta.file_id`). A file whose
+    recorded id is another's is a copy (cp, a restore, a move to another file system): it gets a
+    new uuid and key here (an INFO log line; the write may yet fail), so it never takes the kept runs or journals of the
+    file it was copied from, which keep their identity. Called by the writes that use the
+    identity (a new run, a resume, `evalkit ingest`); the writer's upkeep only reads it
+    (`owned_identity`), so a refused command still writes nothing."""
+    ident = identity(con)
+    if ident is None:
+        return None
+    here = file_id(path)
+    recorded = con.execute("SELECT value FROM evalkit_meta WHERE key = 'file_id'").fetchall()
+    if recorded == [(here,)]:
+        return ident
+    if recorded:
+        import secrets
+        import uuid
+
+        ident = Identity(uuid.uuid4().hex, secrets.token_hex(32))
+        con.execute("UPDATE evalkit_meta SET value = ? WHERE key = 'db_uuid'", [ident.db_uuid])
+        con.execute("UPDATE evalkit_meta SET value = ? WHERE key = 'spool_key'", [ident.key])
+        con.execute("UPDATE evalkit_meta SET value = ? WHERE key = 'file_id'", [here])
+        log.info("evalkit: %s is a copy of another evalkit DB (or was moved to another file system): it has its "
+                    "own identity now, and leaves the other file's kept runs and journals to it", path)
+    else:
+        con.execute("INSERT INTO evalkit_meta VALUES ('file_id', ?)", [here])
+    return ident
+
+
 def spool_dir(db: Path) -> Path:
     """The spool folder of a DB file: `reports/evalkit.duckdb` -> `reports/evalkit.duckdb.spool`."""
     return Path(str(db) + ".spool")
@@ -80,8 +130,61 @@ def fallback_dir(ident: Identity) -> Path:
     return Path(tempfile.gettempdir()) / f"evalkit-spool-{uid}" / ident.db_uuid
 
 
+class UntrustedFolder(PermissionError):
+    """A spool folder evalkit will not use: a link, not a folder, someone else's, or open to others."""
+
+
+def _check_folder(folder: Path, private: bool) -> None:
+    """UntrustedFolder unless `folder` is a real folder (not a link) owned by this user and, when
+    `private`, closed to everyone else (no group or other bits), else at least not writable by them."""
+    st = os.lstat(folder)
+    uid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    why = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode)
+           else f"owned by uid {st.st_uid}, not {uid}" if st.st_uid != uid
+           else f"open to other users (mode {stat.S_IMODE(st.st_mode):o})"
+           if st.st_mode & (0o077 if private else 0o022) else None)
+    if why:
+        raise UntrustedFolder(f"the spool folder {folder} is {why}; evalkit uses only a folder of its user's, "
+                              "closed to others (remove it, or fix its owner and mode)")
+
+
+def _chain(db: Path, folder: Path) -> list[tuple[Path, bool]]:
+    """(folder, private) for each level evalkit makes of a spool folder: `<db>.spool`, or the
+    fallback's `evalkit-spool-<uid>` and its `<db_uuid>` (both private: they sit in a shared tmp)."""
+    if folder == spool_dir(db):
+        return [(folder, False)]
+    return [(folder.parent, True), (folder, True)]
+
+
+def trusted(db: Path, folder: Path) -> bool:
+    """Whether a spool folder may be read: absent (nothing to read), or every level passes the check;
+    a folder that fails is one warning and is not read."""
+    try:
+        for level, private in _chain(db, folder):
+            _check_folder(level, private)
+    except FileNotFoundError:
+        return False
+    except UntrustedFolder as exc:
+        log.warning("evalkit: %s", exc)
+        return False
+    return True
+
+
+def make_folder(db: Path, folder: Path) -> Path:
+    """Create a spool folder (each level 0700) or take the existing one, checked before use;
+    UntrustedFolder (an OSError, so the next folder is tried) when it fails the check."""
+    for level, private in _chain(db, folder):
+        try:
+            os.mkdir(level, 0o700)
+        except FileExistsError:
+            pass
+        _check_folder(level, private)
+    return folder
+
+
 def _folders(db: Path, ident: Identity | None) -> list[Path]:
-    return [spool_dir(db)] + ([fallback_dir(ident)] if ident else [])
+    """The spool folders of `db` that exist and pass the check, the DB's own first."""
+    return [f for f in [spool_dir(db)] + ([fallback_dir(ident)] if ident else []) if trusted(db, f)]
 
 
 def manifest_of(path: Path) -> Path:
@@ -99,7 +202,7 @@ def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, to
     errors = []
     for folder in (spool_dir(db), fallback_dir(ident)):
         try:
-            return _write(folder, ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,
+            return _write(make_folder(db, folder), ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,
                           attention=attention)
         except (OSError, duckdb.Error) as exc:
             errors.append(f"{folder}: {str(exc).splitlines()[0]}")
@@ -108,7 +211,6 @@ def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, to
 
 def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(),
            attention=()) -> Path:
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     final = folder / f"{row['id']}{SUFFIX}"
     partial = folder / f".{row['id']}{SUFFIX}.partial"
     partial.unlink(missing_ok=True)
@@ -166,7 +268,7 @@ def verify(path: Path, ident: Identity) -> str:
     """The run id of a kept-run file that this DB wrote, checked; BadInput saying what is wrong otherwise."""
     manifest = manifest_of(path)
     try:
-        meta = json.loads(manifest.read_text(encoding="utf-8"))
+        meta = json.loads(read_input(manifest, "spool manifest", MAX_MANIFEST_BYTES).decode("utf-8"))
         if not isinstance(meta, dict):
             raise ValueError("not an object")
     except (OSError, ValueError) as exc:
@@ -179,7 +281,11 @@ def verify(path: Path, ident: Identity) -> str:
         raise BadInput(f"{path} is not a spool file of this DB (its manifest does not name it)")
     if not hmac.compare_digest(ident.sign(run_id, sha), sig):
         raise BadInput(f"{path} is not a spool file of this DB (its signature does not verify)")
-    if file_sha256(path) != sha:
+    try:
+        actual = file_sha256(path)
+    except OSError as exc:
+        raise BadInput(f"{path} cannot be read ({exc.strerror or exc})") from None
+    if actual != sha:
         raise BadInput(f"{path} changed after it was kept (its SHA-256 differs from its manifest's)")
     return run_id
 
@@ -233,8 +339,8 @@ def ingest_pending(con: duckdb.DuckDBPyConnection, db: Path, files: Iterable[Pat
     Named `files` that do not verify raise BadInput and stay as they are; found ones that do
     not verify are set aside, so a bad file never blocks a writer.
     """
-    ident = identity(con)
-    if ident is None:  # a DB migrated before m017 cannot have kept runs of its own
+    ident = owned_identity(con, db)
+    if ident is None:  # a DB migrated before m017 has no kept runs; a copy not re-keyed yet takes none
         return []
     named = files is not None
     if not named:
@@ -244,16 +350,37 @@ def ingest_pending(con: duckdb.DuckDBPyConnection, db: Path, files: Iterable[Pat
     for path in list(files) if named else pending_files(db, ident):
         try:
             run_id = verify(path, ident)
-            _ingest_file(con, path, run_id)
+            if not _already_in(con, run_id):
+                _ingest_file(con, path, run_id)
         except (BadInput, duckdb.Error) as exc:
             if named:
                 raise BadInput(str(exc).splitlines()[0]) from None
             _set_aside(path, str(exc).splitlines()[0])
             continue
-        path.unlink(missing_ok=True)
-        manifest_of(path).unlink(missing_ok=True)
+        _remove_kept(path, run_id)
         done.append(run_id)
     return done
+
+
+def _already_in(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
+    """Whether a verified kept run is in the DB already, done, with its results: brought in by an
+    ingest that committed but could not remove the file after (its folder not writable)."""
+    rows = con.execute("SELECT status FROM main.runs WHERE id = ?", [run_id]).fetchall()
+    return rows == [("done",)] and bool(
+        con.execute("SELECT count(*) FROM main.metrics WHERE run_id = ?", [run_id]).fetchall()[0][0])
+
+
+def _remove_kept(path: Path, run_id: str) -> None:
+    """Remove a kept run's file and manifest once the run is in the DB. The commit is what counts:
+    a file that cannot be removed (its folder read-only, immutable) is one warning, never an error,
+    and a later ingest finds the run in and only tries to remove it again."""
+    for p in (path, manifest_of(path)):
+        try:
+            p.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("evalkit: run %s is in the DB, but its kept file %s could not be removed (%s); "
+                        "remove it by hand", run_id, p, exc.strerror or exc)
+            return
 
 
 def ingest(db, paths: Iterable[str | os.PathLike] = ()) -> list[str]:
@@ -273,6 +400,9 @@ def ingest(db, paths: Iterable[str | os.PathLike] = ()) -> list[str]:
             raise BadInput(f"{path} is not an evalkit spool file of this DB (no manifest {manifest_of(path).name} "
                            "beside it); it is left as it is")
     with open_writer(target, upkeep=False) as con:
+        con.execute("BEGIN TRANSACTION")
+        bind_file(con, target)  # a copy is re-keyed first: it never takes the kept runs of the file it copies
+        con.execute("COMMIT")
         ids = ingest_pending(con, target, files or None)
         runs.mark_abandoned(con)
     return ids
