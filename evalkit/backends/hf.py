@@ -27,7 +27,7 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from evalkit.backends import attention as attn
-from evalkit.backends import engine, kvcache
+from evalkit.backends import engine, kvcache, offline
 from evalkit.backends import quant as quantization
 from evalkit.backends.convert import cached_args
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
@@ -126,6 +126,7 @@ class EvalkitHFLM(HFLM):
         attention: bool = False,
         **kwargs: Any,
     ) -> None:
+        kwargs = offline.guard(kwargs)  # no hub kernel fetched at load or forward time unless asked
         policy = kvcache.as_policy(kv_cache)  # refused before the weights load
         kvcache.check_available(policy)
         if device is None:
