@@ -18,6 +18,7 @@ generate_until unchanged.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from tqdm import tqdm
 from evalkit.backends import attention as attn
 from evalkit.backends import engine, kvcache, offline
 from evalkit.backends import quant as quantization
+from evalkit import envvars
 from evalkit.backends.convert import cached_args
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.defaults import (
@@ -131,6 +133,10 @@ class EvalkitHFLM(HFLM):
         kvcache.check_available(policy)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if envvars.world_size() > 1 and envvars.launched() and str(device).startswith("cpu"):
+            # accelerate makes a CPU launch (gloo) only when told to (`accelerate launch --cpu` says so);
+            # under torchrun it would leave every process a world of one, each running every prompt
+            os.environ.setdefault("ACCELERATE_USE_CPU", "1")
         quantization.check(quant, in_process_hf=True, model_type="hf", device=str(device))
         self.quant = quantization.parse(quant).text if quant else None
         transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
@@ -143,6 +149,8 @@ class EvalkitHFLM(HFLM):
             super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
             self._model = quantization.apply(self._model, self.quant)  # type: ignore[has-type]
         self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=gguf_file)
+        self._share_requests()
+        self.prompts_computed = 0  # prompts this process probed or sampled (not replayed from a journal)
         self.attention = bool(attention)
         if self.attention:
             try:
@@ -161,6 +169,16 @@ class EvalkitHFLM(HFLM):
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
         self.set_kv_policy(policy)
+
+    def _share_requests(self) -> None:
+        """Under a data-parallel launch (torchrun, `accelerate launch`: HFLM made an Accelerator of
+        several processes), take this process's global rank and the world size from it, so lm-eval
+        gives each rank its share of the documents and gathers the logged samples on rank 0. HFLM
+        itself sets them only with more than one CUDA device, and then the rank on the node: on
+        CPUs (gloo) every process ran every prompt, and on several nodes the shares overlapped."""
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1:
+            self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
 
     def set_kv_policy(self, policy: kvcache.KVPolicy) -> None:
         """Run every later probe under `policy` (a sweep reuses one loaded model for several)."""
@@ -241,8 +259,15 @@ class EvalkitHFLM(HFLM):
             if not self.kv_policy.is_full:
                 raise BadInput(f"--kv-cache {self.kv_policy.spec}: sampled requests (do_sample) run through "
                                "HFLM's generate, which evalkit's cache policies do not reach; use --kv-cache full")
+            self.prompts_computed += len(requests)
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
+        if self.world_size > 1 and len({id(r) for r in requests}) < len(requests):
+            # lm-eval pads a short rank's share with copies of its last request (even batches for
+            # DDP); a greedy answer is the same each time, so each request object is computed once
+            unique = list({id(r): r for r in requests}.values())
+            done = dict(zip((id(r) for r in unique), self.generate_until(unique, disable_tqdm)))
+            return [done[id(r)] for r in requests]
         out: list[Any] = [None] * len(requests)
         # group by generation settings; each group is probed in batches
         groups: dict[str, list[int]] = {}
@@ -273,6 +298,7 @@ class EvalkitHFLM(HFLM):
                     bar.set_postfix_str(f"{label} {phase}")
 
                 def probe(start=start, contexts=contexts, docs=docs, cands=cands, moved=moved):
+                    self.prompts_computed += len(contexts)
                     reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
                     steps = engine.probe(
                         self.model, self.tokenizer, contexts, [c for c, _ in cands],
