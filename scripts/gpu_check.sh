@@ -49,7 +49,7 @@ START=$(date +%s)
 
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 step() {  # step SECONDS-AT-MOST LABEL COMMAND...: run COMMAND within what is left of the budget
-  local most=$1 label=$2; shift 2
+  local most=$(( $1 * BUDGET / 590 )) label=$2; shift 2  # each step's share grows with --budget
   local t=$(left)
   [ "$t" -gt "$most" ] && t=$most
   if [ "$t" -le 5 ]; then echo "[$label] skipped: the ${BUDGET}s budget is spent"; return 1; fi

@@ -90,6 +90,17 @@ def _skeleton(config):
         return AutoModelForCausalLM.from_config(config)
 
 
+def no_cudnn_attention() -> None:
+    """Keep torch's SDPA off its cuDNN kernels in this process (flash, memory-efficient and math
+    remain). cuDNN builds an execution graph for each new shape of (batch, heads, queries, keys)
+    and caches it by shape; evalkit's attention shapes change at almost every call (the KV cache
+    is one column longer at each decode step, rows leave the batch as they finish, each level of
+    the candidate trie has its own width), so cuDNN would build a graph nearly every call. It
+    serves only fp16 / bf16, which is why only bf16 runs would pay it: the suspected cause of
+    bf16 running 2.3x slower than fp32 on an H200 (bench/device_speed.py times each kernel set)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 # prompts done, counted within a batch as its phases go (prefill, candidate trie, decode k/N)
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} prompts [{elapsed}<{remaining}{postfix}]"
 
@@ -138,6 +149,8 @@ class EvalkitHFLM(HFLM):
             # under torchrun it would leave every process a world of one, each running every prompt
             os.environ.setdefault("ACCELERATE_USE_CPU", "1")
         quantization.check(quant, in_process_hf=True, model_type="hf", device=str(device))
+        if str(device).startswith("cuda"):
+            no_cudnn_attention()
         self.quant = quantization.parse(quant).text if quant else None
         transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
         gguf_file = self._gguf_path(pretrained, kwargs)  # the file as asked, for quant_detail's source
