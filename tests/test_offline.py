@@ -113,9 +113,23 @@ def test_args_that_fetch_a_kernel_are_refused_without_the_opt_in(args, needle, r
     offline.check_args(args)
 
 
-@pytest.mark.parametrize("value", ["sdpa", "eager", "flash_attention_2", "evalkit_eager", None])
+@pytest.mark.parametrize("value", ["sdpa", "eager", "evalkit_eager", None])
 def test_plain_attention_implementations_pass(value):
     offline.check_args({"attn_implementation": value})
+
+
+def test_flash_attention_without_its_package_is_refused_as_the_hub_fetch_it_becomes(monkeypatch, restore_switch):
+    from transformers.modeling_flash_attention_utils import FLASH_ATTENTION_COMPATIBILITY_MATRIX
+
+    installed = FLASH_ATTENTION_COMPATIBILITY_MATRIX[2]["general_availability_check"]()
+    args = {"attn_implementation": "flash_attention_2"}
+    if installed:
+        offline.check_args(args)  # the package itself: nothing fetched
+        monkeypatch.setitem(FLASH_ATTENTION_COMPATIBILITY_MATRIX[2], "general_availability_check", lambda: False)
+    with pytest.raises(BadInput, match="kernels-community/"):
+        offline.check_args(args)
+    monkeypatch.setitem(FLASH_ATTENTION_COMPATIBILITY_MATRIX[2], "general_availability_check", lambda: True)
+    offline.check_args(args)
 
 
 def test_cli_refuses_a_hub_kernel_attention_before_any_work(invoke, tiny_model_dir, tmp_path):

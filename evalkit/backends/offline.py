@@ -10,7 +10,9 @@ that can change the numbers between a CPU and a GPU run. So, unless the user opt
 lazy kernel fetch, whatever the environment said) and gives `from_pretrained`
 `use_kernels=False`; `check_args` refuses, before any work, the model args that would fetch a
 kernel anyway (an `attn_implementation` naming a hub repo, as transformers' own `is_kernel`
-reads it) or that mean nothing without kernels (`kernel_config`, `allow_all_kernels`).
+reads it, or `flash_attention_N` without its flash-attn package, which transformers replaces by
+a hub kernel, `FLASH_ATTN_KERNEL_FALLBACK`) or that mean nothing without kernels
+(`kernel_config`, `allow_all_kernels`).
 Does not: stop a hub id in `pretrained=` / `tokenizer=` from being downloaded (the user named
 it; a local model runs with HF_HUB_OFFLINE=1, `models.load`), nor police remote code
 (`trust_remote_code` stays off unless asked, `models.plan`).
@@ -53,6 +55,24 @@ def hub_kernel_attention(args: dict[str, Any]) -> str | None:
     return value if is_kernel(name) else None
 
 
+def flash_fallback(args: dict[str, Any]) -> str | None:
+    """The hub kernel transformers fetches instead of `attn_implementation=flash_attention_N` when
+    the flash-attn package of that version is not installed (its own FLASH_ATTN_KERNEL_FALLBACK and
+    availability checks), else None."""
+    value = args.get("attn_implementation")
+    if not isinstance(value, str) or not value.startswith("flash_attention_"):
+        return None
+    from transformers.modeling_flash_attention_utils import (
+        FLASH_ATTENTION_COMPATIBILITY_MATRIX,
+        FLASH_ATTN_KERNEL_FALLBACK,
+    )
+
+    for version, entry in FLASH_ATTENTION_COMPATIBILITY_MATRIX.items():
+        if value == f"flash_attention_{version}" and not entry["general_availability_check"]():
+            return FLASH_ATTN_KERNEL_FALLBACK.get(value)
+    return None
+
+
 def check_args(args: dict[str, Any]) -> None:
     """BadInput (one line) for model args that fetch a hub kernel, or need one, without the opt-in."""
     if allowed(args):
@@ -61,6 +81,11 @@ def check_args(args: dict[str, Any]) -> None:
     if attention:
         raise BadInput(f"--model-args attn_implementation={attention} is a hub kernel, fetched and run at load "
                        f"time; set {OPT_IN}=1 (or use_kernels=True) to allow it, or use sdpa / eager")
+    fallback = flash_fallback(args)
+    if fallback:
+        raise BadInput(f"--model-args attn_implementation={args['attn_implementation']}: its flash-attn package is "
+                       f"not installed, and transformers would fetch the hub kernel {fallback} instead; install "
+                       f"the package, set {OPT_IN}=1 to allow the fetch, or use sdpa / eager")
     for key in KERNEL_ARGS:
         if args.get(key) not in (None, False):
             raise BadInput(f"--model-args {key}= applies to hub kernels, which are off; "
