@@ -8,7 +8,9 @@ prior is computed once per prompt frame inside the same run. Also applies
 `--quant` after loading, and under `--attention` switches the model to eager attention
 (`attention.install`) and asks each prefill for the spans its doc names (the needle
 sentence, the first-token question), returning sink_rate and the span masses per
-sample and per layer. Does not: score text (the task's `process_results` does,
+sample and per layer. Under a data-parallel launch (torchrun, `accelerate launch`) each process
+takes its global rank from the Accelerator, so lm-eval hands it its share of the documents and
+gathers them on rank 0. Loads with transformers' hub kernels off (`offline.guard`). Does not: score text (the task's `process_results` does,
 through `scoring.firsttoken.score`) or store.
 
 Sampling requests (`do_sample: true`, the sampled protocol) go to HFLM's own
@@ -27,10 +29,10 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
+from evalkit import envvars
 from evalkit.backends import attention as attn
 from evalkit.backends import engine, kvcache, offline
 from evalkit.backends import quant as quantization
-from evalkit import envvars
 from evalkit.backends.convert import cached_args
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.defaults import (
