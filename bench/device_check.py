@@ -134,7 +134,7 @@ def main() -> int:
         print(f"\n{label}  ({n} prompts, {a['dtype']})")
         for c in checks:
             shown = "n/a" if c.value is None or (isinstance(c.value, float) and math.isnan(c.value)) else f"{c.value:.2e}"
-            print(f"    {c.what:<28} {shown:>10}   tolerance <= {c.bound:.0e}   {'ok' if c.ok else 'FAIL'}")
+            print(f"    {c.what:<28} {shown:>10}   tolerance <= {c.bound:g}   {'ok' if c.ok else 'FAIL'}")
             failed += not c.ok
     for key in missing:
         print(f"\nunpaired run {dict(zip(RUN_KEY, key))}: made on one side only")
