@@ -20,7 +20,7 @@ On the default SmolLM2-135M-Instruct (Q4_1 GGUF, fp32 compute on CPU):
 
     python bench/attention_cost.py [--length 2048] [--depths 0,0.5,1] [--rounds 2]
                                    [--rss-depths 0,0.1,...,0.7] [--rss-batch-size N]
-                                   [--skip-time] [--skip-rss] [--long-grid]
+                                   [--skip-time] [--skip-rss] [--long-grid] [--device cuda]
 
 Takes about 2.5 minutes for (1) on a quiet 2-core CPU and several more for (2), two model
 loads and two whole runs (25 minutes in all with the load average at 4); `--long-grid`
@@ -44,10 +44,10 @@ GEN_TOKENS = 48
 UNTIL = ["\n\n"]
 
 
-def load_model():
+def load_model(device: str = "cpu"):
     from evalkit.backends import models
 
-    plan = models.resolve("hf", None, device="cpu")
+    plan = models.resolve("hf", None, device=device)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     return models.load(plan, batch_size=8)
 
@@ -65,9 +65,14 @@ def needle_contexts(tokenizer, length: int, depths: list[float], lang: str = "en
 
 
 def timed(fn, *args, **kwargs):
-    """(seconds, result) of fn(*args, **kwargs)."""
+    """(seconds, result) of fn(*args, **kwargs), the device's queued work included (CUDA is asynchronous)."""
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     result = fn(*args, **kwargs)
+    sync()
     return time.perf_counter() - t0, result
 
 
@@ -160,6 +165,7 @@ def main() -> int:
     parser.add_argument("--rss-depths", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7",
                         help="depths of the whole runs of (2): 8 = the default batch size")
     parser.add_argument("--rss-batch-size", type=int, default=None, help="--batch-size of the whole runs of (2)")
+    parser.add_argument("--device", default="cpu", help="where (1) and (3) run: cpu, cuda ... ((2) measures CPU RSS)")
     parser.add_argument("--skip-time", action="store_true", help="leave out (1), the timed paths")
     parser.add_argument("--skip-rss", action="store_true", help="leave out (2), the two whole runs")
     parser.add_argument("--long-grid", action="store_true", help="also (3), the cost of the long preset")
@@ -167,7 +173,7 @@ def main() -> int:
     depths = [float(d) for d in args.depths.split(",")]
     if not args.skip_time or args.long_grid:
         t0 = time.perf_counter()
-        lm = load_model()
+        lm = load_model(args.device)
         print(f"model loaded in {time.perf_counter() - t0:.0f} s; load average {os.getloadavg()[0]:.1f} "
               f"on {os.cpu_count()} CPUs")
         if not args.skip_time:

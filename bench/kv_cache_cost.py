@@ -54,6 +54,7 @@ def main() -> int:
     parser.add_argument("--langs", default="en,zh")
     parser.add_argument("--policies", default=DEFAULT_POLICIES)
     parser.add_argument("--repeats", type=int, default=1, help="timed passes per policy (the best is kept)")
+    parser.add_argument("--device", default="cpu", help="where the model runs: cpu, cuda ...")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -75,7 +76,7 @@ def main() -> int:
         policies.append(policy)
     lengths = [int(x) for x in args.lengths.split(",")]
     t0 = time.perf_counter()
-    lm = models.load(models.resolve("hf", None, device="cpu"), batch_size=1)
+    lm = models.load(models.resolve("hf", None, device=args.device), batch_size=1)
     print(f"model loaded in {time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}")
     prompts = needle_contexts(lm.tokenizer, lengths, args.langs.split(","))
     n_tokens = {(lang, length): len(lm.tokenizer(ctx, add_special_tokens=False)["input_ids"])

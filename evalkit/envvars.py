@@ -149,6 +149,12 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("EVALKIT_TEMPLATES", "file", None,
            "YAML file of extra prompt templates, added to the packaged ones (`--templates-file`)."),
     EnvVar("EVALKIT_OPENERS", "file", None, "Opener lexicon YAML used instead of the packaged `data/openers.yaml`."),
+    EnvVar("EVALKIT_HUB_KERNELS", "flag", "off",
+           "Let transformers fetch and run hub kernels (`kernels-community/...`) for the models evalkit loads; "
+           "off: evalkit sets `USE_HUB_KERNELS=0` in its process and loads with `use_kernels=False`."),
+    EnvVar("USE_HUB_KERNELS", "text", None,
+           "transformers' own hub-kernel switch: evalkit sets it to 0 in its process unless "
+           "`EVALKIT_HUB_KERNELS` (or `--model-args use_kernels=True`) opts in; then transformers reads it as set."),
     EnvVar("GITHUB_STEP_SUMMARY", "path", None, "File `evalkit gate` appends its verdict to (set by GitHub Actions)."),
     EnvVar("RANK", "int", "0", "This process's global rank in a distributed launch; only rank 0 stores the run.",
            low=0),
@@ -239,6 +245,11 @@ def templates() -> Path | None:
 def openers() -> Path | None:
     """$EVALKIT_OPENERS (an existing file), None when unset."""
     return cast("Path | None", VARS["EVALKIT_OPENERS"].get())
+
+
+def hub_kernels() -> bool:
+    """Whether EVALKIT_HUB_KERNELS opts in to transformers' hub kernels (default off)."""
+    return cast(bool, VARS["EVALKIT_HUB_KERNELS"].get())
 
 
 def step_summary() -> Path | None:

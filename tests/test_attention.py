@@ -248,3 +248,39 @@ def test_install_fixes_the_mmap_threshold_under_glibc():
 
     expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
     assert attention.fix_mmap_threshold() is expected
+
+
+def test_only_the_captured_prefill_runs_eager(models, tiny_model_dir, monkeypatch):
+    """Outside a capture, evalkit_eager hands the forward to the implementation the model ran
+    before (sdpa): the decode steps, the trie and the prior make no weights. With a capture,
+    each layer of the one prefill runs the eager function (one block here), and nothing else does."""
+    model, _, tokenizer = models
+    plain, _ = load_tiny(tiny_model_dir)
+    eager_calls = []
+    real = attention._eager_of
+
+    def counting(module):
+        fn = real(module)
+
+        def eager(*args, **kwargs):
+            eager_calls.append(module.layer_idx)
+            return fn(*args, **kwargs)
+        return eager
+
+    monkeypatch.setattr(attention, "_eager_of", counting)
+    base = engine.probe(plain, tokenizer, CONTEXTS[1:2], max_new_tokens=6)
+    steps = engine.probe(model, tokenizer, CONTEXTS[1:2], max_new_tokens=6)
+    assert eager_calls == []  # no capture: every forward ran sdpa
+    assert steps[0].response_ids == base[0].response_ids and torch.equal(steps[0].logprobs, base[0].logprobs)
+    steps = engine.probe(model, tokenizer, CONTEXTS[1:2], max_new_tokens=6, attention=requests(tokenizer)[1:2])
+    assert eager_calls == list(range(model.config.num_hidden_layers))  # the prefill's layers, once each
+    assert steps[0].response_ids == base[0].response_ids and steps[0].attention is not None
+
+
+def test_an_eager_model_keeps_eager_outside_a_capture(tiny_model_dir):
+    """A model that ran eager before install is not handed to sdpa (its mask is eager's to build)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="eager").eval()
+    attention.install(model)
+    assert attention._PLAIN[id(model.config)] == "eager" and "eager" not in attention.DELEGATES

@@ -14,6 +14,13 @@ per-layer reduction of each block's weights to what evalkit keeps:
   needle sentence, the question), per head;
 - on request, the last position's whole attention row, mean over heads (`evalkit inspect`).
 
+Only a forward run inside `capture` needs the weights: every other forward of a model
+switched to `evalkit_eager` (the decode steps, the candidate trie, the content-free prior)
+runs the implementation the model ran before (`sdpa`: its fused kernels, no weights made),
+so `--attention` costs the prefill's eager attention and nothing else. The capture keeps its
+sums on the model's device and moves them to the host once per prefill (`results`): a
+`.cpu()` per row, layer and span would stop a GPU at every layer.
+
 `install(model)` switches a loaded model to `evalkit_eager` (and fixes glibc's mmap
 threshold, so what the blocks free is given back); `token_span` maps a character span of
 the prompt to its token positions. Does not: choose the spans (the backend does, from the
@@ -116,6 +123,10 @@ def _span_by_prefix(tokenizer, text, start, end, add_special_tokens):
 # ---- the attention implementation ------------------------------------------------------
 
 _ACTIVE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("evalkit_attention_capture", default=None)
+# id(config) -> the attention implementation the model ran before `install` (its forwards outside a capture run it)
+_PLAIN: dict[int, str] = {}
+# the implementations a forward outside a capture may be handed to: they read transformers' boolean 4-D mask
+DELEGATES = ("sdpa",)
 
 
 def _eager_of(module):
@@ -135,11 +146,17 @@ def eager_blocked(module, query, key, value, attention_mask, scaling=None, dropo
     reduced before the next block is computed. A boolean mask (True: attend) becomes
     eager's additive mask block by block.
     """
+    cap = _ACTIVE.get()
+    plain = _PLAIN.get(id(getattr(module, "config", None)))
+    if cap is None and plain in DELEGATES:  # no weights wanted: the model's own fused attention
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        return ALL_ATTENTION_FUNCTIONS[plain](module, query, key, value, attention_mask, scaling=scaling,
+                                              dropout=dropout, **kwargs)
     eager = _eager_of(module)
     B, H, Q = query.shape[0], query.shape[1], query.shape[2]
     K = key.shape[-2]
     rows = max(1, BLOCK_BYTES // max(1, B * H * K * 4))
-    cap = _ACTIVE.get()
     outputs = []
     for q0 in range(0, Q, rows):
         q1 = min(Q, q0 + rows)
@@ -189,6 +206,9 @@ def install(model) -> str:
     not use transformers' AttentionInterface).
     """
     register()
+    before = implementation(model)
+    if before and before != IMPLEMENTATION:
+        _PLAIN[id(model.config)] = before
     model.set_attn_implementation(IMPLEMENTATION)
     now = getattr(model.config, "_attn_implementation", None)
     if now != IMPLEMENTATION:
@@ -245,22 +265,24 @@ class _Capture:
         return self.layer_of.setdefault(id(module), len(self.layer_of))
 
     def observe(self, module, q0: int, q_total: int, weights: torch.Tensor) -> None:
+        """Add one block of query rows' weights (B, H, q, P) to the sums, on the weights' device
+        (no host transfer here: a GPU would wait at every layer)."""
         if q_total != self.length:  # not this prefill's shape (cannot happen inside `capture`)
             return
         layer = self._layer(module)
         B, H, q = weights.shape[0], weights.shape[1], weights.shape[2]
-        sink = self.sink.setdefault(layer, torch.zeros((B, H), dtype=torch.float64))
+        sink = self.sink.setdefault(layer, torch.zeros((B, H), dtype=torch.float64, device=weights.device))
         for r, o in enumerate(self.offsets):
             t0, t1 = max(o, q0), min(o + self.sink_t[r], q0 + q)
             if t0 < t1:
-                sink[r] += weights[r, :, t0 - q0 : t1 - q0, o].double().sum(-1).cpu()
+                sink[r] += weights[r, :, t0 - q0 : t1 - q0, o].double().sum(-1)
         if q0 + q != q_total:
             return
         last = weights[:, :, q - 1, :].double()  # (B, H, P): the last position of every row
         spans, rows = [], []
         for r, (req, o) in enumerate(zip(self.requests, self.offsets)):
-            spans.append({name: last[r, :, o + s : o + e].sum(-1).cpu() for name, (s, e) in req.spans.items()})
-            rows.append(last[r, :, o:].mean(0).float().cpu() if req.keep_last_row else None)
+            spans.append({name: last[r, :, o + s : o + e].sum(-1) for name, (s, e) in req.spans.items()})
+            rows.append(last[r, :, o:].mean(0).float() if req.keep_last_row else None)
         self.spans[layer] = spans
         self.rows[layer] = rows
 
@@ -269,15 +291,21 @@ class _Capture:
         if not layers or sorted(self.spans) != layers:
             raise RuntimeError("the attention capture saw no complete layer: the model does not run "
                                f"{IMPLEMENTATION} (see attention.install)")
+        # every sum to the host in one transfer: (L, B, H) sinks, then each span's (L, B, H)
+        sink = torch.stack([self.sink[layer] for layer in layers]).cpu()
+        names = sorted({name for req in self.requests for name in req.spans})
+        zero = torch.zeros_like(self.sink[layers[0]][0])
+        span = {name: torch.stack([torch.stack([self.spans[layer][r].get(name, zero) for r in range(len(self.requests))])
+                                   for layer in layers]).cpu() for name in names}
         out = []
         for r, (req, o) in enumerate(zip(self.requests, self.offsets)):
             T = self.sink_t[r]
             out.append(PromptAttention(
                 n_tokens=self.length - o,
                 sink_tokens=T,
-                sink_alpha=[(self.sink[layer][r] / T).tolist() for layer in layers],
-                spans={name: [self.spans[layer][r][name].tolist() for layer in layers] for name in req.spans},
-                last_row=[self.rows[layer][r].tolist() for layer in layers] if req.keep_last_row else None,
+                sink_alpha=(sink[:, r] / T).tolist(),
+                spans={name: span[name][:, r].tolist() for name in req.spans},
+                last_row=[self.rows[layer][r].cpu().tolist() for layer in layers] if req.keep_last_row else None,
             ))
         return out
 

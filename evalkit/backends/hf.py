@@ -8,7 +8,9 @@ prior is computed once per prompt frame inside the same run. Also applies
 `--quant` after loading, and under `--attention` switches the model to eager attention
 (`attention.install`) and asks each prefill for the spans its doc names (the needle
 sentence, the first-token question), returning sink_rate and the span masses per
-sample and per layer. Does not: score text (the task's `process_results` does,
+sample and per layer. Under a data-parallel launch (torchrun, `accelerate launch`) each process
+takes its global rank from the Accelerator, so lm-eval hands it its share of the documents and
+gathers them on rank 0. Loads with transformers' hub kernels off (`offline.guard`). Does not: score text (the task's `process_results` does,
 through `scoring.firsttoken.score`) or store.
 
 Sampling requests (`do_sample: true`, the sampled protocol) go to HFLM's own
@@ -18,6 +20,7 @@ generate_until unchanged.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -26,8 +29,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
+from evalkit import envvars
 from evalkit.backends import attention as attn
-from evalkit.backends import engine, kvcache
+from evalkit.backends import engine, kvcache, offline
 from evalkit.backends import quant as quantization
 from evalkit.backends.convert import cached_args
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
@@ -88,6 +92,17 @@ def _skeleton(config):
         return AutoModelForCausalLM.from_config(config)
 
 
+def no_cudnn_attention() -> None:
+    """Keep torch's SDPA off its cuDNN kernels in this process (flash, memory-efficient and math
+    remain). cuDNN builds an execution graph for each new shape of (batch, heads, queries, keys)
+    and caches it by shape; evalkit's attention shapes change at almost every call (the KV cache
+    is one column longer at each decode step, rows leave the batch as they finish, each level of
+    the candidate trie has its own width), so cuDNN would build a graph nearly every call. It
+    serves only fp16 / bf16, which is why only bf16 runs would pay it: the suspected cause of
+    bf16 running 2.3x slower than fp32 on an H200 (bench/device_speed.py times each kernel set)."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 # prompts done, counted within a batch as its phases go (prefill, candidate trie, decode k/N)
 BAR_FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} prompts [{elapsed}<{remaining}{postfix}]"
 
@@ -126,11 +141,18 @@ class EvalkitHFLM(HFLM):
         attention: bool = False,
         **kwargs: Any,
     ) -> None:
+        kwargs = offline.guard(kwargs)  # no hub kernel fetched at load or forward time unless asked
         policy = kvcache.as_policy(kv_cache)  # refused before the weights load
         kvcache.check_available(policy)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if envvars.world_size() > 1 and envvars.launched() and str(device).startswith("cpu"):
+            # accelerate makes a CPU launch (gloo) only when told to (`accelerate launch --cpu` says so);
+            # under torchrun it would leave every process a world of one, each running every prompt
+            os.environ.setdefault("ACCELERATE_USE_CPU", "1")
         quantization.check(quant, in_process_hf=True, model_type="hf", device=str(device))
+        if str(device).startswith("cuda"):
+            no_cudnn_attention()
         self.quant = quantization.parse(quant).text if quant else None
         transformers.utils.logging.disable_progress_bar()  # a bar over weight names, not over the slow part
         gguf_file = self._gguf_path(pretrained, kwargs)  # the file as asked, for quant_detail's source
@@ -142,6 +164,8 @@ class EvalkitHFLM(HFLM):
             super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
             self._model = quantization.apply(self._model, self.quant)  # type: ignore[has-type]
         self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=gguf_file)
+        self._share_requests()
+        self.prompts_computed = 0  # prompts this process probed or sampled (not replayed from a journal)
         self.attention = bool(attention)
         if self.attention:
             try:
@@ -160,6 +184,16 @@ class EvalkitHFLM(HFLM):
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
         self.set_kv_policy(policy)
+
+    def _share_requests(self) -> None:
+        """Under a data-parallel launch (torchrun, `accelerate launch`: HFLM made an Accelerator of
+        several processes), take this process's global rank and the world size from it, so lm-eval
+        gives each rank its share of the documents and gathers the logged samples on rank 0. HFLM
+        itself sets them only with more than one CUDA device, and then the rank on the node: on
+        CPUs (gloo) every process ran every prompt, and on several nodes the shares overlapped."""
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1:
+            self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
 
     def set_kv_policy(self, policy: kvcache.KVPolicy) -> None:
         """Run every later probe under `policy` (a sweep reuses one loaded model for several)."""
@@ -240,8 +274,15 @@ class EvalkitHFLM(HFLM):
             if not self.kv_policy.is_full:
                 raise BadInput(f"--kv-cache {self.kv_policy.spec}: sampled requests (do_sample) run through "
                                "HFLM's generate, which evalkit's cache policies do not reach; use --kv-cache full")
+            self.prompts_computed += len(requests)
             return super().generate_until(requests, disable_tqdm=disable_tqdm)
 
+        if self.world_size > 1 and len({id(r) for r in requests}) < len(requests):
+            # lm-eval pads a short rank's share with copies of its last request (even batches for
+            # DDP); a greedy answer is the same each time, so each request object is computed once
+            unique = list({id(r): r for r in requests}.values())
+            done = dict(zip((id(r) for r in unique), self.generate_until(unique, disable_tqdm)))
+            return [done[id(r)] for r in requests]
         out: list[Any] = [None] * len(requests)
         # group by generation settings; each group is probed in batches
         groups: dict[str, list[int]] = {}
@@ -272,6 +313,7 @@ class EvalkitHFLM(HFLM):
                     bar.set_postfix_str(f"{label} {phase}")
 
                 def probe(start=start, contexts=contexts, docs=docs, cands=cands, moved=moved):
+                    self.prompts_computed += len(contexts)
                     reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
                     steps = engine.probe(
                         self.model, self.tokenizer, contexts, [c for c, _ in cands],

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalkit.backends import Backend, backend_for, kvcache, quant
+from evalkit.backends import Backend, backend_for, kvcache, offline, quant
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_BATCH_SIZE,
@@ -261,6 +261,7 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
             raise BadInput("--model-args prune_below is gone: tolerance=P bounds the opener probability left unscored per prompt")
         if args.get("trust_remote_code") is None:
             args["trust_remote_code"] = False
+        offline.check_args(args)  # a hub kernel is fetched and run at load time: only when asked
         args.setdefault("tolerance", DEFAULT_TOLERANCE)  # recorded in the run row
         args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
         if isinstance(args["answer_max_tokens"], bool) or not isinstance(args["answer_max_tokens"], int) \

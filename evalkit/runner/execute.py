@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import logging
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -52,6 +53,7 @@ class RunResult:
     lead: list[dict[str, Any]] = field(default_factory=list)  # the leading-indicator rows
     replayed: int | None = None  # a resumed run: batches replayed from its journal (None: not resumed)
     computed: int | None = None  # a resumed run: batches computed now
+    prompts_computed: int | None = None  # prompts this process computed (its share under a launch); None: unknown
 
 
 def _quiet_lm_eval() -> None:
@@ -104,8 +106,10 @@ def is_main_rank() -> bool:
 
 def not_stored(result: RunResult) -> RunResult:
     """What a non-zero rank reports: it stored nothing, so no samples, no metrics and no `done`."""
-    status = f"not stored: this is rank {envvars.rank()} of {envvars.world_size()}; rank 0 stores the run"
-    return RunResult(result.run_id, status, [], 0, result.load_s, result.eval_s, result.duration_s)
+    share = f", which computed {result.prompts_computed} prompts" if result.prompts_computed is not None else ""
+    status = f"not stored: this is rank {envvars.rank()} of {envvars.world_size()}{share}; rank 0 stores the run"
+    return RunResult(result.run_id, status, [], 0, result.load_s, result.eval_s, result.duration_s,
+                     prompts_computed=result.prompts_computed)
 
 
 def attn_implementation(plan: RunPlan, lm) -> str | None:
@@ -347,6 +351,7 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     calls = [(needle_tasks, None, tm), (own, cfg.limit, tm),
              (lm_eval_names, cfg.limit, lm_eval_tasks.index() if lm_eval_names else None)]
     parts = []
+    before = getattr(lm, "prompts_computed", None)
     for tasks, limit, manager in calls:
         if not tasks:
             continue
@@ -355,8 +360,13 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
             parts.append(_simple_evaluate(plan, lm, tasks, manager, limit, metadata))
     results = merge_results(parts)
     eval_s = time.monotonic() - t_eval
-    if results is None:  # non-zero ranks under accelerate get None
-        return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0), None
+    computed = lm.prompts_computed - before if isinstance(before, int) else None
+    if envvars.world_size() > 1 and computed is not None:  # each rank says what its share was
+        print(f"evalkit: rank {envvars.rank()} of {envvars.world_size()} computed {computed} prompts",
+              file=sys.stderr, flush=True)
+    if results is None:  # non-zero ranks under a launch get None: rank 0 gathered their samples
+        return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0,
+                         prompts_computed=computed), None
     from evalkit.runner.collect import add_intervals, collect, first_step_metrics
     from evalkit.scoring.lead import lead_table
 
@@ -378,7 +388,7 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     metric_rows += drift.observe(plan, lm, run_id, results)  # drift by position (--drift): [] otherwise
     lead_rows = lead_table(run_id, sample_rows, results.get("group_subtasks") or {})
     result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0,
-                       lead_rows)
+                       lead_rows, prompts_computed=computed)
     return result, (metric_rows, sample_rows, topk_rows, lead_rows, attention_rows)
 
 
