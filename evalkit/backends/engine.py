@@ -431,14 +431,17 @@ class _Engine:
         steps = []
         k = max(0, min(self.top_k, logprobs.shape[-1]))
         top = torch.topk(logprobs, k, dim=-1)
-        entropy = torch.special.entr(logprobs.exp()).sum(-1)
+        # read off the device once a batch, not once a row (each read is a wait on a GPU)
+        top_ids, top_lps = top.indices.tolist(), top.values.tolist()
+        entropy = torch.special.entr(logprobs.exp()).sum(-1).tolist()
+        host = logprobs.detach().cpu()
         for r in range(B):
             steps.append(FirstStep(
                 context_ids=list(ids_list[r]),
-                topk_ids=top.indices[r].tolist(),
-                topk_logprobs=top.values[r].tolist(),
+                topk_ids=top_ids[r],
+                topk_logprobs=top_lps[r],
                 entropy=float(entropy[r]),
-                logprobs=logprobs[r].detach().cpu().clone(),
+                logprobs=host[r].clone(),
             ))
         if seen is not None:
             for step, read in zip(steps, seen.results()):
@@ -822,9 +825,8 @@ class _Engine:
         if self.policy.evicts:  # each node reads the prompt keys the policy keeps at its position
             prompt_pos = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
             allow[:, :, :P] &= self.policy.visible(pos[:, :, None], prompt_pos[:, None, :])
-        neg = torch.finfo(self.float_dtype).min
-        attn = torch.zeros(allow.shape, dtype=self.float_dtype).masked_fill(~allow, neg).unsqueeze(1)
-        logits, _ = self.forward(inp.to(self.device), attn.to(self.device), pos.to(self.device), cache=cache)
+        attn = self.additive(allow.to(self.device))  # the float mask is made where the model runs
+        logits, _ = self.forward(inp.to(self.device), attn, pos.to(self.device), cache=cache)
         return logits, used + Q  # (B, Q, V)
 
     def decode(self, ids: list[int]) -> str:
