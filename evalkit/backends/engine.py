@@ -293,11 +293,13 @@ UNIT_RANKS = 10  # the likeliest first tokens whose first unit a run stores (fir
 UNIT_TOKENS = 4  # a first unit is completed over at most this many tokens (a UTF-8 character has <= 4 bytes)
 MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from this many on
 # the padded node positions one level forward of the candidate trie may hold: its logits are
-# positions x vocabulary floats (1024 x 49152 x 4 bytes = 200 MB on the default model)
-TRIE_POSITIONS = 1024
+# positions x vocabulary floats (512 x 49152 x 4 bytes = 100 MB on the default model; 1024 took a
+# default run of 64 prompts to 1.98 GB RSS, against the 2 GB budget); a forward of 512 positions
+# costs some 60x its fixed cost, so smaller groups cost next to nothing
+TRIE_POSITIONS = 512
 FORWARD_POSITIONS = 24  # what a forward costs before its first position, in positions (docs/performance.md)
 PAD_SHARE = 0.15  # a trie group may pad this share of its positions
-LSE_ROWS = 256  # node rows per logsumexp chunk (its temporary is rows x vocabulary floats)
+LSE_ROWS = 128  # node rows per logsumexp chunk (its temporary is rows x vocabulary floats: 25 MB)
 
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
