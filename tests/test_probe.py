@@ -232,6 +232,33 @@ def test_ft_hit_prob_and_opener_mass_match_plain_softmax_product(tiny, docs, con
     assert sizeable >= 3  # the comparison is not only on near-zero numbers
 
 
+def test_answer_prob_matches_plain_softmax_product(tiny, lm, docs, contexts):
+    """answer_prob (docs/metrics.md §1.7): the checkable answers whole, as given and capitalised, each a
+    plain product of softmax terms, summed over those no other covers; one answer the model finds
+    likely, so the sum is not only near-zero numbers, and one of several words."""
+    model, tokenizer = tiny
+    likely = docs[0]["answers"][-1]
+    full = [likely.lower(), "forty two", likely + " and more", "巴黎"]
+    doc = {**docs[0], "answers_full": full}
+    (res,) = lm.generate_until(requests_for([doc], contexts[:1]), disable_tqdm=True)
+    strings = list(dict.fromkeys(x for a in full for x in (a, a[0].upper() + a[1:])))
+    kept = summed(strings, tokenizer, contexts[0])
+    assert likely + " and more" not in kept or likely not in kept
+    expected = sum(string_probs(model, tokenizer, contexts[0], kept).values())
+    assert expected > 1e-3
+    assert res.metrics["answer_prob"] == pytest.approx(expected, abs=1e-5)
+    assert math.log(res.metrics["answer_prob"]) == pytest.approx(math.log(expected), abs=1e-4)
+    # ft_hit_prob still sums the accepted starts alone
+    starts = answer_strings(doc["answers"], tokenizer, contexts[0])
+    assert res.metrics["ft_hit_prob"] == pytest.approx(sum(string_probs(model, tokenizer, contexts[0], starts).values()),
+                                                       abs=1e-5)
+
+
+def test_no_answer_prob_without_checkable_answers(batched, docs):
+    for doc, res in zip(docs, batched):
+        assert ("answer_prob" in res.metrics) == bool(doc.get("answers_full")), doc["id"]
+
+
 def test_topk_and_first_step_metrics_match_plain_forward(tiny, contexts, batched):
     model, tokenizer = tiny
     for context, res in zip(contexts, batched):

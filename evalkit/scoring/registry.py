@@ -125,6 +125,13 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
     Metric("answer_hit", "text", True,
            "the whole answer is right: a checkable answer (answers_full) occurs in the greedy continuation",
            per_sample=True, binary=True, margin=_SHARE_MARGIN),
+    Metric("answer_prob", "distribution", True,
+           "P(response begins with a checkable answer, answers_full): teacher-forced product over its tokens "
+           "in context, summed over the answers; the exact, continuous twin of answer_hit", unit="probability",
+           per_sample=True,
+           margin=Margin("relative", 0.10, "a probability whose scale depends on the model, as ft_hit_prob's: "
+                         "keeping 90 % of the baseline's mass; exact per prompt, so a benign change decides at "
+                         "100 prompts a task where answer_hit's 0/1 outcomes cannot (docs/gate.md)")),
     Metric("ft_answer_mismatch", "distribution", False,
            "the first token and the whole answer disagree: ft_token_hit differs from answer_hit",
            per_sample=True, binary=True),
