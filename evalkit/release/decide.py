@@ -254,6 +254,10 @@ def _holm(rows: list[VerdictRow], alpha: float) -> tuple[list[VerdictRow], int]:
 
 
 def _test_reason(word: str, t: paired.Evidence, limit_text: str) -> str:
+    if t.short:  # the method cannot decide on these data, whatever its interval says
+        need = f"; {_prompts(t.decide_n)}" if t.decide_n else ""
+        text = f"{word} {fmt(t.estimate)} ({t.method}, n = {t.n}) against {limit_text}: not decided: {t.short}"
+        return text + (f"; {t.note}" if t.note else "") + need
     side = {"pass": "lies wholly on the right side of", "fail": "lies wholly past",
             "inconclusive": "straddles"}[t.status]
     text = (f"{word} {fmt(t.estimate)} (95 % CI [{fmt(t.lo)}, {fmt(t.hi)}], {t.method}, n = {t.n}) "
@@ -338,7 +342,7 @@ def _threshold_test(run: RunData, task: str, rule: Threshold, value: float, test
     values = [v for (t, _doc), vals in run.samples.items() if t == task
               if (v := _value(vals.get(rule.metric))) is not None]
     alpha = tests["alpha"]
-    if len(values) >= 2:
+    if values:  # one value too: the test then says how many prompts it needs
         if _binary(rule.metric, values):
             return paired.threshold_binary(values, rule.op, rule.value, alpha)
         return paired.threshold_continuous(values, rule.op, rule.value, alpha, tests["n_boot"], tests["seed"])
