@@ -306,11 +306,13 @@ def test_ci_example_workflow_runs_gate_then_promote():
     steps = [s for job in flow["jobs"].values() for s in job["steps"]]
     script = "\n".join(s.get("run", "") for s in steps)
     assert "--name candidate" in script
-    assert ("evalkit gate --candidate latest --baseline tag:prod --rules examples/gate-rules.yaml "
-            "--junit gate.xml") in script
+    # the gate step's logic lives in examples/ci-gate.sh (tests/test_ci_gate_script.py runs it)
+    assert script.index("bash examples/ci-gate.sh") < script.index("evalkit promote latest")
+    script += "\n" + (EXAMPLES / "ci-gate.sh").read_text(encoding="utf-8")
+    assert 'evalkit gate --candidate latest --baseline "tag:$tag" --rules "$rules" --junit gate.xml' in script
+    assert 'rules="${EVALKIT_RULES-examples/gate-rules.yaml}"' in script
     assert "evalkit promote latest --tag prod" in script
-    assert script.index("evalkit gate") < script.index("evalkit promote latest")
     # exit 3 (inconclusive) is handled: a warning, and no promotion
-    assert '3) echo "::warning::' in script and 'echo "promote=false"' in script
+    assert '3) echo "::warning::' in script and "decide false" in script
     promote = [s for s in steps if s.get("name") == "Promote on pass"][0]
     assert "steps.gate.outputs.promote == 'true'" in promote["if"]
