@@ -134,3 +134,61 @@ def test_every_method_has_a_stated_minimum():
     assert set(paired.MIN_PROMPTS) >= {"Tango score interval", "Wilson interval", "paired bootstrap",
                                        "bootstrap interval", "identical on every prompt"}
     assert min(paired.MIN_PROMPTS.values()) >= 2
+
+
+# ------------------------------------------------------------------ exact twins (answer_hit -> answer_prob)
+
+
+def _answers(n=56, lost=4, gained=3, drop=0.0, noise=0.01, seed=1):
+    """n checkable prompts: answer_hit with a few discordant pairs (undecidable against 0.05 at this size),
+    answer_prob paired and close (or scaled down by `drop`)."""
+    rng = random.Random(seed)
+    base, cand = [], []
+    for i in range(n):
+        hit = float(i % 3 == 0)
+        c_hit = 0.0 if i < lost and hit else 1.0 if lost <= i < lost + gained and not hit else hit
+        p = rng.uniform(0.05, 0.6)
+        base.append({"answer_hit": hit, "answer_prob": p})
+        cand.append({"answer_hit": c_hit, "answer_prob": max(0.0, p * (1 - drop) + rng.uniform(-noise, noise))})
+    return run("c", {"t": cand}), run("b", {"t": base})
+
+
+def test_under_the_default_rules_a_passing_answer_prob_speaks_for_an_undecidable_answer_hit():
+    cand, base = _answers()
+    verdict = decide(cand, base, DEFAULT_RULES)
+    hit, prob = row(verdict, "answer_hit"), row(verdict, "answer_prob")
+    assert prob.status == "pass"
+    assert hit.status == "skipped" and hit.reason.startswith("left to its exact twin answer_prob, which passes")
+    assert "prompts would decide it" in hit.reason  # what answer_hit alone would need stays visible
+    assert verdict.outcome == "pass"
+    # the same two runs, answer_hit alone: undecidable
+    assert decide(cand, base, parse_rules({"regressions": {"answer_hit": "default"}})).outcome == "inconclusive"
+
+
+def test_a_rules_file_gets_what_it_asked_for_twins_only_on_request():
+    cand, base = _answers()
+    rules = parse_rules({"regressions": {"answer_hit": "default", "answer_prob": "default"}})
+    assert row(decide(cand, base, rules), "answer_hit").status == "inconclusive"
+    assert row(decide(cand, base, rules, twins=True), "answer_hit").status == "skipped"
+
+
+def test_a_twin_that_does_not_pass_leaves_the_zero_one_row_as_it_was():
+    cand, base = _answers(drop=0.5)  # answer_prob halved: fails
+    verdict = decide(cand, base, DEFAULT_RULES)
+    assert row(verdict, "answer_prob").status == "fail"
+    assert row(verdict, "answer_hit").status == "inconclusive" and verdict.outcome == "fail"
+    cand, base = _answers(n=25, noise=0.3)  # answer_prob too noisy at 25 prompts: inconclusive
+    verdict = decide(cand, base, DEFAULT_RULES)
+    assert row(verdict, "answer_prob").status == "inconclusive"
+    assert row(verdict, "answer_hit").status == "inconclusive" and verdict.outcome == "inconclusive"
+
+
+def test_a_twin_speaks_only_for_its_own_task():
+    cand, base = _answers()
+    only_hits = {k: {"answer_hit": v["answer_hit"]} for k, v in cand.samples.items()}
+    cand2 = RunData("c", {}, {**{("u", d): v for (_, d), v in only_hits.items()}, **cand.samples})
+    base2 = RunData("b", {}, {**{("u", d): {"answer_hit": v["answer_hit"]} for (_, d), v in base.samples.items()},
+                              **base.samples})
+    verdict = decide(cand2, base2, DEFAULT_RULES)
+    assert row(verdict, "answer_hit", task="t").status == "skipped"
+    assert row(verdict, "answer_hit", task="u").status == "inconclusive"
