@@ -24,6 +24,8 @@ One command, measuring everything (runs the variants first when --run is given):
     python bench/gate_calibration.py --run --limit 100 --db /tmp/cal.duckdb  # 100 prompts a task
     python bench/gate_calibration.py --db DB --baseline RUN --benign RUN[,RUN] [--worse RUN] \\
         [--reps 200] [--n 100,all] [--k 0.5,1,2] [--out table.md]
+    python bench/gate_calibration.py --pairs-json ap.json --baseline q4_1 --benign bf16,int8-weight \\
+        --worse int8-dynamic          # answer_prob's rule alone, from bench/answer_prob_pairs.py
 
 --run stores a q4_1 baseline and the bf16, int8-weight and int8-dynamic variants (one sweep),
 and the llama.cpp engine on the same GGUF when llama-cpp-python is importable; it prints the ids.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -85,10 +88,17 @@ def run_variants(db: str, limit: int | None) -> dict[str, str]:
     return ids
 
 
-def load(db: str, ref: str) -> RunData:
+def load(db: str | None, ref: str, pairs: dict | None = None) -> RunData:
+    """A stored run (a ref in the DB), or a variant of a --pairs-json file (bench/answer_prob_pairs.py)."""
+    if pairs is not None:
+        if ref not in pairs:
+            raise SystemExit(f"{ref!r} is not in the pairs file (it has {', '.join(pairs)})")
+        return RunData(run_id=ref, metrics={},
+                       samples={tuple(key.split("/", 1)): values for key, values in pairs[ref].items()})  # type: ignore[misc]
     from evalkit.release.db import _done_run, load_run_data
     from evalkit.store.db import open_reader
 
+    assert db is not None
     with open_reader(db) as con:
         return load_run_data(con, _done_run(con, ref, "read"))
 
@@ -254,7 +264,8 @@ def markdown(table: list[dict], ks, reps: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--db", help="the DuckDB file holding the runs")
+    parser.add_argument("--pairs-json", help="instead of --db: variants' per-prompt values from bench/answer_prob_pairs.py")
     parser.add_argument("--run", action="store_true", help="store the baseline and variants first (real runs)")
     parser.add_argument("--limit", type=int, default=None, help="with --run: prompts a task (default: all)")
     parser.add_argument("--baseline", help="the baseline run (without --run)")
@@ -270,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+    if not args.db and not args.pairs_json:
+        parser.error("give --db or --pairs-json")
+    pairs = json.loads(Path(args.pairs_json).read_text(encoding="utf-8")) if args.pairs_json else None
     if args.run:
         ids = run_variants(args.db, args.limit)
         print("stored: " + ", ".join(f"{k} {v}" for k, v in ids.items()), file=sys.stderr)
@@ -282,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         baseline = args.baseline
         benign_refs = {r: r for r in args.benign.split(",") if r}
         worse_refs = {r: r for r in args.worse.split(",") if r}
-    base = load(args.db, baseline)
-    benign = {label: load(args.db, ref) for label, ref in benign_refs.items()}
-    worse = {label: load(args.db, ref) for label, ref in worse_refs.items()}
+    base = load(args.db, baseline, pairs)
+    benign = {label: load(args.db, ref, pairs) for label, ref in benign_refs.items()}
+    worse = {label: load(args.db, ref, pairs) for label, ref in worse_refs.items()}
     sizes = [None if s == "all" else int(s) for s in args.n.split(",")]
     ks = [float(k) for k in args.k.split(",")]
     start = time.perf_counter()

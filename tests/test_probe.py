@@ -433,7 +433,7 @@ def test_cli_first_token_is_the_best_non_opener(cli_run, tiny):
 def test_cli_stores_per_sample_values(cli_run):
     cur = cli_run.execute(
         "SELECT task, doc_id, ft_hit_prob, opener_mass, prior_drift, top3_mass, ft_token_hit, ft_hit, opener_rate, "
-        "entropy, first_unit, first_token, response, ft_outcome, metrics FROM samples ORDER BY task, doc_id"
+        "entropy, first_unit, first_token, response, ft_outcome, metrics, answer_prob FROM samples ORDER BY task, doc_id"
     )
     cols = [d[0] for d in cur.description]
     samples = [dict(zip(cols, r)) for r in cur.fetchall()]
@@ -449,6 +449,8 @@ def test_cli_stores_per_sample_values(cli_run):
         stored = json.loads(s["metrics"])
         assert stored["ft_hit_prob"] == pytest.approx(s["ft_hit_prob"])
         assert stored["opener_mass"] == pytest.approx(s["opener_mass"])
+        assert stored.get("answer_prob") == s["answer_prob"]  # its column, NULL where no answer is checkable
+    assert sum(s["answer_prob"] is not None for s in samples) >= 2
     assert [s["task"] for s in samples] == ["firsttoken_en"] * 3 + ["firsttoken_zh"] * 3
 
 
