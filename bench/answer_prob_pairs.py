@@ -7,7 +7,9 @@ transformers engine evalkit runs) for one token a prompt with answer_max_tokens=
 with `answers_full`, under the chat template, and writes {variant: {task/doc_id: {answer_prob,
 ft_hit_prob}}} as JSON, for bench/gate_calibration.py --pairs-json (answer_prob's rule alone).
 
-    python bench/answer_prob_pairs.py --quant q4_1,bf16,int8-weight,int8-dynamic [--limit 100] --out FILE
+    python bench/answer_prob_pairs.py --quant q4_1,bf16,int8-weight,int8-dynamic,llamacpp [--limit 100] --out FILE
+
+(`llamacpp`: the same GGUF on the llama.cpp engine, when llama-cpp-python is installed.)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -40,8 +43,16 @@ def measure(quant: str, items, batch_size: int) -> dict[str, dict[str, float]]:
     from evalkit.backends.hf import EvalkitHFLM
     from evalkit.backends.models import default_model_args
 
-    lm = EvalkitHFLM(**cached_args(default_model_args()), device="cpu", quant=quant, batch_size=batch_size,
-                     answer_max_tokens=0)
+    lm: Any
+    if quant == "llamacpp":  # the same GGUF on the llama.cpp engine
+        from evalkit.backends.llamacpp import EvalkitLlamaCpp
+        from evalkit.backends.models import DEFAULT_GGUF, default_model_dir
+
+        lm = EvalkitLlamaCpp(str(default_model_dir() / DEFAULT_GGUF), n_ctx=512, answer_max_tokens=0,
+                             batch_size=batch_size)
+    else:
+        lm = EvalkitHFLM(**cached_args(default_model_args()), device="cpu", quant=quant, batch_size=batch_size,
+                         answer_max_tokens=0)
     gen = {"until": ["\n\n"], "max_gen_toks": 1, "do_sample": False}
     reqs = []
     for i, (task, doc) in enumerate(items):
