@@ -8,6 +8,7 @@ class EvalkitError(Exception):
     """Base of every error evalkit raises on purpose."""
 
     exit_code = 1
+    label = "error"  # how the CLI's one line names it: `evalkit: <label>: <message>`; "" when the message does
 
 
 class BadInput(EvalkitError):
@@ -25,12 +26,12 @@ class RunFailed(EvalkitError):
 
     exit_code = 1
 
-
-
 class GateInconclusive(EvalkitError):
-    """The gate could neither pass nor fail the candidate: some check's interval straddles its limit (exit 3)."""
+    """The gate could neither pass nor fail the candidate: some check's interval straddles its limit (exit 3).
+    A verdict, not an error: its message begins "gate inconclusive" and the CLI prints it with no "error:"."""
 
     exit_code = 3
+    label = ""
 
 
 class DatabaseBusy(RunFailed):

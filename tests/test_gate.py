@@ -271,6 +271,7 @@ def test_self_gate_passes_with_default_rules():
             "opener_rate": float(i % 4 == 0),
             "opener_mass": (i % 5) / 10,
             "answer_hit": float(i % 2 == 0),
+            "answer_prob": (i % 9) / 9,
         }
         for i in range(100)
     ]
@@ -303,7 +304,7 @@ def test_default_rules():
     assert {(r.metric, r.task, r.margin.kind, r.margin.value) for r in DEFAULT_RULES.regressions} == {
         ("ft_hit", None, "delta", 0.05), ("answer_hit", None, "delta", 0.05), ("needle_recall", None, "delta", 0.05),
         ("opener_rate", None, "delta", 0.05), ("ft_hit_prob", None, "relative", 0.10),
-        ("opener_mass", None, "relative", 0.25),
+        ("opener_mass", None, "relative", 0.25), ("answer_prob", None, "relative", 0.10),
     }
     assert {r.metric for r in DEFAULT_RULES.regressions} == set(HEADLINE_METRICS)
     assert all(r.margin.why for r in DEFAULT_RULES.regressions)

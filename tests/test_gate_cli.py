@@ -57,10 +57,10 @@ def digest(path=None):
     return hashlib.sha256(Path(path or os.environ["EVALKIT_DB"]).read_bytes()).hexdigest()
 
 
-def one_error_line(res, fragment):
+def one_error_line(res, fragment, prefix="evalkit: error:"):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("evalkit: error:") and fragment in lines[0], lines[0]
+    assert lines[0].startswith(prefix) and fragment in lines[0], lines[0]
 
 
 # ----------------------------------------------------------------------- verdicts
@@ -82,7 +82,9 @@ def test_equal_candidate_on_few_prompts_is_inconclusive_with_exit_3(invoke, runs
     assert "## evalkit gate: INCONCLUSIVE" in res.stdout
     assert "| *inconclusive* | regression | firsttoken_en | ft_hit |" in res.stdout
     assert "about 73 prompts would decide it" in res.stdout  # 0 discordant pairs of 20
-    one_error_line(res, f"gate inconclusive for candidate {runs['small']}")
+    # a verdict, not an error: no "error:" in the line a CI log shows
+    one_error_line(res, f"for candidate {runs['small']}", prefix="evalkit: gate inconclusive for candidate")
+    assert "error" not in res.stderr.split(":", 2)[1]
 
 
 @pytest.mark.parametrize("choice, code", [("pass", 0), ("fail", 1)])
@@ -304,11 +306,13 @@ def test_ci_example_workflow_runs_gate_then_promote():
     steps = [s for job in flow["jobs"].values() for s in job["steps"]]
     script = "\n".join(s.get("run", "") for s in steps)
     assert "--name candidate" in script
-    assert ("evalkit gate --candidate latest --baseline tag:prod --rules examples/gate-rules.yaml "
-            "--junit gate.xml") in script
+    # the gate step's logic lives in examples/ci-gate.sh (tests/test_ci_gate_script.py runs it)
+    assert script.index("bash examples/ci-gate.sh") < script.index("evalkit promote latest")
+    script += "\n" + (EXAMPLES / "ci-gate.sh").read_text(encoding="utf-8")
+    assert 'evalkit gate --candidate latest --baseline "tag:$tag" --rules "$rules" --junit gate.xml' in script
+    assert 'rules="${EVALKIT_RULES-examples/gate-rules.yaml}"' in script
     assert "evalkit promote latest --tag prod" in script
-    assert script.index("evalkit gate") < script.index("evalkit promote latest")
     # exit 3 (inconclusive) is handled: a warning, and no promotion
-    assert '3) echo "::warning::' in script and 'echo "promote=false"' in script
+    assert '3) echo "::warning::' in script and "decide false" in script
     promote = [s for s in steps if s.get("name") == "Promote on pass"][0]
     assert "steps.gate.outputs.promote == 'true'" in promote["if"]

@@ -281,7 +281,11 @@ def test_the_shipped_gate_example_passes_the_default_model_and_fails_its_int8_va
         return re.search(r"^run (\S+)", res.stdout, re.M).group(1)
 
     first = candidate("--name", "candidate")
+    out = step(gate_step)  # no baseline and no word that this is the first: the job fails, nothing promoted
+    assert out.returncode == 1 and "no run is tagged prod" in out.stderr, out.stdout + out.stderr
+    env["FIRST_BASELINE"] = "true"
     out = step(gate_step)
+    del env["FIRST_BASELINE"]
     assert out.returncode == 0 and "first baseline" in summary.read_text(), out.stdout + out.stderr
     assert outputs.read_text().splitlines()[-1] == "promote=true"
     assert step(promote_step).returncode == 0

@@ -298,6 +298,17 @@ def test_run_row_and_samples(native_runs):
     assert row[:5] == ("llama.cpp", "q4_1", "ggml:f16", 50, None) and row[5].startswith("sha256:")
     assert len(samples) == 3 and all(v is not None for s in samples for v in s)
     assert n_topk == 150
+    # answer_prob: NULL without checkable answers (en-0001); where the answer is the accepted start
+    # itself ("Paris", en-0002) it is ft_hit_prob exactly; "42" adds "forty-two" and "Forty two" ...
+    con = evalkit.connect(db)
+    try:
+        probs = dict((d, (a, f)) for d, a, f in con.execute(
+            "SELECT doc_id, answer_prob, ft_hit_prob FROM samples WHERE run_id = ?", [run.id]).fetchall())
+    finally:
+        con.close()
+    assert probs["en-0001"][0] is None
+    assert probs["en-0002"][0] == pytest.approx(probs["en-0002"][1], rel=1e-9, abs=1e-12)
+    assert probs["en-0003"][0] >= probs["en-0003"][1] - 1e-9  # "42" is both a start and an answer
 
 
 def test_runs_and_compare_show_the_engine(native_runs, invoke):
@@ -419,6 +430,7 @@ def test_server_run_matches_the_native_engine(server, gguf, native_runs):
     # llama-cpp-python 0.3.36 pairs each echoed prompt token with the distribution one position late
     # when the model adds no BOS (SmolLM2 adds none): the echo check finds it, ft_hit_prob stays NULL
     assert "misaligned" in reasons["ft_hit_prob"]
+    assert reasons["answer_prob"] == reasons["ft_hit_prob"]  # read from the same echo: NULL with the reason
     assert all(t[1] is None and t[2] is not None for t in texts)
 
 

@@ -232,6 +232,33 @@ def test_ft_hit_prob_and_opener_mass_match_plain_softmax_product(tiny, docs, con
     assert sizeable >= 3  # the comparison is not only on near-zero numbers
 
 
+def test_answer_prob_matches_plain_softmax_product(tiny, lm, docs, contexts):
+    """answer_prob (docs/metrics.md §1.7): the checkable answers whole, as given and capitalised, each a
+    plain product of softmax terms, summed over those no other covers; one answer the model finds
+    likely, so the sum is not only near-zero numbers, and one of several words."""
+    model, tokenizer = tiny
+    likely = docs[0]["answers"][-1]
+    full = [likely.lower(), "forty two", likely + " and more", "巴黎"]
+    doc = {**docs[0], "answers_full": full}
+    (res,) = lm.generate_until(requests_for([doc], contexts[:1]), disable_tqdm=True)
+    strings = list(dict.fromkeys(x for a in full for x in (a, a[0].upper() + a[1:])))
+    kept = summed(strings, tokenizer, contexts[0])
+    assert likely + " and more" not in kept or likely not in kept
+    expected = sum(string_probs(model, tokenizer, contexts[0], kept).values())
+    assert expected > 1e-3
+    assert res.metrics["answer_prob"] == pytest.approx(expected, abs=1e-5)
+    assert math.log(res.metrics["answer_prob"]) == pytest.approx(math.log(expected), abs=1e-4)
+    # ft_hit_prob still sums the accepted starts alone
+    starts = answer_strings(doc["answers"], tokenizer, contexts[0])
+    assert res.metrics["ft_hit_prob"] == pytest.approx(sum(string_probs(model, tokenizer, contexts[0], starts).values()),
+                                                       abs=1e-5)
+
+
+def test_no_answer_prob_without_checkable_answers(batched, docs):
+    for doc, res in zip(docs, batched):
+        assert ("answer_prob" in res.metrics) == bool(doc.get("answers_full")), doc["id"]
+
+
 def test_topk_and_first_step_metrics_match_plain_forward(tiny, contexts, batched):
     model, tokenizer = tiny
     for context, res in zip(contexts, batched):
@@ -406,7 +433,7 @@ def test_cli_first_token_is_the_best_non_opener(cli_run, tiny):
 def test_cli_stores_per_sample_values(cli_run):
     cur = cli_run.execute(
         "SELECT task, doc_id, ft_hit_prob, opener_mass, prior_drift, top3_mass, ft_token_hit, ft_hit, opener_rate, "
-        "entropy, first_unit, first_token, response, ft_outcome, metrics FROM samples ORDER BY task, doc_id"
+        "entropy, first_unit, first_token, response, ft_outcome, metrics, answer_prob FROM samples ORDER BY task, doc_id"
     )
     cols = [d[0] for d in cur.description]
     samples = [dict(zip(cols, r)) for r in cur.fetchall()]
@@ -422,6 +449,8 @@ def test_cli_stores_per_sample_values(cli_run):
         stored = json.loads(s["metrics"])
         assert stored["ft_hit_prob"] == pytest.approx(s["ft_hit_prob"])
         assert stored["opener_mass"] == pytest.approx(s["opener_mass"])
+        assert stored.get("answer_prob") == s["answer_prob"]  # its column, NULL where no answer is checkable
+    assert sum(s["answer_prob"] is not None for s in samples) >= 2
     assert [s["task"] for s in samples] == ["firsttoken_en"] * 3 + ["firsttoken_zh"] * 3
 
 

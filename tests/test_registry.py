@@ -67,8 +67,9 @@ def test_entries_are_complete_and_families_resolve():
 def test_entropy_and_middle_gap_are_lower_is_better_in_the_gate():
     # the candidate's entropy rose on every prompt: a regression for a lower-is-better metric
     keys = [("t", str(i)) for i in range(30)]
-    base = RunData("b", {}, {k: {"entropy": 1.0} for k in keys})
-    cand = RunData("c", {}, {k: {"entropy": 2.0} for k in keys})
+    # (with some spread: the same rise on every prompt is a width-0 interval, which decides nothing)
+    base = RunData("b", {}, {k: {"entropy": 1.0 + 0.01 * i} for i, k in enumerate(keys)})
+    cand = RunData("c", {}, {k: {"entropy": 2.0 + 0.03 * i} for i, k in enumerate(keys)})
     verdict = decide(cand, base, Rules(regressions=(Regression("entropy", 0.1),)))
     assert not verdict.passed and verdict.rows[0].higher_is_better is False
     assert Rules().is_higher_better("t", "middle_gap") is False
@@ -120,7 +121,7 @@ def test_descriptive_metrics_have_no_direction_and_the_gate_asks_for_one():
         spec = registry.get(name)
         assert spec.higher_is_better is None and spec.arrow == "–" and spec.to_dict()["direction"] == "none"
     assert registry.get("order_flip_rate").higher_is_better is False and registry.get("needle_attn").higher_is_better
-    keys = [("needle_en", str(i)) for i in range(10)]
+    keys = [("needle_en", str(i)) for i in range(20)]
     base = RunData("b", {("needle_en", "sink_rate"): 0.8}, {k: {"sink_rate": 0.8} for k in keys})
     cand = RunData("c", {("needle_en", "sink_rate"): 0.5}, {k: {"sink_rate": 0.5} for k in keys})
     with pytest.raises(BadInput, match="sink_rate describes without ranking"):

@@ -116,6 +116,7 @@ EXPECTED_TABLES = {
         "conflict_pick": "VARCHAR",
         "conflict_pair": "VARCHAR",
         "conflict_order": "VARCHAR",
+        "answer_prob": "DOUBLE",  # m020
     },
     "first_token_topk": {
         "run_id": "VARCHAR",

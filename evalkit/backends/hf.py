@@ -44,7 +44,7 @@ from evalkit.defaults import (
 )
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import candidate_strings, unstable
+from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_strings, unstable
 from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.text import drop_covered
 
@@ -67,8 +67,9 @@ def content_free_prior(model, tokenizer, frame: str, top_k: int,
 
 
 def candidate_metrics(tokenizer, context: str, step: engine.FirstStep, answers: list[str], openers: list[str],
-                      prior: dict[int, float] | None) -> dict[str, float]:
-    """ft_hit_prob, ft_token_hit, opener_mass and (with a prior) prior_drift of one probed prompt.
+                      prior: dict[int, float] | None, full: list[str] | None = None) -> dict[str, float]:
+    """ft_hit_prob, ft_token_hit, opener_mass, (with checkable answers `full`) answer_prob and (with a
+    prior) prior_drift of one probed prompt.
 
     Sums skip a string that another string of the same set covers, as text and in tokens
     (`text.drop_covered`), so no probability is counted twice."""
@@ -78,6 +79,8 @@ def candidate_metrics(tokenizer, context: str, step: engine.FirstStep, answers: 
         "ft_token_hit": 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0,
         "opener_mass": sum(step.candidate_probs[o] for o in drop_covered(openers, tokens)),
     }
+    if full:
+        metrics["answer_prob"] = answer_prob(step.candidate_probs, full, tokens)
     if prior is not None:
         p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
         metrics["prior_drift"] = stats.prior_drift(p, prior)
@@ -344,11 +347,12 @@ class EvalkitHFLM(HFLM):
         return int(self.batch_size) if str(self.batch_size).isdigit() else DEFAULT_BATCH_SIZE
 
     def _candidates(self, doc: dict) -> tuple[list[str], int]:
-        """Answer-start strings followed by lexicon openers; returns (strings, how many are answers)."""
+        """Answer-start strings, then checkable answers (answer_prob), then lexicon openers; returns
+        (strings, how many come before the openers: those scored exactly)."""
         if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
             return [], 0
-        answers = candidate_strings(doc["answers"])
-        return answers + self.lexicon.entries, len(answers)
+        exact = list(dict.fromkeys(candidate_strings(doc["answers"]) + answer_strings(doc.get("answers_full") or [])))
+        return exact + self.lexicon.entries, len(exact)
 
     def _attention_request(self, context: str, doc: dict) -> attn.Request:
         """The spans whose attention mass a prompt's prefill should give: the needle sentence of a
@@ -393,8 +397,9 @@ class EvalkitHFLM(HFLM):
             "entropy": step.entropy,
         }
         if n_answer:
-            metrics.update(candidate_metrics(self.tokenizer, context, step, cands[:n_answer], cands[n_answer:],
-                                             self._prior(context, doc)))
+            metrics.update(candidate_metrics(self.tokenizer, context, step, candidate_strings(doc["answers"]),
+                                             cands[n_answer:], self._prior(context, doc),
+                                             answer_strings(doc.get("answers_full") or [])))
         layers: dict[str, list[float]] = {}
         if step.attention is not None:
             values, layers = self._attention_values(step.attention)

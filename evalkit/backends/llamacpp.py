@@ -50,7 +50,7 @@ from evalkit.defaults import (
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import candidate_strings, unstable
+from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_strings, unstable
 from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.text import drop_covered
 
@@ -635,8 +635,8 @@ class EvalkitLlamaCpp(TemplateLM):
     def _candidates(self, doc: dict) -> tuple[list[str], int]:
         if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
             return [], 0
-        answers = candidate_strings(doc["answers"])
-        return answers + self.lexicon.entries, len(answers)
+        exact = list(dict.fromkeys(candidate_strings(doc["answers"]) + answer_strings(doc.get("answers_full") or [])))
+        return exact + self.lexicon.entries, len(exact)  # answer starts and checkable answers: scored exactly
 
     def _banned_first_ids(self, context: str) -> frozenset[int]:
         if not self.ban_openers:
@@ -675,8 +675,10 @@ class EvalkitLlamaCpp(TemplateLM):
             "entropy": step.entropy,
         }
         if n_answer:
-            answers, openers = cands[:n_answer], cands[n_answer:]
+            answers, openers = candidate_strings(doc["answers"]), cands[n_answer:]
             tokens = step.candidate_tokens
+            if doc.get("answers_full"):
+                metrics["answer_prob"] = answer_prob(step.candidate_probs, answer_strings(doc["answers_full"]), tokens)
             metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers, tokens))
             metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0
             metrics["opener_mass"] = sum(step.candidate_probs[o] for o in drop_covered(openers, tokens))

@@ -52,7 +52,8 @@ from evalkit.defaults import (
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import candidate_strings, unstable
+from evalkit.scoring.firsttoken import answer_strings, candidate_strings, unstable
+from evalkit.scoring.text import drop_covered
 
 ECHO_TOLERANCE = 1e-3  # nats: the echo check's allowance for the server's own float rounding
 ECHO_PROBE = "The capital of France is"  # the echo check's prompt
@@ -185,6 +186,8 @@ class EvalkitServer(LM):
                                              "K logprobs fix it at T = 1 only (--temperature 1)")
             self.unavailable["unstable"] = self.unavailable["top3_mass"]
         self._echo_ok = self._check_echo()
+        if "ft_hit_prob" in self.unavailable:  # answer_prob is read from the same echo
+            self.unavailable["answer_prob"] = self.unavailable["ft_hit_prob"]
         if self.k < MIN_TOP_K:
             self.unavailable["prior_drift"] = (f"the server gives K = {self.k} logprobs; prior_drift's support rule "
                                                f"needs K >= {MIN_TOP_K} (top_logprobs=50 where the server allows it)")
@@ -310,6 +313,10 @@ class EvalkitServer(LM):
             hit = self._ft_hit_prob(context, starts, top)
             if hit is not None:
                 metrics["ft_hit_prob"] = hit
+            if doc.get("answers_full"):  # the same echo, on the checkable answers (text-level covering)
+                prob = self._ft_hit_prob(context, drop_covered(answer_strings(doc["answers_full"])), top)
+                if prob is not None:
+                    metrics["answer_prob"] = prob
             prior = self._prior(context, doc)
             if prior is not None and top:
                 metrics["prior_drift"] = stats.prior_drift({t: math.exp(v) for t, _, v in top}, prior)

@@ -1,6 +1,7 @@
 """The `evalkit` command group: one module per command, errors mapped to exit codes here.
 
-Exit codes: 0 ok; 1 a gate failed or a run failed at run time; 2 bad input.
+Exit codes: 0 ok; 1 a gate failed or a run failed at run time; 2 bad input; 3 the gate
+was inconclusive (printed as `evalkit: gate inconclusive ...`, a verdict, not an error).
 Library code raises `evalkit.errors`; only this package turns those into one
 line on stderr and an exit code. Every command starts by checking the environment
 (`envvars.check_environment`), before it reads or writes anything. Heavy imports
@@ -21,12 +22,14 @@ from evalkit.errors import BadInput, EvalkitError
 class CliError(click.ClickException):
     """An evalkit error on its way out: one line, the error's own exit code."""
 
-    def __init__(self, message: str, exit_code: int) -> None:
+    def __init__(self, message: str, exit_code: int, label: str = "error") -> None:
         super().__init__(message)
         self.exit_code = exit_code  # type: ignore[misc]  # click declares it per class; evalkit's vary per error
+        self.label = label
 
     def show(self, file=None) -> None:
-        click.echo(f"evalkit: error: {self.format_message()}", err=True)
+        label = f"{self.label}: " if self.label else ""  # a verdict (gate inconclusive) is not an error
+        click.echo(f"evalkit: {label}{self.format_message()}", err=True)
 
 
 class EvalkitGroup(click.Group):
@@ -40,7 +43,7 @@ class EvalkitGroup(click.Group):
         except EvalkitError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            raise CliError(str(exc), exc.exit_code) from exc
+            raise CliError(str(exc), exc.exit_code, exc.label) from exc
 
 
 @click.group(cls=EvalkitGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -43,8 +43,10 @@ from typing import Any
 from evalkit.errors import BadInput
 from evalkit.kinds import GateOutcome, RowStatus, RuleKind
 from evalkit.release import paired
-from evalkit.release.rules import OPS, Regression, Rules, Threshold
+from evalkit.release.rules import DEFAULT_RULES, OPS, Regression, Rules, Threshold
 from evalkit.scoring import registry
+
+TWIN_WORDS = "left to its exact twin"  # how a row left to its twin begins (`_twins_speak`)
 
 # the two-sided level of every interval; a fail is one-sided at ALPHA / 2 after Holm
 ALPHA = 0.05
@@ -114,7 +116,11 @@ class Verdict:
         return (f"A fail needs the 95 % interval wholly past its limit and Holm's correction over the "
                 f"{self.family} checks that could fail (family-wise false-fail rate at most {100 * ALPHA / 2:g} %, "
                 "one-sided); a pass needs every check's interval wholly on the right side; anything else is "
-                "inconclusive.")
+                "inconclusive." + (
+                    " Under the default rules a 0/1 check its outcomes cannot decide at this size is left to its "
+                    "exact, continuous twin on the same task when the twin passes (answer_hit to answer_prob); "
+                    "such rows are marked skipped and say so." if any(r.reason.startswith(TWIN_WORDS) for r in self.rows)
+                    else ""))
 
 
 def _value(v: Any) -> float | None:
@@ -165,6 +171,7 @@ def decide(
     n_boot: int = N_BOOT,
     seed: int = 0,
     alpha: float = ALPHA,
+    twins: bool | None = None,
 ) -> Verdict:
     """Check ``candidate`` against ``rules`` (and ``baseline`` for regressions). Pure.
 
@@ -174,6 +181,11 @@ def decide(
 
     Raises ``BadInput`` when there are regression rules but no baseline, or the
     two runs share no prompt at all.
+
+    ``twins`` (default: only under ``DEFAULT_RULES``): a 0/1 regression that its outcomes cannot
+    decide at this size is left to its exact, continuous twin on the same task (the registry's
+    ``twin``: answer_hit -> answer_prob) when the twin's row passes; the 0/1 row is then
+    ``skipped`` and says so (`_twins_speak`).
     """
     rows: list[VerdictRow] = []
     cand_tasks = _metric_tasks(candidate)
@@ -230,6 +242,8 @@ def decide(
                 )
 
     rows, family = _holm(rows, alpha)
+    if twins if twins is not None else rules is DEFAULT_RULES:
+        rows = _twins_speak(rows)
     if any(r.status == "fail" for r in rows):
         outcome: GateOutcome = "fail"
     elif any(r.status == "inconclusive" for r in rows):
@@ -237,6 +251,23 @@ def decide(
     else:
         outcome = "pass"
     return Verdict(outcome=outcome, rows=rows, family=family)
+
+
+def _twins_speak(rows: list[VerdictRow]) -> list[VerdictRow]:
+    """An inconclusive 0/1 regression whose exact twin (registry ``twin``) passes on the same task
+    becomes ``skipped``: the twin's pass speaks for it, and the row says so. (A failing twin fails
+    the gate by itself; the 0/1 row then stays as it was.)"""
+    decided = {(r.task, r.metric): r for r in rows if r.kind == "regression" and r.status == "pass"}
+    out = []
+    for r in rows:
+        known = registry.get(r.metric)
+        twin = decided.get((r.task, known.twin)) if known and known.twin else None
+        if r.kind == "regression" and r.status == "inconclusive" and twin is not None:
+            r = replace(r, status="skipped", reason=(
+                f"{TWIN_WORDS} {twin.metric}, which passes on this task: {r.metric}'s 0/1 "
+                f"outcomes cannot decide at this size ({r.reason})"))
+        out.append(r)
+    return out
 
 
 def _holm(rows: list[VerdictRow], alpha: float) -> tuple[list[VerdictRow], int]:
@@ -254,6 +285,10 @@ def _holm(rows: list[VerdictRow], alpha: float) -> tuple[list[VerdictRow], int]:
 
 
 def _test_reason(word: str, t: paired.Evidence, limit_text: str) -> str:
+    if t.short:  # the method cannot decide on these data, whatever its interval says
+        need = f"; {_prompts(t.decide_n)}" if t.decide_n else ""
+        text = f"{word} {fmt(t.estimate)} ({t.method}, n = {t.n}) against {limit_text}: not decided: {t.short}"
+        return text + (f"; {t.note}" if t.note else "") + need
     side = {"pass": "lies wholly on the right side of", "fail": "lies wholly past",
             "inconclusive": "straddles"}[t.status]
     text = (f"{word} {fmt(t.estimate)} (95 % CI [{fmt(t.lo)}, {fmt(t.hi)}], {t.method}, n = {t.n}) "
@@ -338,7 +373,7 @@ def _threshold_test(run: RunData, task: str, rule: Threshold, value: float, test
     values = [v for (t, _doc), vals in run.samples.items() if t == task
               if (v := _value(vals.get(rule.metric))) is not None]
     alpha = tests["alpha"]
-    if len(values) >= 2:
+    if values:  # one value too: the test then says how many prompts it needs
         if _binary(rule.metric, values):
             return paired.threshold_binary(values, rule.op, rule.value, alpha)
         return paired.threshold_continuous(values, rule.op, rule.value, alpha, tests["n_boot"], tests["seed"])

@@ -34,6 +34,22 @@ from evalkit.scoring.stats import bootstrap_means
 # the most prompts a "would decide it" estimate reports; beyond it the row says "more than"
 MAX_DECIDE_N = 1_000_000
 
+# The fewest prompts (pairs) on which each method may pass or fail a check; below it the check is
+# inconclusive and says how many it needs (docs/gate.md "Too few prompts"). The score intervals
+# (Tango's, Wilson's) keep close to their level from about 10; a percentile bootstrap draws its
+# interval from the sample's own spread and runs narrow on small samples (n − 1 of n in variance,
+# worse on heavy tails such as zh ft_hit_prob), so it waits for 20; values identical on every prompt
+# pass by identity of computation, which one or two prompts cannot show.
+MIN_PROMPTS: dict[str, int] = {
+    "Tango score interval": 10,
+    "Wilson interval": 10,
+    "paired bootstrap": 20,
+    "bootstrap interval": 20,
+    "identical on every prompt": 10,
+    "stored intervals, unpaired": 20,
+    "stored interval": 20,
+}
+
 
 @dataclass(frozen=True)
 class Evidence:
@@ -49,6 +65,27 @@ class Evidence:
     n: int  # prompts (pairs) behind it
     decide_n: int | None = None  # prompts that would decide an inconclusive check; None: none would
     note: str = ""  # extra evidence shown beside it (McNemar's p, the discordant pairs)
+    short: str = ""  # why this method cannot decide on these data (too few prompts, a degenerate interval)
+
+
+def too_little(ev: Evidence) -> Evidence:
+    """``ev`` made inconclusive when it rests on fewer prompts than its method needs (`MIN_PROMPTS`);
+    unchanged otherwise. An undecidable check has no p-value for Holm: it cannot fail.
+
+    >>> t = too_little(Evidence("paired bootstrap", 0.5, 0.5, 0.5, 0.01, "fail", 0.0002, n=1))
+    >>> t.status, t.decide_n, t.short
+    ('inconclusive', 20, 'the paired bootstrap needs at least 20 prompts, this check has 1')
+    """
+    need = MIN_PROMPTS.get(ev.method, 0)
+    if ev.n >= need or ev.short:
+        return ev
+    return degenerate(ev, f"the {ev.method} needs at least {need} prompts, this check has {ev.n}", need)
+
+
+def degenerate(ev: Evidence, why: str, decide_n: int | None = None) -> Evidence:
+    """``ev`` as an inconclusive check that its method cannot decide, with the reason."""
+    return Evidence(method=ev.method, estimate=ev.estimate, lo=ev.lo, hi=ev.hi, limit=ev.limit,
+                    status="inconclusive", p_fail=None, n=ev.n, decide_n=decide_n, note=ev.note, short=why)
 
 
 def _status(excess_lo: float, excess_hi: float) -> CheckStatus:
@@ -162,11 +199,11 @@ def paired_binary(cand: Sequence[float], base: Sequence[float], *, higher_is_bet
     def ci_at(m: float) -> tuple[float, float]:
         return tango_interval(lost * m / n, gained * m / n, m, alpha)
 
-    return Evidence(
+    return too_little(Evidence(
         method="Tango score interval", estimate=est, lo=lo, hi=hi, limit=margin, status=status,
         p_fail=p_fail, n=n, decide_n=_decide_n(status, ci_at, est, margin, n),
         note=f"discordant pairs {lost} lost / {gained} gained, McNemar exact p = {mcnemar_exact_p(lost, gained):.2g}",
-    )
+    ))
 
 
 # --------------------------------------------------------------------- paired continuous
@@ -183,11 +220,18 @@ def paired_continuous(cand: Sequence[float], base: Sequence[float], *, higher_is
     baseline's own noise is part of the interval. The shown interval of the drop is the
     excess's interval shifted by the margin's point value.
 
-    Values identical on every prompt pass: the candidate computes what the baseline did.
+    Values identical on every prompt pass: the candidate computes what the baseline did. Below
+    `MIN_PROMPTS` either way, and when every prompt's excess is one and the same value although
+    the runs differ (a bootstrap interval of width 0 measures no spread), the check is inconclusive.
 
-    >>> t = paired_continuous([0.5, 0.4, 0.3], [0.5, 0.4, 0.3], higher_is_better=True, relative=0.1)
+    >>> t = paired_continuous([0.5, 0.4, 0.3] * 4, [0.5, 0.4, 0.3] * 4, higher_is_better=True, relative=0.1)
     >>> t.status, t.method
     ('pass', 'identical on every prompt')
+    >>> paired_continuous([0.5], [0.9], higher_is_better=True, relative=0.1).status
+    'inconclusive'
+    >>> t = paired_continuous([0.4] * 30, [0.5] * 30, higher_is_better=True, delta=0.05)
+    >>> t.status, t.lo == t.hi, t.short.startswith("every prompt's drop is the same")
+    ('inconclusive', True, True)
     """
     if (delta is None) == (relative is None):
         raise ValueError("paired_continuous: give exactly one of delta and relative")
@@ -198,16 +242,25 @@ def paired_continuous(cand: Sequence[float], base: Sequence[float], *, higher_is
     margin = float(delta) if delta is not None else float(relative) * float(b.mean())  # type: ignore[arg-type]
     est = float(drops.mean())
     if np.all(drops == 0):
-        return Evidence(method="identical on every prompt", estimate=0.0, lo=0.0, hi=0.0, limit=margin,
-                          status="pass", p_fail=1.0, n=n)
+        return too_little(Evidence(method="identical on every prompt", estimate=0.0, lo=0.0, hi=0.0, limit=margin,
+                                   status="pass", p_fail=1.0, n=n))
     excess = drops - (delta if delta is not None else relative * b)  # type: ignore[operator]
     means = bootstrap_means(excess, n_boot, seed)
     e_lo, e_hi = (float(q) for q in np.quantile(means, [alpha / 2, 1 - alpha / 2]))
     p_fail = float((1 + np.count_nonzero(means <= 0)) / (n_boot + 1))
     status = _status(e_lo, e_hi)
     lo, hi = e_lo + margin, e_hi + margin
-    return Evidence(method="paired bootstrap", estimate=est, lo=lo, hi=hi, limit=margin, status=status, p_fail=p_fail,
-                      n=n, decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, margin, n))
+    ev = too_little(Evidence(method="paired bootstrap", estimate=est, lo=lo, hi=hi, limit=margin, status=status,
+                             p_fail=p_fail, n=n, decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, margin, n)))
+    if not ev.short and float(np.ptp(excess)) <= 1e-12 * max(1.0, float(np.abs(excess).max())):  # float noise
+        what = "drop" if delta is not None else f"drop less {relative:g} x its baseline value"
+        ev = degenerate(ev, f"every prompt's {what} is the same value ({fmt_g(float(excess[0]))}) though the runs "
+                            "differ: a bootstrap interval of width 0 measures no spread")
+    return ev
+
+
+def fmt_g(x: float) -> str:
+    return f"{x + 0.0:.4g}"
 
 
 def unpaired_stored(cand: tuple[float, float, float], base: tuple[float, float, float], *,
@@ -222,9 +275,12 @@ def unpaired_stored(cand: tuple[float, float, float], base: tuple[float, float, 
     lo, hi = est - z * se, est + z * se
     p_fail = float(norm.sf((est - margin) / se)) if se > 0 else float(est <= margin)
     status = _status(lo - margin, hi - margin)
-    return Evidence(method="stored intervals, unpaired", estimate=est, lo=lo, hi=hi, limit=margin,
-                      status=status, p_fail=p_fail, n=n,
-                      decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, margin, n))
+    ev = Evidence(method="stored intervals, unpaired", estimate=est, lo=lo, hi=hi, limit=margin,
+                  status=status, p_fail=p_fail, n=n,
+                  decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, margin, n))
+    if se <= 0:
+        return degenerate(ev, "both stored intervals have width 0: no spread to test a drop with")
+    return too_little(ev)
 
 
 # ---------------------------------------------------------------------------- thresholds
@@ -276,8 +332,9 @@ def threshold_binary(values: Sequence[float], op: str, bound: float, alpha: floa
     short = _shortfall(op, p, bound)
     p_fail = float(norm.sf(short / sd)) if sd > 0 else float(short <= 0)
     status = _threshold_status(op, lo, hi, bound)
-    return Evidence(method="Wilson interval", estimate=p, lo=lo, hi=hi, limit=bound, status=status,
-                      p_fail=p_fail, n=n, decide_n=_decide_n(status, lambda m: wilson(p * m, m, alpha), p, bound, n))
+    return too_little(Evidence(method="Wilson interval", estimate=p, lo=lo, hi=hi, limit=bound, status=status,
+                               p_fail=p_fail, n=n,
+                               decide_n=_decide_n(status, lambda m: wilson(p * m, m, alpha), p, bound, n)))
 
 
 def threshold_continuous(values: Sequence[float], op: str, bound: float, alpha: float = 0.05,
@@ -292,8 +349,9 @@ def threshold_continuous(values: Sequence[float], op: str, bound: float, alpha: 
     # p of "the bound is met": the share of resampled means on the right side
     p_fail = float((1 + np.count_nonzero(~wrong)) / (n_boot + 1))
     status = _threshold_status(op, lo, hi, bound)
-    return Evidence(method="bootstrap interval", estimate=est, lo=lo, hi=hi, limit=bound, status=status,
-                      p_fail=p_fail, n=n, decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, bound, n))
+    return too_little(Evidence(method="bootstrap interval", estimate=est, lo=lo, hi=hi, limit=bound, status=status,
+                               p_fail=p_fail, n=n,
+                               decide_n=_decide_n(status, _normal_ci_at(est, lo, hi, n), est, bound, n)))
 
 
 def threshold_stored(value: float, lo: float, hi: float, op: str, bound: float, n: int | None) -> Evidence:
@@ -306,8 +364,11 @@ def threshold_stored(value: float, lo: float, hi: float, op: str, bound: float, 
     p_fail = float(norm.sf(short / se)) if se > 0 else float(short <= 0)
     status = _threshold_status(op, lo, hi, bound)
     m = n or 0
-    return Evidence(method="stored interval", estimate=value, lo=lo, hi=hi, limit=bound, status=status,
-                      p_fail=p_fail, n=m, decide_n=_decide_n(status, _normal_ci_at(value, lo, hi, m), value, bound, m))
+    ev = Evidence(method="stored interval", estimate=value, lo=lo, hi=hi, limit=bound, status=status,
+                  p_fail=p_fail, n=m, decide_n=_decide_n(status, _normal_ci_at(value, lo, hi, m), value, bound, m))
+    if se <= 0:
+        return degenerate(ev, "the stored interval has width 0: no spread to test the value with")
+    return too_little(ev) if n else ev  # an interval stored without its count: its own method's word
 
 
 # ------------------------------------------------------------------- prompts to decide

@@ -18,7 +18,7 @@ from typing import Any
 from evalkit.contract import FirstStepResult, response_text
 from evalkit.defaults import UNSTABLE_BELOW
 from evalkit.scoring.answers import answer_hit
-from evalkit.scoring.text import first_word, is_cjk, matched_start
+from evalkit.scoring.text import drop_covered, first_word, is_cjk, matched_start
 
 
 def ft_hit(response: str, starts: Sequence[str]) -> float:
@@ -104,6 +104,41 @@ def candidate_strings(starts: Sequence[str]) -> list[str]:
             continue
         out.append(s if any(is_cjk(c) for c in s) else s.split()[0])
     return list(dict.fromkeys(out))
+
+
+def answer_strings(answers_full: Sequence[str]) -> list[str]:
+    """The strings whose probability makes `answer_prob` (docs/metrics.md §1.7): each checkable answer
+    whole, as given and with its first letter in upper case (the two ways a response begins with it;
+    answer_hit ignores case), deduplicated.
+
+    >>> answer_strings(["six", "6", "George Washington", "华盛顿", " "])
+    ['six', 'Six', '6', 'George Washington', '华盛顿']
+    """
+    out = []
+    for s in answers_full:
+        s = s.strip()
+        if s:
+            out += [s, s[0].upper() + s[1:]]
+    return list(dict.fromkeys(out))
+
+
+def answer_prob(probs: dict[str, float], strings: Sequence[str], tokens: dict[str, list[int]] | None = None) -> float:
+    """P(response begins with a checkable answer): the teacher-forced probabilities of `strings`
+    (`answer_strings`), summed over those no other string covers (`text.drop_covered`), as
+    ft_hit_prob sums the accepted starts. A string without a probability is an error, never a 0.
+
+    >>> answer_prob({"six": 0.125, "Six": 0.25, "6": 0.5}, ["six", "Six", "6"])
+    0.875
+    >>> answer_prob({"Paris": 0.5, "Paris, France": 0.1}, ["Paris", "Paris, France"], {"Paris": [7], "Paris, France": [7, 2, 9]})
+    0.5
+    """
+    if not strings:
+        raise ValueError("answer_prob needs at least one answer string")
+    kept = drop_covered(strings, tokens)
+    missing = [s for s in kept if s not in probs]
+    if missing:
+        raise KeyError(f"answer_prob: no probability for {missing!r}")
+    return sum(probs[s] for s in kept)
 
 
 def score(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> dict[str, float]:

@@ -70,6 +70,9 @@ class Metric:
     lo: float = 0.0  # the range of the aggregate (hi None: unbounded)
     hi: float | None = 1.0
     margin: Margin | None = None  # the gate's default tolerated drop; None: a rule must give one
+    # a 0/1 metric's exact, continuous twin (answer_hit -> answer_prob): under the default rules its
+    # decided row speaks for this one's where the 0/1 outcomes cannot decide at the run's size
+    twin: str | None = None
 
     @property
     def arrow(self) -> str:
@@ -90,7 +93,7 @@ class Metric:
 
 _METRICS = (  # in the order the report and `evalkit metrics` list them
     Metric("ft_hit", "text", True, "the response's first word (first k characters for CJK) is an accepted answer start",
-           per_sample=True, binary=True, margin=_SHARE_MARGIN),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="ft_hit_prob"),
     Metric("ft_hit_prob", "distribution", True,
            "P(response begins with an accepted start): teacher-forced product over its tokens in context, "
            "summed over the starts", unit="probability", per_sample=True,
@@ -101,7 +104,7 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            "the most likely first token is the first token of an accepted start", per_sample=True, binary=True,
            margin=_SHARE_MARGIN),
     Metric("opener_rate", "text", False, "the response begins with an entry of the opener lexicon (Sure, 好的 ...)",
-           per_sample=True, binary=True, margin=_SHARE_MARGIN),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="opener_mass"),
     Metric("opener_mass", "distribution", False,
            "P(response begins with an opener of the lexicon), summed over the entries", unit="probability",
            per_sample=True, margin=Margin("relative", 0.25, "a small probability (0-0.05 on the default model): "
@@ -124,7 +127,14 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            per_sample=True),
     Metric("answer_hit", "text", True,
            "the whole answer is right: a checkable answer (answers_full) occurs in the greedy continuation",
-           per_sample=True, binary=True, margin=_SHARE_MARGIN),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="answer_prob"),
+    Metric("answer_prob", "distribution", True,
+           "P(response begins with a checkable answer, answers_full): teacher-forced product over its tokens "
+           "in context, summed over the answers; the exact, continuous twin of answer_hit", unit="probability",
+           per_sample=True,
+           margin=Margin("relative", 0.10, "a probability whose scale depends on the model, as ft_hit_prob's: "
+                         "keeping 90 % of the baseline's mass; exact per prompt, so a benign change decides at "
+                         "100 prompts a task where answer_hit's 0/1 outcomes cannot (docs/gate.md)")),
     Metric("ft_answer_mismatch", "distribution", False,
            "the first token and the whole answer disagree: ft_token_hit differs from answer_hit",
            per_sample=True, binary=True),
@@ -188,8 +198,10 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
 
 # the metrics the gate's default rules check, each under its registered margin
-HEADLINE_METRICS = ("ft_hit", "ft_hit_prob", "answer_hit", "opener_rate", "opener_mass", "needle_recall")
+HEADLINE_METRICS = ("ft_hit", "ft_hit_prob", "answer_hit", "answer_prob", "opener_rate", "opener_mass",
+                    "needle_recall")
 assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric without a default margin"
+assert all(METRICS[t].per_sample and not METRICS[t].binary for m in METRICS.values() if (t := m.twin)), "a bad twin"
 _FAMILIES = {m.family: m for m in _METRICS if m.family}
 
 # first-token signals whose AUROC against answer_hit is reported (lead_auroc.{S}), in table order

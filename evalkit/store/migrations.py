@@ -596,6 +596,13 @@ def m018_engine(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m020_answer_prob(con: duckdb.DuckDBPyConnection) -> None:
+    # answer_prob (docs/metrics.md §1.7): the model's teacher-forced probability that its response
+    # begins with a checkable answer (answers_full), the exact, continuous twin of answer_hit that
+    # the gate can decide on a CI-sized run (docs/gate.md). Runs from before it hold NULL.
+    con.execute("ALTER TABLE samples ADD COLUMN answer_prob DOUBLE")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -618,4 +625,5 @@ MIGRATIONS: list[Migration] = [
     m017_db_identity,
     m019_drift_by_position,
     m018_engine,  # after m019: appended in the order it was written
+    m020_answer_prob,
 ]
