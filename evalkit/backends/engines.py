@@ -26,6 +26,8 @@ from evalkit.defaults import (
 )
 from evalkit.errors import BadInput
 
+MAX_RUN_TIMEOUT_S = 30 * 86400  # a run's deadline (--model server run_timeout=): up to 30 days
+
 # (engine, option) -> why the engine refuses it; the message every refusal prints
 REFUSALS = {
     ("llama.cpp", "--quant"): "the --quant variants re-quantize weights inside transformers; llama.cpp runs the GGUF's "
@@ -54,7 +56,8 @@ SERVER_ARGS = {"base_url": "the server's OpenAI API root, e.g. http://127.0.0.1:
                                "the OpenAI cap)",
                "concurrency": f"parallel requests (default {DEFAULT_SERVER_CONCURRENCY})",
                "retries": f"tries after a failed request (default {DEFAULT_SERVER_RETRIES})",
-               "timeout": f"seconds per request (default {DEFAULT_SERVER_TIMEOUT_S})",
+               "timeout": f"seconds a request may take, all of it (default {DEFAULT_SERVER_TIMEOUT_S})",
+               "run_timeout": "seconds every request of the run may take together (default: no limit)",
                "answer_max_tokens": f"how far a prompt with checkable answers is continued "
                                     f"(default {DEFAULT_ANSWER_TOKENS})",
                "repeat_penalty": "sent as llama.cpp servers' repeat_penalty (1: none; llama-cpp-python's default 1.1)"}
@@ -228,6 +231,11 @@ def resolve_server(backend: Backend, model_type: str, args: dict[str, Any], *, q
         _whole(args, key, lo, hi)
     args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
     _whole(args, "answer_max_tokens", 0, 4096)
+    run_timeout = args.get("run_timeout")
+    if run_timeout is not None and (isinstance(run_timeout, bool) or not isinstance(run_timeout, (int, float))
+                                    or not 0 < run_timeout <= MAX_RUN_TIMEOUT_S):
+        raise BadInput(f"--model-args run_timeout must be a number of seconds above 0 and at most "
+                       f"{MAX_RUN_TIMEOUT_S}, got {run_timeout!r}")
     tok = args.get("tokenizer")
     if tok is None:
         raise BadInput(f"--model {model_type} needs --model-args tokenizer=PATH (a .gguf file or tokenizer folder): "
