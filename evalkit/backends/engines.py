@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.backends import Backend, kvcache
-from evalkit.backends.llamacpp_engine import DEFAULT_KV
+from evalkit.backends.llamacpp_engine import DEFAULT_KV, context_refusal
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_SERVER_CONCURRENCY,
@@ -41,7 +41,7 @@ REFUSALS = {
     ("openai-server", "--ban-openers"): "the first step is the server's: evalkit cannot mask it",
 }
 LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretrained": "a folder, with gguf_file=",
-                 "gguf_file": "the .gguf file in pretrained=", "n_ctx": "context cells (default: the model's, <= 8192)",
+                 "gguf_file": "the .gguf file in pretrained=", "n_ctx": "context cells (default: the model's, <= 8192; at least 256)",
                  "n_threads": "CPU threads (default: the usable cores)",
                  "prompt_batch": "prompts sharing one prefill and decoding loop (default 1: each as one request)",
                  "flash_attn": "llama.cpp's flash attention (default false; q8_0/q4_0 caches switch it on)",
@@ -188,7 +188,10 @@ def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *,
     if not path.is_file():
         raise BadInput(f"GGUF file not found: {path}")
     file_type = gguf_file_type(path)
-    _whole(args, "n_ctx", 16, 1 << 20)
+    _whole(args, "n_ctx", 1, 1 << 20)
+    why = context_refusal(args["n_ctx"]) if "n_ctx" in args else None
+    if why:
+        raise BadInput(f"--model-args n_ctx: {why}")
     _whole(args, "n_threads", 1, 1024)
     _whole(args, "prompt_batch", 1, 64)
     args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)

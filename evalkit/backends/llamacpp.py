@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from evalkit.backends import engine as hf_engine
-from evalkit.backends import kvcache
+from evalkit.backends import kvcache, validate
 from evalkit.backends.llamacpp_engine import DEFAULT_KV, SEQ_MAX, LlamaCppEngine, log_softmax
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
@@ -685,7 +686,7 @@ class EvalkitLlamaCpp(TemplateLM):
                 p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
                 metrics["prior_drift"] = stats.prior_drift(p, prior)
         first_id = step.response_ids[0] if step.response_ids else None
-        return FirstStepResult(
+        result = FirstStepResult(
             text=text,
             first_token_id=first_id,
             first_token=self.tok_decode([first_id]) if first_id is not None else "",
@@ -696,3 +697,5 @@ class EvalkitLlamaCpp(TemplateLM):
             answer_text=self.tok_decode(step.answer_ids) if step.answer_ids else None,
             units=step.units,
         )
+        shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
+        return validate.check_result(result, source=f"llama.cpp ({Path(self.eng.path).name})", prompt=shown)
