@@ -133,7 +133,7 @@ def test_arbitrary_bodies_and_statuses(served, body, status):
     _end(lm)
 
 
-@fuzz(30, deadline_s=TIMEOUT + 2 * SLACK)
+@fuzz(20, deadline_s=TIMEOUT + 2 * SLACK)
 @given(data=st.data(),
        length=st.one_of(st.none(), st.integers(-5, 400).map(str), st.sampled_from(["abc", "", "1e3", "99999999999"])),
        extra=st.dictionaries(st.sampled_from(["Content-Type", "Transfer-Encoding", "Content-Encoding", "X-Odd"]),
