@@ -51,3 +51,38 @@ def test_the_cli_says_one_line_and_exits_2(default_model_available, tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("evalkit: error: --model-args n_ctx: llama.cpp needs n_ctx >= 256")
     assert not db.exists()
+
+
+def test_prompts_whose_trie_does_not_fit_are_refused_before_any_is_computed(default_model_available, invoke,
+                                                                             tmp_path):
+    # n_ctx=256 passes the load; the default prompts need ~460-520 cells (prompt + the trie of the
+    # answers and the opener lexicon + the answer): refused at once, not after minutes of work
+    # (measured before: 8.5 min on a loaded 2-core machine, then "llama_decode failed (code 1)")
+    import time
+
+    db = tmp_path / "runs.duckdb"
+    t0 = time.monotonic()
+    res = invoke("run", "--model", "llamacpp", "--model-args", "n_ctx=256", "--tasks", "firsttoken_en", "--limit", 2,
+                 "--db", db)
+    assert res.exit_code == 2, res.output
+    errors = [line for line in res.stderr.splitlines() if "evalkit: error: " in line]
+    assert len(errors) == 1 and "Traceback" not in res.stderr
+    assert "2 prompts do not fit llama.cpp's context of n_ctx=256 cells" in errors[0]
+    assert "en-0001 (" in errors[0] and "raise --model-args n_ctx" in errors[0]
+    assert time.monotonic() - t0 < 120
+
+
+def test_cells_needed_counts_the_trie_of_every_candidate(default_model_available):
+    from evalkit.backends.llamacpp import EvalkitLlamaCpp, candidate_ids
+
+    lm = EvalkitLlamaCpp(str(default_model_dir() / DEFAULT_GGUF), n_ctx=1024)
+    context = lm.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    doc = {"kind": "firsttoken", "prompt": "What is the capital of France?", "answers": ["Paris"]}
+    ids = lm.eng.tokenize(context)
+    cands, _ = lm._candidates(doc)
+    prefixes = set()
+    for c in cands:
+        toks = candidate_ids(lm.eng, context, c, ids)
+        prefixes |= {tuple(toks[:d]) for d in range(1, len(toks) + 1)}
+    assert lm.cells_needed(context, doc, 8) == len(ids) + len(prefixes) + 8
+    assert len(prefixes) > 100  # the opener lexicon's trie dominates

@@ -557,7 +557,45 @@ class EvalkitLlamaCpp(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
         return out
 
+    def cells_needed(self, context: str, doc: dict, max_new: int) -> int:
+        """KV cells one greedy prompt can hold at once, at most: its tokens, the trie of its candidate
+        strings (every distinct token prefix, each a cell while the trie is fed) and its continuation."""
+        ids = self.eng.tokenize(context)
+        cands, _ = self._candidates(doc)
+        nodes = {tuple(toks[:d]) for c in cands for toks in [candidate_ids(self.eng, context, c, ids)]
+                 for d in range(1, len(toks) + 1)}
+        answer = max(max_new, self.answer_max_tokens) if doc.get("answers_full") else max_new
+        return len(ids) + len(nodes) + answer
+
+    def _check_fit(self, requests) -> None:
+        """Refuse (BadInput, before any prompt is computed) greedy prompts whose cells (`cells_needed`)
+        exceed the context: llama.cpp would stop on them mid-run with its context full."""
+        too_big = []
+        lexicon = sum(len(self.eng.tokenize(e, special=False)) + 1 for e in self.lexicon.entries)
+        for req in requests:
+            gen = req.args[1]
+            if gen.get("do_sample"):
+                continue
+            context, doc, max_new = req.args[0], req.doc or {}, int(gen.get("max_gen_toks", self.max_gen_toks))
+            # a bound first (every candidate's tokens alone, one more for a merge at the prompt's end),
+            # the exact trie only where the bound does not fit
+            cands, n_answers = self._candidates(doc)
+            bound = (len(self.eng.tokenize(context)) + max(max_new, self.answer_max_tokens)
+                     + sum(len(self.eng.tokenize(c, special=False)) + 1 for c in cands[:n_answers])
+                     + (lexicon if cands else 0))
+            if bound <= self.eng.n_ctx:
+                continue
+            need = self.cells_needed(context, doc, max_new)
+            if need > self.eng.n_ctx:
+                too_big.append(f"{(req.doc or {}).get('id', req.idx)} ({need} cells)")
+        if too_big:
+            more = f" and {len(too_big) - 5} more" if len(too_big) > 5 else ""
+            raise BadInput(f"{len(too_big)} prompts do not fit llama.cpp's context of n_ctx={self.eng.n_ctx} cells "
+                           f"with the trie of their candidate strings and their answer: {', '.join(too_big[:5])}"
+                           f"{more}; raise --model-args n_ctx")
+
     def generate_until(self, requests, disable_tqdm: bool = False):
+        self._check_fit(requests)
         out: list[Any] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc="first-token probe (llama.cpp)", disable=disable_tqdm)
         groups: dict[str, list[int]] = {}
