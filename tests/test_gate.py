@@ -1,6 +1,7 @@
 """evalkit.release: pure-logic tests of rules parsing, decide() and the verdict's renderings."""
 
 import copy
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from evalkit.errors import BadInput
 from evalkit.release.decide import RunData, decide
 from evalkit.release.render import to_junit, to_markdown
+from evalkit.scoring import registry
 from evalkit.release.rules import DEFAULT_RULES, HEADLINE_METRICS, Regression, Rules, Threshold, load_rules, parse_rules
 
 
@@ -188,18 +190,30 @@ def test_regression_higher_is_better_direction_drops_fail():
     assert not decide(base, up, REG).passed
 
 
-def test_higher_is_better_override_flips_direction():
+def test_higher_is_better_gives_an_unknown_metric_its_direction():
     rules = parse_rules(
-        {"regressions": {"opener_rate": 0.02}, "higher_is_better": {"opener_rate": True}}
+        {"regressions": {"my_metric": 0.02}, "higher_is_better": {"my_metric": False}}
     )
-    base = make_run("base", {"t": hits(200, 60, "opener_rate")})
-    fewer = make_run("fewer", {"t": hits(200, 20, "opener_rate")})
-    assert not decide(fewer, base, rules).passed
+    base = make_run("base", {"t": hits(200, 20, "my_metric")})
+    more = make_run("more", {"t": hits(200, 60, "my_metric")})
+    assert not decide(more, base, rules).passed
+    assert decide(base, more, rules).passed
     per_task = parse_rules(
-        {"regressions": {"ft_hit": 0.02}, "higher_is_better": {"t/ft_hit": False}}
+        {"regressions": {"my_metric": 0.02}, "higher_is_better": {"t/my_metric": False}}
     )
-    assert per_task.is_higher_better("t", "ft_hit") is False
-    assert per_task.is_higher_better("u", "ft_hit") is True
+    assert per_task.is_higher_better("t", "my_metric") is False
+    assert per_task.is_higher_better("u", "my_metric") is True
+
+
+@pytest.mark.parametrize("key", ["ft_hit", "t/ft_hit", "opener_rate", "needle_recall@depth0.5"])
+def test_higher_is_better_never_flips_a_known_metric(key):
+    # issue 36 class 9: {ft_hit: false} let a total loss pass
+    metric = key.rpartition("/")[2]
+    flipped = not registry.higher_is_better(metric)
+    with pytest.raises(BadInput, match=rf"higher_is_better\.{re.escape(key)}: evalkit knows {re.escape(metric)} as"):
+        parse_rules({"regressions": {metric: 0.02}, "higher_is_better": {key: flipped}})
+    # stating the known direction changes nothing and is accepted
+    parse_rules({"regressions": {metric: 0.02}, "higher_is_better": {key: not flipped}})
 
 
 def test_regression_metric_neither_run_has_is_skipped():

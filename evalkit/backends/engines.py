@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.backends import Backend, kvcache
-from evalkit.backends.llamacpp_engine import DEFAULT_KV
+from evalkit.backends.llamacpp_engine import DEFAULT_KV, context_refusal
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_SERVER_CONCURRENCY,
@@ -25,6 +25,8 @@ from evalkit.defaults import (
     DEFAULT_TOLERANCE,
 )
 from evalkit.errors import BadInput
+
+MAX_RUN_TIMEOUT_S = 30 * 86400  # a run's deadline (--model server run_timeout=): up to 30 days
 
 # (engine, option) -> why the engine refuses it; the message every refusal prints
 REFUSALS = {
@@ -39,7 +41,7 @@ REFUSALS = {
     ("openai-server", "--ban-openers"): "the first step is the server's: evalkit cannot mask it",
 }
 LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretrained": "a folder, with gguf_file=",
-                 "gguf_file": "the .gguf file in pretrained=", "n_ctx": "context cells (default: the model's, <= 8192)",
+                 "gguf_file": "the .gguf file in pretrained=", "n_ctx": "context cells (default: the model's, <= 8192; at least 256)",
                  "n_threads": "CPU threads (default: the usable cores)",
                  "prompt_batch": "prompts sharing one prefill and decoding loop (default 1: each as one request)",
                  "flash_attn": "llama.cpp's flash attention (default false; q8_0/q4_0 caches switch it on)",
@@ -54,7 +56,8 @@ SERVER_ARGS = {"base_url": "the server's OpenAI API root, e.g. http://127.0.0.1:
                                "the OpenAI cap)",
                "concurrency": f"parallel requests (default {DEFAULT_SERVER_CONCURRENCY})",
                "retries": f"tries after a failed request (default {DEFAULT_SERVER_RETRIES})",
-               "timeout": f"seconds per request (default {DEFAULT_SERVER_TIMEOUT_S})",
+               "timeout": f"seconds a request may take, all of it (default {DEFAULT_SERVER_TIMEOUT_S})",
+               "run_timeout": "seconds every request of the run may take together (default: no limit)",
                "answer_max_tokens": f"how far a prompt with checkable answers is continued "
                                     f"(default {DEFAULT_ANSWER_TOKENS})",
                "repeat_penalty": "sent as llama.cpp servers' repeat_penalty (1: none; llama-cpp-python's default 1.1)"}
@@ -185,7 +188,10 @@ def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *,
     if not path.is_file():
         raise BadInput(f"GGUF file not found: {path}")
     file_type = gguf_file_type(path)
-    _whole(args, "n_ctx", 16, 1 << 20)
+    _whole(args, "n_ctx", 1, 1 << 20)
+    why = context_refusal(args["n_ctx"]) if "n_ctx" in args else None
+    if why:
+        raise BadInput(f"--model-args n_ctx: {why}")
     _whole(args, "n_threads", 1, 1024)
     _whole(args, "prompt_batch", 1, 64)
     args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
@@ -228,6 +234,11 @@ def resolve_server(backend: Backend, model_type: str, args: dict[str, Any], *, q
         _whole(args, key, lo, hi)
     args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
     _whole(args, "answer_max_tokens", 0, 4096)
+    run_timeout = args.get("run_timeout")
+    if run_timeout is not None and (isinstance(run_timeout, bool) or not isinstance(run_timeout, (int, float))
+                                    or not 0 < run_timeout <= MAX_RUN_TIMEOUT_S):
+        raise BadInput(f"--model-args run_timeout must be a number of seconds above 0 and at most "
+                       f"{MAX_RUN_TIMEOUT_S}, got {run_timeout!r}")
     tok = args.get("tokenizer")
     if tok is None:
         raise BadInput(f"--model {model_type} needs --model-args tokenizer=PATH (a .gguf file or tokenizer folder): "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +38,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from evalkit.backends import engine as hf_engine
-from evalkit.backends import kvcache
+from evalkit.backends import kvcache, validate
 from evalkit.backends.llamacpp_engine import DEFAULT_KV, SEQ_MAX, LlamaCppEngine, log_softmax
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
@@ -556,7 +557,45 @@ class EvalkitLlamaCpp(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
         return out
 
+    def cells_needed(self, context: str, doc: dict, max_new: int) -> int:
+        """KV cells one greedy prompt can hold at once, at most: its tokens, the trie of its candidate
+        strings (every distinct token prefix, each a cell while the trie is fed) and its continuation."""
+        ids = self.eng.tokenize(context)
+        cands, _ = self._candidates(doc)
+        nodes = {tuple(toks[:d]) for c in cands for toks in [candidate_ids(self.eng, context, c, ids)]
+                 for d in range(1, len(toks) + 1)}
+        answer = max(max_new, self.answer_max_tokens) if doc.get("answers_full") else max_new
+        return len(ids) + len(nodes) + answer
+
+    def _check_fit(self, requests) -> None:
+        """Refuse (BadInput, before any prompt is computed) greedy prompts whose cells (`cells_needed`)
+        exceed the context: llama.cpp would stop on them mid-run with its context full."""
+        too_big = []
+        lexicon = sum(len(self.eng.tokenize(e, special=False)) + 1 for e in self.lexicon.entries)
+        for req in requests:
+            gen = req.args[1]
+            if gen.get("do_sample"):
+                continue
+            context, doc, max_new = req.args[0], req.doc or {}, int(gen.get("max_gen_toks", self.max_gen_toks))
+            # a bound first (every candidate's tokens alone, one more for a merge at the prompt's end),
+            # the exact trie only where the bound does not fit
+            cands, n_answers = self._candidates(doc)
+            bound = (len(self.eng.tokenize(context)) + max(max_new, self.answer_max_tokens)
+                     + sum(len(self.eng.tokenize(c, special=False)) + 1 for c in cands[:n_answers])
+                     + (lexicon if cands else 0))
+            if bound <= self.eng.n_ctx:
+                continue
+            need = self.cells_needed(context, doc, max_new)
+            if need > self.eng.n_ctx:
+                too_big.append(f"{(req.doc or {}).get('id', req.idx)} ({need} cells)")
+        if too_big:
+            more = f" and {len(too_big) - 5} more" if len(too_big) > 5 else ""
+            raise BadInput(f"{len(too_big)} prompts do not fit llama.cpp's context of n_ctx={self.eng.n_ctx} cells "
+                           f"with the trie of their candidate strings and their answer: {', '.join(too_big[:5])}"
+                           f"{more}; raise --model-args n_ctx")
+
     def generate_until(self, requests, disable_tqdm: bool = False):
+        self._check_fit(requests)
         out: list[Any] = [None] * len(requests)
         bar = tqdm(total=len(requests), desc="first-token probe (llama.cpp)", disable=disable_tqdm)
         groups: dict[str, list[int]] = {}
@@ -687,7 +726,7 @@ class EvalkitLlamaCpp(TemplateLM):
                 p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
                 metrics["prior_drift"] = stats.prior_drift(p, prior)
         first_id = step.response_ids[0] if step.response_ids else None
-        return FirstStepResult(
+        result = FirstStepResult(
             text=text,
             first_token_id=first_id,
             first_token=self.tok_decode([first_id]) if first_id is not None else "",
@@ -698,3 +737,5 @@ class EvalkitLlamaCpp(TemplateLM):
             answer_text=self.tok_decode(step.answer_ids) if step.answer_ids else None,
             units=step.units,
         )
+        shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
+        return validate.check_result(result, source=f"llama.cpp ({Path(self.eng.path).name})", prompt=shown)

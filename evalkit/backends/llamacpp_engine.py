@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evalkit.errors import BadInput
+
 # --kv-cache ggml:TYPE -> llama.cpp's ggml_type of the K and V cache (`full` is f32: nothing rounded)
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
 DEFAULT_KV = "f16"  # llama.cpp's own default cache type, as deployed
@@ -60,6 +62,30 @@ def _silence(llama_cpp) -> None:
 
         _QUIET = _drop
         llama_cpp.llama_log_set(_QUIET, ctypes.c_void_p(0))
+
+
+MIN_N_CTX = SEQ_MAX  # the smallest context this engine can create (`context_refusal`)
+
+
+def context_refusal(n_ctx: int, n_batch: int = N_BATCH) -> str | None:
+    """Why llama.cpp cannot create this engine's context of `n_ctx` cells, None when it can.
+
+    The engine asks for SEQ_MAX sequences (a trie's leaves share one batch), and llama.cpp reserves
+    an output row per sequence in a batch of min(n_ctx, n_batch) tokens: fewer tokens than sequences
+    ends the process in GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max), not in an error.
+
+    >>> context_refusal(256), context_refusal(64)[:40]
+    (None, 'llama.cpp needs n_ctx >= 256 here (got 6')
+    """
+    if min(n_ctx, n_batch) < SEQ_MAX:
+        return (f"llama.cpp needs n_ctx >= {SEQ_MAX} here (got {n_ctx}): the engine holds up to {SEQ_MAX} "
+                f"sequences (a trie's leaves) and llama.cpp keeps an output row for each in a batch of at most "
+                f"n_ctx tokens")
+    return None
+
+
+class ContextFull(BadInput):
+    """The context has no room for a batch: n_ctx too small for a prompt, its candidate strings and its answer."""
 
 
 @dataclass(frozen=True)
@@ -102,12 +128,13 @@ class LlamaCppEngine:
         self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.n_ctx_train = int(llama_cpp.llama_model_n_ctx_train(self.model))
         self.n_threads = int(n_threads or threads())
-        self.n_batch = int(n_batch)
+        self.n_batch = int(n_batch)  # cut to n_ctx below, as llama.cpp cuts it (a decode never takes more)
         self.flash_attn_asked = bool(flash_attn)
         self.flash_attn = False
         self.ctx = None
         self.kv_type = ""
         self.n_ctx = int(n_ctx or min(self.n_ctx_train or DEFAULT_N_CTX, DEFAULT_N_CTX))
+        self.n_batch = min(self.n_batch, self.n_ctx)
         if not vocab_only:
             self.set_kv_type(kv_type)
         self._pieces: dict[tuple[int, bool], bytes] = {}
@@ -129,6 +156,9 @@ class LlamaCppEngine:
         if self.ctx is not None:
             lib.llama_free(self.ctx)
             self.ctx = None
+        why = context_refusal(self.n_ctx, self.n_batch)
+        if why:  # llama.cpp would abort the process (GGML_ASSERT), not return an error
+            raise ValueError(why)
         cparams = lib.llama_context_default_params()
         cparams.n_ctx = self.n_ctx
         cparams.n_batch = self.n_batch
@@ -235,6 +265,9 @@ class LlamaCppEngine:
             rc = lib.llama_decode(self.ctx, batch)
         finally:
             lib.llama_batch_free(batch)
+        if rc == 1:  # llama.cpp: no KV slot for the batch
+            raise ContextFull(f"llama.cpp's context of {self.n_ctx} cells is full: a prompt, the trie of its "
+                              f"candidate strings and its answer need more; raise --model-args n_ctx")
         if rc != 0:
             raise RuntimeError(f"llama_decode failed (code {rc}) on a batch of {n} tokens "
                                f"(context of {self.n_ctx} cells)")

@@ -26,11 +26,13 @@ with the tokenizer's template, and sent as text), score text, or store.
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,7 +52,8 @@ from evalkit.defaults import (
     MIN_TOP_K,
 )
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
-from evalkit.errors import BadInput
+from evalkit.backends import validate
+from evalkit.errors import BadInput, RunFailed
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import answer_strings, candidate_strings, unstable
 from evalkit.scoring.text import drop_covered
@@ -60,43 +63,177 @@ ECHO_PROBE = "The capital of France is"  # the echo check's prompt
 CONTENT_FREE = ("N/A", "", "…", "无")
 
 
-class ServerError(RuntimeError):
-    """The server did not answer a request after every retry."""
+MAX_RESPONSE_BYTES = 64 << 20  # one completion's JSON; a server sending more is refused, not read on
+
+
+class ServerError(RunFailed):
+    """The server did not answer a request in time after every retry, or answered something that is not
+    an OpenAI-compatible answer; the message is one line saying what the server did."""
 
 
 class Client:
     """POSTs to an OpenAI-compatible API root, each request retried `retries` times (1 s, 2 s, 4 s ...
-    apart) on a connection error, a timeout, HTTP 429 or 5xx; another HTTP error is final."""
+    apart) on a connection error, a timeout, HTTP 429 or 5xx; another HTTP error is final.
 
-    def __init__(self, base_url: str, *, timeout: float = 120, retries: int = 3) -> None:
+    `timeout` is a deadline for the whole request (connect, headers and body), not per socket read: a
+    watchdog shuts the socket when it passes, so a server trickling one byte every 0.5 s cannot hold a
+    request past it. `run_timeout` (None: none) is a deadline for every request of the run together,
+    counted from the client's creation; no request or retry starts after it, and none runs past it.
+    Answers are JSON of at most `MAX_RESPONSE_BYTES`, with no object key given twice."""
+
+    def __init__(self, base_url: str, *, timeout: float = 120, retries: int = 3,
+                 run_timeout: float | None = None) -> None:
         self.base = base_url.rstrip("/")
         self.timeout = float(timeout)
         self.retries = int(retries)
+        self.run_timeout = None if run_timeout is None else float(run_timeout)
+        self.run_deadline = None if run_timeout is None else time.monotonic() + float(run_timeout)
 
-    def get(self, path: str) -> dict:
-        return self._call(urllib.request.Request(self.base + path, method="GET"))
+    def get(self, path: str) -> Any:
+        return self._call("GET", path, None)
 
-    def post(self, path: str, body: dict) -> dict:
-        data = json.dumps(body).encode()
-        return self._call(urllib.request.Request(self.base + path, data=data, method="POST",
-                                                 headers={"Content-Type": "application/json"}))
+    def post(self, path: str, body: dict) -> Any:
+        return self._call("POST", path, json.dumps(body).encode())
 
-    def _call(self, request: urllib.request.Request) -> dict:
-        last: Exception | None = None
+    def _left(self, url: str) -> float:
+        """Seconds this request may take: the per-request timeout, cut to what the run has left."""
+        if self.run_deadline is None:
+            return self.timeout
+        left = self.run_deadline - time.monotonic()
+        if left <= 0:
+            raise ServerError(f"{url}: the run's deadline passed (--model-args run_timeout={self.run_timeout:g} s)")
+        return min(self.timeout, left)
+
+    def _call(self, method: str, path: str, data: bytes | None) -> Any:
+        url = self.base + path
+        last = ""
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(min(2.0 ** (attempt - 1), 30.0))
+                pause = min(2.0 ** (attempt - 1), 30.0)
+                if self.run_deadline is not None:
+                    pause = min(pause, max(0.0, self.run_deadline - time.monotonic()))
+                time.sleep(pause)
+            budget = self._left(url)
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                    return json.loads(resp.read().decode("utf-8"))
-            except urllib.error.HTTPError as exc:
-                body = exc.read().decode("utf-8", "replace")[:300]
-                if exc.code != 429 and exc.code < 500:
-                    raise ServerError(f"{request.full_url}: HTTP {exc.code}: {body}") from None
-                last = exc
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last = exc
-        raise ServerError(f"{request.full_url}: no answer after {self.retries + 1} tries ({last})")
+                status, raw = _request(method, url, data, budget)
+            except _Timeout:
+                last = f"no whole answer within {budget:.3g} s" + (
+                    f", what the run had left of run_timeout={self.run_timeout:g} s" if budget < self.timeout else "")
+                continue
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                last = _one_line(f"{type(exc).__name__}: {exc}")
+                continue
+            if status == 429 or status >= 500:
+                last = f"HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}"
+                continue
+            if status >= 400:
+                raise ServerError(f"{url}: HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}")
+            return read_json(raw, url)
+        raise ServerError(f"{url}: no answer after {self.retries + 1} tries ({last})")
+
+
+class _Timeout(Exception):
+    """A request's deadline passed (the watchdog shut its socket)."""
+
+
+def _request(method: str, url: str, data: bytes | None, budget: float) -> tuple[int, bytes]:
+    """(HTTP status, body) of one request that ends within `budget` seconds, whatever the server does;
+    `_Timeout` when it does not, ValueError for a body over MAX_RESPONSE_BYTES."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url}")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    deadline = time.monotonic() + budget
+    conn = kind(parts.hostname, parts.port, timeout=budget)
+    expired = threading.Event()
+    held: list[socket.socket] = []  # the connection's socket (http.client drops conn.sock on Connection: close)
+
+    def shut() -> None:
+        expired.set()
+        for sock in held:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(budget, shut)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        conn.connect()
+        held.append(conn.sock)
+        if expired.is_set():
+            raise _Timeout()
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        headers = {"Content-Type": "application/json", "Accept": "application/json"} if data is not None else {}
+        conn.request(method, target, body=data, headers=headers)
+        resp = conn.getresponse()
+        chunks, size = [], 0
+        while True:
+            held[0].settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = resp.read1(1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > MAX_RESPONSE_BYTES:
+                raise ValueError(f"an answer of more than {MAX_RESPONSE_BYTES >> 20} MiB")
+            chunks.append(chunk)
+            if expired.is_set():
+                raise _Timeout()
+        if expired.is_set():
+            raise _Timeout()
+        return resp.status, b"".join(chunks)
+    except (OSError, http.client.HTTPException):
+        if expired.is_set() or time.monotonic() >= deadline:
+            raise _Timeout() from None
+        raise
+    finally:
+        watchdog.cancel()
+        conn.close()
+
+
+def read_json(raw: bytes, url: str) -> Any:
+    """The JSON value of a server's answer; ServerError (one line, what the server sent) when it is not
+    UTF-8 JSON or an object in it gives a key twice (a top_logprobs with a token twice).
+
+    >>> read_json(b'{"a": [1, 2.5, null]}', "u")
+    {'a': [1, 2.5, None]}
+    >>> read_json(b'{"top": {"a": -1, "a": -2}}', "u")
+    Traceback (most recent call last):
+    ...
+    evalkit.backends.server.ServerError: u: the server's JSON gives the key 'a' twice in one object
+    """
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in items:
+            if key in out:
+                raise ServerError(f"{url}: the server's JSON gives the key {_clip(key)} twice in one object")
+            out[key] = value
+        return out
+
+    try:
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=pairs)
+    except UnicodeDecodeError:
+        raise ServerError(f"{url}: the server's answer is not UTF-8 text ({_clip(raw[:40])})") from None
+    except json.JSONDecodeError as exc:
+        raise ServerError(f"{url}: the server's answer is not JSON ({exc.msg} at character {exc.pos}: "
+                          f"{_clip(raw[:80].decode('utf-8', 'replace'))})") from None
+    except RecursionError:
+        raise ServerError(f"{url}: the server's JSON is nested too deep to read") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _clip(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _kind(value: Any) -> str:
+    return {dict: "a JSON object", list: "a JSON list", str: "a string", type(None): "null",
+            bool: "a boolean", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
 def load_tokenizer(path: str):
@@ -143,9 +280,11 @@ class EvalkitServer(LM):
     """An OpenAI-compatible server. Model args: base_url, model, tokenizer (a .gguf file or tokenizer
     folder: the chat template, and token texts to ids), top_logprobs (the server's cap,
     `DEFAULT_SERVER_LOGPROBS` by default),
-    concurrency, retries, timeout, answer_max_tokens, repeat_penalty (sent as llama.cpp servers'
-    `repeat_penalty`: llama-cpp-python's server penalises repeats by 1.1 unless told 1, even at
-    temperature 0, so its "greedy" text is not the model's); evalkit's own: top_k, temperature, seed."""
+    concurrency, retries, timeout (seconds a request may take, all of it), run_timeout (seconds every
+    request of the run may take together; none by default), answer_max_tokens, repeat_penalty (sent as
+    llama.cpp servers' `repeat_penalty`: llama-cpp-python's server penalises repeats by 1.1 unless told 1,
+    even at temperature 0, so its "greedy" text is not the model's); evalkit's own: top_k, temperature,
+    seed. Every answer's shape and every number in it is checked (`completion`, `validate`)."""
 
     def __init__(self, base_url: str, *, model: str | None = None, tokenizer: str | None = None,
                  top_logprobs: int = DEFAULT_SERVER_LOGPROBS, concurrency: int = DEFAULT_SERVER_CONCURRENCY,
@@ -153,19 +292,18 @@ class EvalkitServer(LM):
                  answer_max_tokens: int = DEFAULT_ANSWER_TOKENS, top_k: int = DEFAULT_SERVER_LOGPROBS,
                  temperature: float = DEFAULT_TEMPERATURE, seed: int = 0, batch_size: Any = None,
                  max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
-                 repeat_penalty: float | None = None) -> None:
+                 repeat_penalty: float | None = None, run_timeout: float | None = None) -> None:
         super().__init__()
         if not tokenizer:
             raise BadInput("--model server needs --model-args tokenizer=PATH (a .gguf file or tokenizer folder): "
                            "the chat template, and the ids of the token texts a server returns")
-        self.client = Client(base_url, timeout=timeout, retries=retries)
+        self.client = Client(base_url, timeout=timeout, retries=retries, run_timeout=run_timeout)
         try:
             listed = self.client.get("/models")
         except ServerError as exc:
             raise BadInput(f"the server at {base_url} does not answer: {exc}") from None
-        served = [m.get("id") for m in listed.get("data") or [] if isinstance(m, dict)]
-        self.served_model = model or (served[0] if served else None)
         self.base_url = base_url
+        self.served_model = model or served_models(listed, base_url)[0]
         self.tokenizer = load_tokenizer(str(tokenizer))
         self.ids = piece_ids(self.tokenizer)
         self.k = min(int(top_k), int(top_logprobs))
@@ -257,14 +395,21 @@ class EvalkitServer(LM):
             payload["repeat_penalty"] = self.repeat_penalty
         if self.served_model:
             payload["model"] = self.served_model
-        return self.client.post("/completions", payload)["choices"][0]
+        return completion(self.client.post("/completions", payload), self.client.base + "/completions")
+
+    @property
+    def source(self) -> str:
+        return f"the server at {getattr(self, 'base_url', '?')}"
 
     def _echo(self, context: str, continuation: str, top: int = 0) -> tuple[float | None, bool]:
         """(log P(continuation | context) from echoed prompt logprobs or None where the server's
         tokens straddle the boundary, every continuation token the top-1)."""
         choice = self._complete(context + continuation, max_tokens=1, temperature=0.0, echo=True, logprobs=max(top, 1))
         lp = choice["logprobs"]
-        offsets, values, tops = lp["text_offset"], lp["token_logprobs"], lp.get("top_logprobs") or []
+        offsets, values, tops = lp["text_offset"], lp["token_logprobs"], lp["top_logprobs"]
+        if len(values) != len(offsets):
+            raise ServerError(f"{self.source} echoed {len(offsets)} token offsets and {len(values)} logprobs")
+        validate.check_logprobs(values, source=self.source, prompt=context + continuation)
         start, end = len(context), len(context) + len(continuation)
         picked = [j for j, off in enumerate(offsets) if start <= off < end]
         if not picked or offsets[picked[0]] != start or any(values[j] is None for j in picked):
@@ -279,18 +424,21 @@ class EvalkitServer(LM):
         if gen.get("do_sample"):
             choice = self._complete(context, max_tokens=max_new, temperature=float(gen.get("temperature") or 1.0),
                                     stop=until or None)
-            return _cut(choice.get("text") or "", until)
+            return _cut(choice["text"], until)
         answers_full = bool(doc.get("answers_full"))
         limit = max(max_new, self.answer_max_tokens) if answers_full else max_new
         body: dict[str, Any] = {"max_tokens": limit, "temperature": 0.0, "logprobs": self.k}
         if until and not answers_full:
             body["stop"] = until
         choice = self._complete(context, **body)
-        full = choice.get("text") or ""
-        lp = choice.get("logprobs") or {}
-        tops = lp.get("top_logprobs") or []
+        full = choice["text"]
+        lp = choice["logprobs"]
+        tops = lp["top_logprobs"]
+        shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
+        first = ranked(tops[0] if tops else None, self.k)
+        validate.check_values(first, source=self.source, prompt=shown)
         top = []
-        for text, value in ranked(tops[0] if tops else None, self.k):
+        for text, value in first:
             if text in self.ids:
                 top.append((self.ids[text], text, float(value)))
             else:
@@ -320,9 +468,9 @@ class EvalkitServer(LM):
             prior = self._prior(context, doc)
             if prior is not None and top:
                 metrics["prior_drift"] = stats.prior_drift({t: math.exp(v) for t, _, v in top}, prior)
-        first_tokens = lp.get("tokens") or []
+        first_tokens = lp["tokens"]
         first_text = first_tokens[0] if first_tokens else ""
-        return FirstStepResult(
+        result = FirstStepResult(
             text=text,
             first_token_id=self.ids.get(first_text) if first_text else None,
             first_token=first_text,
@@ -332,6 +480,7 @@ class EvalkitServer(LM):
             metrics=metrics,
             answer_text=full if answers_full else None,
         )
+        return validate.check_result(result, source=self.source, prompt=shown)
 
     def _check_echo(self) -> bool:
         """Whether the server's prompt logprobs (echo) can be trusted, checked once before the run: the
@@ -339,10 +488,13 @@ class EvalkitServer(LM):
         logprob. When it does not (or the server has no echo), ft_hit_prob is NULL with the reason."""
         try:
             choice = self._complete(ECHO_PROBE, max_tokens=1, temperature=0.0, logprobs=1)
-            lp = choice.get("logprobs") or {}
+            lp = choice["logprobs"]
+            if not lp["tokens"] or lp["token_logprobs"][:1] in ([], [None]):
+                raise ServerError(f"{self.source} gave no logprob for its first token")
             text, value = lp["tokens"][0], float(lp["token_logprobs"][0])
+            validate.check_logprobs([value], source=self.source, prompt=ECHO_PROBE, what="logprob")
             echoed, _ = self._echo(ECHO_PROBE, text)
-        except (ServerError, KeyError, IndexError, TypeError, ValueError) as exc:
+        except (ServerError, IndexError) as exc:
             self.unavailable["ft_hit_prob"] = f"the server gives no prompt logprobs (echo with logprobs): {exc}"
             return False
         if echoed is None or abs(echoed - value) > ECHO_TOLERANCE:
@@ -378,12 +530,94 @@ class EvalkitServer(LM):
             contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
             for c in contexts:
                 choice = self._complete(c, max_tokens=1, temperature=0.0, logprobs=self.k)
-                tops = (choice.get("logprobs") or {}).get("top_logprobs") or [None]
-                for text, value in ranked(tops[0], self.k):
+                tops = choice["logprobs"]["top_logprobs"] or [None]
+                first = ranked(tops[0], self.k)
+                validate.check_values(first, source=self.source, prompt=repr(c))
+                for text, value in first:
                     if text in self.ids:
                         sums[self.ids[text]] = sums.get(self.ids[text], 0.0) + math.exp(value) / len(contexts)
             self._priors[frame] = dict(sorted(sums.items(), key=lambda kv: -kv[1])[: self.k])
         return self._priors[frame]
+
+
+def served_models(listed: Any, base_url: str) -> list[str | None]:
+    """The model ids a `/v1/models` answer lists (`{"data": [{"id": ...}, ...]}`), [None] when it lists none;
+    BadInput naming what the server sent when the answer has another shape.
+
+    >>> served_models({"data": [{"id": "m1"}, {"id": "m2"}]}, "u"), served_models({"data": []}, "u")
+    (['m1', 'm2'], [None])
+    >>> served_models([{"id": "m1"}], "http://h/v1")
+    Traceback (most recent call last):
+    ...
+    evalkit.errors.BadInput: the server at http://h/v1 answered /models with a JSON list, not {"data": [{"id": ...}]}; name the model with --model-args model=NAME
+    """
+    data = listed.get("data") if isinstance(listed, dict) else None
+    if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str) for m in data):
+        what = _kind(listed) if not isinstance(listed, dict) else f"{{\"data\": {_kind(data)} ...}}"
+        raise BadInput(f"the server at {base_url} answered /models with {what}, not {{\"data\": [{{\"id\": ...}}]}}; "
+                       "name the model with --model-args model=NAME")
+    return [m["id"] for m in data] or [None]
+
+
+_LOGPROB_FIELDS = {  # field of a completion's `logprobs` -> (what each item may be, in words)
+    "tokens": ((str,), "a token text"),
+    "token_logprobs": ((int, float, type(None)), "a number or null"),
+    "top_logprobs": ((dict, type(None)), "an object of token text -> logprob, or null"),
+    "text_offset": ((int,), "a character offset"),
+}
+
+
+def completion(answer: Any, url: str) -> dict[str, Any]:
+    """The first choice of an OpenAI `/completions` answer, its shape checked: `text` a string and
+    `logprobs` null or an object whose lists hold what `_LOGPROB_FIELDS` says (missing lists are empty).
+    ServerError (one line, what the server sent) for any other shape.
+
+    >>> c = completion({"choices": [{"text": "Paris", "logprobs": {"tokens": ["Paris"],
+    ...                 "token_logprobs": [-0.1], "top_logprobs": [{"Paris": -0.1}]}}]}, "u")
+    >>> c["text"], c["logprobs"]["text_offset"]
+    ('Paris', [])
+    >>> completion({"choices": []}, "http://h/v1/completions")
+    Traceback (most recent call last):
+    ...
+    evalkit.backends.server.ServerError: http://h/v1/completions: the server answered {"choices": []}, not an OpenAI completion ({"choices": [{"text": ...}]})
+    """
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        what = _kind(answer) if not isinstance(answer, dict) else (
+            "an object without choices" if choices is None else
+            f'{{"choices": {"[]" if choices == [] else _kind(choices) if not isinstance(choices, list) else "[" + _kind(choices[0]) + ", ...]"}}}')
+        raise ServerError(f"{url}: the server answered {what}, not an OpenAI completion "
+                          '({"choices": [{"text": ...}]})')
+    choice = dict(choices[0])
+    text = choice.get("text")
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise ServerError(f"{url}: the server's completion text is {_kind(text)}, not a string")
+    choice["text"] = text
+    lp = choice.get("logprobs")
+    if lp is None:
+        lp = {}
+    if not isinstance(lp, dict):
+        raise ServerError(f"{url}: the server's completion logprobs are {_kind(lp)}, not an object")
+    checked: dict[str, list[Any]] = {}
+    for name, (types, words) in _LOGPROB_FIELDS.items():
+        items = lp.get(name)
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise ServerError(f"{url}: the server's logprobs.{name} is {_kind(items)}, not a list")
+        for i, item in enumerate(items):
+            if isinstance(item, bool) or not isinstance(item, types):
+                raise ServerError(f"{url}: the server's logprobs.{name}[{i}] is {_clip(item)}, not {words}")
+            if isinstance(item, dict):
+                for token, value in item.items():
+                    if isinstance(value, bool) or not isinstance(value, (int, float)):
+                        raise ServerError(f"{url}: the server's logprobs.top_logprobs[{i}][{_clip(token)}] is "
+                                          f"{_clip(value)}, not a number")
+        checked[name] = items
+    choice["logprobs"] = checked
+    return choice
 
 
 def _cut(text: str, until: list[str]) -> str:

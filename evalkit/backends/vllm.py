@@ -49,7 +49,7 @@ from lm_eval.models.vllm_causallms import VLLM
 from tqdm import tqdm
 from vllm import SamplingParams
 
-from evalkit.backends import engine
+from evalkit.backends import engine, validate
 from evalkit.backends.models import logprobs_k
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
@@ -203,12 +203,15 @@ class EvalkitVLLM(VLLM):
         results = []
         for req, context, until, output in zip(requests, contexts, untils, outputs):
             completion = output.outputs[0]
-            results.append(first_step_result(
+            doc = req.doc or {}
+            result = first_step_result(
                 postprocess_generated_text(completion.text, until, self.think_end_token),
                 completion.token_ids, completion.logprobs,
                 k=self.logprobs_k, temperature=self.temperature, decode=decode,
-                answer_first_ids=self._answer_first_ids(context, req.doc or {}), eos_ids=eos_ids,
-            ))
+                answer_first_ids=self._answer_first_ids(context, doc), eos_ids=eos_ids,
+            )
+            shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
+            results.append(validate.check_result(result, source="vLLM", prompt=shown))
         return results
 
     def _answer_first_ids(self, context: str, doc: dict) -> set[int] | None:

@@ -124,6 +124,23 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+# Plain scalars read as numbers and booleans only where a reader sees one (YAML 1.2's core schema),
+# never by YAML 1.1's other forms: `0_5` (5), `010` (8), `1:30` (90), `yes`/`off` (booleans) and dates
+# stay text, which the checks below refuse by name; `1e308` is a number (YAML 1.1 wants a dot).
+_DECIMAL = r"[-+]?(?:(?:0|[1-9][0-9]*)(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+_NUMBER_RE = re.compile(rf"^{_DECIMAL}$")
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag == "tag:yaml.org,2002:null"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(r"^[-+]?(?:0|[1-9][0-9]*)$"),
+                                    list("-+0123456789"))
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(rf"^(?:{_DECIMAL}|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
 
 def load_rules(path: str | os.PathLike[str] | None) -> Rules:
     """Rules from a YAML file, or ``DEFAULT_RULES`` when ``path`` is None.
@@ -231,10 +248,17 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
 
     directions: dict[str, bool] = {}
     for key, spec in section("higher_is_better").items():
-        split_key("higher_is_better", key)
+        _, metric = split_key("higher_is_better", key)
         if not isinstance(spec, bool):
-            raise bad(f"higher_is_better.{key}: expected true or false, got {spec!r}")
+            raise bad(f"higher_is_better.{key}: expected true or false, got {_clip(repr(spec))}")
+        known = registry.higher_is_better(metric)
+        if known is not None and known != spec:
+            raise bad(f"higher_is_better.{key}: evalkit knows {metric} as {'higher' if known else 'lower'} is better; "
+                      "this section gives directions to metrics evalkit does not know, never flips a known one")
         directions[key] = spec
+
+    for name, rules in (("thresholds", thresholds), ("regressions", regressions)):
+        _check_precedence(name, rules, bad)
 
     if not thresholds and not regressions:
         raise bad("defines no thresholds or regressions (a gate with no rules checks nothing)")
@@ -247,6 +271,57 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
 
 
 _MARGIN_HELP = "a number, {delta: X}, {relative: R} or default"
+
+
+def _check_precedence(section: str, rules: list[Threshold] | list[Regression], bad) -> None:
+    """Refuse a `task/metric` rule that is not stricter than the `metric` rule beside it.
+
+    Both rules check that task (the stricter binds), so a looser or equal one checks nothing new; it
+    only adds a row to Holm's family, which can quietly turn the stricter rule's FAIL into
+    INCONCLUSIVE. Two rules whose strictness cannot be compared (a delta margin beside a relative one,
+    bounds on opposite sides) are refused too: name each task instead of the bare metric.
+    """
+    general = {r.metric: r for r in rules if r.task is None}
+    for rule in rules:
+        over = general.get(rule.metric)
+        if rule.task is None or over is None:
+            continue
+        where = f"{section}.{rule.key}"
+        stricter = _stricter(rule, over)
+        if stricter is None:
+            raise bad(f"{where}: cannot tell whether it is stricter than {section}.{over.key} "
+                      f"({_rule_text(rule)} beside {_rule_text(over)}); a task/metric rule may only tighten "
+                      f"the metric rule: give both in the same form, or name each task instead of {over.key}")
+        if not stricter:
+            raise bad(f"{where}: {_rule_text(rule)} is not stricter than {section}.{over.key} "
+                      f"({_rule_text(over)}), which checks that task too; a task/metric rule may only tighten "
+                      f"the metric rule (to loosen one task, name each task instead of {over.key})")
+
+
+def _stricter(rule: Threshold | Regression, over: Threshold | Regression) -> bool | None:
+    """Whether `rule` is strictly stricter than `over` on the same metric; None when it cannot be told.
+
+    >>> _stricter(Regression("m", 0.01, "t"), Regression("m", 0.02)), _stricter(Threshold("m", ">", 0.5, "t"),
+    ...     Threshold("m", ">=", 0.5)), _stricter(Threshold("m", "<=", 0.5, "t"), Threshold("m", ">=", 0.5))
+    (True, True, None)
+    """
+    if isinstance(rule, Regression) and isinstance(over, Regression):
+        if rule.margin.kind != over.margin.kind:
+            return None
+        return rule.margin.value < over.margin.value
+    assert isinstance(rule, Threshold) and isinstance(over, Threshold)
+    if rule.op == "==" or over.op == "==":
+        return None
+    lower = {">=": True, ">": True, "<=": False, "<": False}
+    if lower[rule.op] != lower[over.op]:
+        return None
+    if rule.value != over.value:
+        return rule.value > over.value if lower[rule.op] else rule.value < over.value
+    return len(rule.op) < len(over.op)  # at the same bound, > is stricter than >=
+
+
+def _rule_text(rule: Threshold | Regression) -> str:
+    return f'"{rule.op} {rule.value:g}"' if isinstance(rule, Threshold) else f"margin {rule.margin}"
 
 
 def _margin(where: str, metric: str, spec: Any, bad) -> Margin:
@@ -262,8 +337,10 @@ def _margin(where: str, metric: str, spec: Any, bad) -> Margin:
             raise bad(f"{where}: expected {_MARGIN_HELP}, got {dict(spec)!r}")
         key, spec = next(iter(spec.items()))
         kind = cast(MarginKind, key)
+    if isinstance(spec, str) and _NUMBER_RE.match(spec.strip()):
+        raise bad(f"{where}: the margin {_clip(repr(spec))} is quoted text; write the number unquoted")
     if isinstance(spec, bool) or not isinstance(spec, (int, float)):
-        raise bad(f"{where}: expected {_MARGIN_HELP} (the tolerated drop), got {spec!r}")
+        raise bad(f"{where}: expected {_MARGIN_HELP} (the tolerated drop), got {_clip(repr(spec))}")
     try:
         finite = math.isfinite(spec)  # an int too large for a float raises
     except OverflowError:
@@ -290,8 +367,13 @@ def _kind(obj: Any) -> str:
 
 
 def _finite_float(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
+    """A decimal number as written in a rules file, None for anything else: no `_` separators, hex,
+    inf, nan or non-ASCII digits, which Python's float() would take (`float("0_5") == 5.0`).
+
+    >>> _finite_float("0.5"), _finite_float("1e308"), _finite_float("0_5"), _finite_float("1e400"), _finite_float("nan")
+    (0.5, 1e+308, None, None, None)
+    """
+    if not _NUMBER_RE.match(text):
         return None
+    value = float(text)
     return value if math.isfinite(value) else None
