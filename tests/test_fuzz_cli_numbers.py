@@ -61,9 +61,6 @@ def _beyond_int64(value: str) -> bool:
         return False
 
 
-@pytest.mark.xfail(strict=True, reason="issue 36 class 7 (branch i36a): `runs --limit` has no upper bound, so "
-                                       "2**63 reaches DuckDB and ends in ConversionException; remove this mark "
-                                       "once that branch is merged")
 def test_finding_runs_limit_beyond_int64(seeded, tmp_path_factory):
     _invoke(seeded, tmp_path_factory, lambda db, _: ["runs", "--limit", "9223372036854775808", "--db", str(db)])
 

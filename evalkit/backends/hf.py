@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from evalkit import envvars
 from evalkit.backends import attention as attn
-from evalkit.backends import engine, kvcache, offline
+from evalkit.backends import engine, kvcache, offline, validate
 from evalkit.backends import quant as quantization
 from evalkit.backends.convert import cached_args
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
@@ -406,7 +406,7 @@ class EvalkitHFLM(HFLM):
             metrics.update(values)
         first_id = step.response_ids[0] if step.response_ids else None
         answer = self.tok_decode(step.answer_ids, skip_special_tokens=True) if step.answer_ids else None
-        return FirstStepResult(
+        result = FirstStepResult(
             text=text,
             first_token_id=first_id,
             first_token=self.tok_decode([first_id]) if first_id is not None else "",
@@ -419,3 +419,6 @@ class EvalkitHFLM(HFLM):
             layers=layers,
             token_ids=list(step.answer_ids or step.response_ids),
         )
+        shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
+        # the same checks at the boundary as every other engine's (finite, logprob <= 0, mass <= 1, ranges)
+        return validate.check_result(result, source="transformers", prompt=shown)

@@ -278,7 +278,7 @@ def _verify(first: bytes, lines: Iterator[bytes], bad: Callable[[str], BadInput]
         header, sig = parsed["header"], parsed["sig"]
         if not isinstance(header, dict) or header.get("kind") != "evalkit-journal":
             raise ValueError("no journal header")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested past Python's stack
         raise bad("is not an evalkit journal") from None
     if header.get("db_uuid") != ident.db_uuid:
         raise bad(f"belongs to another DB (uuid {header.get('db_uuid')!r})")
@@ -294,14 +294,15 @@ def _verify(first: bytes, lines: Iterator[bytes], bad: Callable[[str], BadInput]
         try:
             line = json.loads(raw)
             key, results, line_sig = line["key"], line["results"], line["sig"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise bad(f"line {n} is not a journal entry") from None
         expected = _sign(ident, sig, _dumps({"key": key, "results": results}))
         if not isinstance(line_sig, str) or not hmac.compare_digest(expected, line_sig):
             raise bad(f"was changed after it was written (line {n}'s signature does not verify)")
         try:
             [decode(d) for d in results]
-        except (KeyError, TypeError, ValueError):
+        # a signed line of another shape (a list where an object goes, an infinite token id)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             raise bad(f"line {n} holds responses of another shape") from None
         batches[key], sig = results, line_sig
         good_bytes += len(raw)

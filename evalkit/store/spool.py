@@ -271,7 +271,7 @@ def verify(path: Path, ident: Identity) -> str:
         meta = json.loads(read_input(manifest, "spool manifest", MAX_MANIFEST_BYTES).decode("utf-8"))
         if not isinstance(meta, dict):
             raise ValueError("not an object")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past Python's stack
         raise BadInput(f"{path} is not a spool file of this DB (its manifest {manifest.name} cannot be read: "
                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     run_id, sha, sig = meta.get("run_id"), meta.get("sha256"), meta.get("signature")
