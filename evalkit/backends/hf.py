@@ -39,6 +39,7 @@ from evalkit.defaults import (
     DEFAULT_TOP_K,
 )
 from evalkit.errors import BadInput
+from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import candidate_strings, unstable
 from evalkit.scoring.lexicon import load_lexicon
@@ -249,6 +250,7 @@ class EvalkitHFLM(HFLM):
             groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
         bar = tqdm(total=len(requests), desc="first-token probe", unit="prompt", bar_format=BAR_FORMAT,
                    disable=disable_tqdm or self.rank != 0)
+        keep_ticking(bar)  # its clock moves while a phase says nothing (ends when the bar closes)
         finished, n_batches, batch_no = 0, sum(-(-len(g) // self._bs()) for g in groups.values()), 0
         bs = self._bs()
         for group, idxs in groups.items():
