@@ -522,9 +522,9 @@ def test_trend_leaves_out_a_metric_of_one_run(report, runs, tmp_path):
 
 # ----------------------------------------------------------------------- any script, no system fonts (issue 38)
 
-NO_FONTS = """<?xml version="1.0"?>
+FONTS_CONF = """<?xml version="1.0"?>
 <!DOCTYPE fontconfig SYSTEM "fonts.dtd">
-<fontconfig><dir>{empty}</dir><cachedir>{cache}</cachedir></fontconfig>
+<fontconfig><dir>{fonts}</dir><cachedir>{cache}</cachedir></fontconfig>
 """
 # once the page's fonts are in: the faces the browser loaded, and where the two sections are
 PROBE = """document.fonts.ready.then(() => {
@@ -571,7 +571,7 @@ def test_report_reads_in_chinese_and_hebrew_on_a_machine_without_fonts(report, r
     conf, latin = tmp_path / "fonts.conf", tmp_path / "latin-only"
     latin.mkdir()
     shutil.copy(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf", latin)
-    conf.write_text(NO_FONTS.format(empty=latin, cache=tmp_path / "fc-cache"))
+    conf.write_text(FONTS_CONF.format(fonts=latin, cache=tmp_path / "fc-cache"))
     env_no_fonts = {**os.environ, "FONTCONFIG_FILE": str(conf)}
     if shutil.which("fc-list"):  # one font, and no CJK font, for Chromium to fall back to
         listed = subprocess.run(["fc-list"], env=env_no_fonts, capture_output=True, text=True).stdout
