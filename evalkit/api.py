@@ -16,7 +16,9 @@ run fails), raised, never printed. Does not: do anything the library modules do 
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,27 @@ from typing import Any
 
 from evalkit import envvars
 from evalkit.defaults import DEFAULT_MODEL
+
+
+METRICS_COLUMNS = ("task", "metric", "value", "ci_lo", "ci_hi", "n", "stderr", "filter")
+
+
+@functools.lru_cache(maxsize=1)
+def _whole_frame():
+    """A pandas DataFrame whose printed form shows every column: on a terminal pandas fits a frame to
+    its width by hiding the middle columns ("..."), which hid `metric` and `value`; this one wraps them
+    onto more lines instead. Its slices are plain DataFrames. (A class made on first use: pandas is
+    imported only when a frame is asked for.)"""
+    import pandas as pd
+
+    class WholeFrame(pd.DataFrame):
+        def __repr__(self) -> str:
+            width = shutil.get_terminal_size((100, 24)).columns
+            with pd.option_context("display.max_columns", None, "display.expand_frame_repr", True,
+                                   "display.width", width):
+                return super().__repr__()
+
+    return WholeFrame
 
 
 @dataclass
@@ -43,10 +66,11 @@ class Run:
     computed: int | None = None  # a resumed run: batches computed in the resume
 
     def metrics_frame(self):
-        """The metrics as a pandas DataFrame (task, metric, value, ci_lo, ci_hi, n, ...)."""
-        import pandas as pd
-
-        return pd.DataFrame(self.metrics)
+        """The metrics as a pandas DataFrame: task, metric, value, ci_lo, ci_hi, n, stderr, filter, in that
+        order, printed whole (`print` wraps it to the terminal instead of hiding middle columns as "...")."""
+        columns = [c for c in METRICS_COLUMNS if any(c in m for m in self.metrics)]
+        columns += [c for m in self.metrics for c in m if c not in columns]
+        return _whole_frame()(self.metrics, columns=list(dict.fromkeys(columns)) or list(METRICS_COLUMNS))
 
     def samples_frame(self):
         """This run's per-prompt rows (the `samples` table) as a pandas DataFrame."""

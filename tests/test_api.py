@@ -84,3 +84,28 @@ def test_the_readmes_python_example_runs_as_written(default_model_available, tmp
     assert (tmp_path / "reports" / "evalkit.duckdb").is_file()
     assert re.search(r"^\S+ done 40$", out.stdout, re.M), out.stdout
     assert out.stdout.strip().splitlines()[-1] == "pass []"
+
+
+def test_metrics_frame_prints_every_column_even_on_a_narrow_terminal(monkeypatch):
+    """On a terminal pandas fits a frame to its width by hiding middle columns ("..."): metric and value
+    were hidden. The frame puts them first and prints whole, wrapped."""
+    import os
+
+    import pandas as pd
+
+    from evalkit.api import Run
+
+    monkeypatch.setattr("shutil.get_terminal_size", lambda fallback=None: os.terminal_size((60, 24)))
+    run = Run(id="r", status="done", n_samples=2, duration_s=1.0, db=None, metrics=[
+        {"task": "firsttoken_en", "metric": "ft_hit_prob", "filter": "none", "value": 0.4321, "stderr": 0.01,
+         "ci_lo": 0.41, "ci_hi": 0.45, "n": 230},
+        {"task": "firsttoken_zh", "metric": "opener_mass", "filter": "none", "value": 0.0123, "stderr": 0.002,
+         "ci_lo": 0.009, "ci_hi": 0.016, "n": 240}])
+    frame = run.metrics_frame()
+    assert list(frame.columns) == ["task", "metric", "value", "ci_lo", "ci_hi", "n", "stderr", "filter"]
+    with pd.option_context("display.max_columns", 4):  # what a narrow terminal gives a plain DataFrame
+        assert "..." in repr(pd.DataFrame(run.metrics))  # the bug as it was
+        shown = repr(frame)
+    assert "..." not in shown and "opener_mass" in shown and "0.4321" in shown and "filter" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 60
+    assert frame[frame.metric == "ft_hit_prob"].value.iloc[0] == 0.4321  # still a DataFrame to compute with

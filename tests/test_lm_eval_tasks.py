@@ -130,7 +130,9 @@ def test_offline_task_without_data_fails_in_one_line(tmp_path, tiny_model_dir):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("evalkit: error: lm-eval task 'arithmetic_1dc': its data could not be loaded")
+    assert lines[0].startswith("evalkit: error: lm-eval task 'arithmetic_1dc': its data is not in the local "
+                               "datasets cache and HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set")
+    assert "fetch it once where the hub can be reached (evalkit run --tasks arithmetic_1dc --limit 1)" in lines[0]
     assert "HF_DATASETS_CACHE" in lines[0]
     assert "run " not in proc.stdout and not db.exists()  # no run row, no DB
 
@@ -144,10 +146,55 @@ def test_missing_data_stops_before_the_model_loads(invoke, served, tmp_path, mon
 
     monkeypatch.setattr(models, "load", no_load)
     db = tmp_path / "e.duckdb"
+    fresh = functools.lru_cache(maxsize=1)(lm_eval_tasks.index.__wrapped__)  # as if no run had built it yet
+    monkeypatch.setattr(lm_eval_tasks, "index", fresh)
     res = invoke("run", *FAKE, "--tasks", "sciq,arithmetic_1dc", "--db", db)  # sciq is served, arithmetic not
     assert res.exit_code == 2
-    assert res.stderr.startswith("evalkit: error: lm-eval task 'arithmetic_1dc': its data could not be loaded")
+    assert res.stderr.startswith("evalkit: error: lm-eval task 'arithmetic_1dc': its data is not in the local "
+                                 "datasets cache")
     assert len(res.stderr.strip().splitlines()) == 1 and not db.exists()
+    assert fresh.cache_info().currsize == 0  # offline, plain tasks are checked without lm-eval's slow index
+
+
+def test_offline_a_task_is_refused_or_loaded_without_the_index(served, monkeypatch, tmp_path):
+    """With no hub to reach (HF_*_OFFLINE, or no network), a task's own folder is built with data from the
+    cache alone: a task never fetched is refused in seconds (arithmetic_1dc took 294 s on a busy machine,
+    indexing 14k files and retrying the hub), a cached one (sciq, served) passes, neither builds the index."""
+    from evalkit.errors import BadInput
+
+    def no_index():
+        raise AssertionError("lm-eval's index was built")
+
+    monkeypatch.setattr(lm_eval_tasks, "index", no_index)
+    assert lm_eval_tasks.task_file("arithmetic_1dc").name == "arithmetic_1dc.yaml"
+    assert lm_eval_tasks.task_file("mmlu") is None  # a group: the index decides
+    lm_eval_tasks.check_names(["sciq"], ["firsttoken"])
+    lm_eval_tasks.check_data(["sciq"])  # loaded once, not again
+    with pytest.raises(BadInput, match=r"'arithmetic_1dc': its data is not in the local datasets cache .*"
+                                       r"fetch it once where the hub can be reached"):
+        lm_eval_tasks.check_names(["arithmetic_1dc"], ["firsttoken"])
+
+
+def test_hub_reachable_asks_the_endpoint_or_trusts_a_proxy(monkeypatch):
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    for var in ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    assert lm_eval_tasks.hub_reachable(timeout=2) is False
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{listening.getsockname()[1]}")
+        assert lm_eval_tasks.hub_reachable(timeout=2) is True
+    monkeypatch.setattr(constants, "ENDPOINT", "https://hub.invalid")
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:3128")
+    assert lm_eval_tasks.hub_reachable(timeout=2) is True  # the proxy's to reach
 
 
 def test_lm_eval_tasks_stored_beside_evalkits(invoke, served, tiny_model_dir, tmp_path, monkeypatch):

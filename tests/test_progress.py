@@ -48,3 +48,42 @@ def test_the_phase_bar_ticks_while_a_step_is_silent():
     reading = [f for f in frames if "reading" in f]
     assert any("[00:02]" in f for f in reading), frames
     assert frames[-1].startswith("converting x once: 2/2, done")
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_probe_bar_ticks_while_the_engine_is_silent_and_stops_when_it_closes():
+    """The first-token probe's bar froze for minutes in the candidate trie on a busy machine: the engine
+    reports phases, not time. `keep_ticking` redraws it every second, until the bar closes."""
+    from tqdm import tqdm
+
+    from evalkit.progress import keep_ticking
+
+    out = _Tty()
+    bar = tqdm(total=4, desc="first-token probe", file=out, mininterval=0, bar_format="{desc}: {n}/{total} [{elapsed}]")
+    keep_ticking(bar)
+    bar.set_postfix_str("batch 1/2 candidate trie", refresh=False)
+    time.sleep(2.5)  # the engine says nothing
+    frames = out.getvalue().replace("\r", "\n").splitlines()
+    assert any("[00:02]" in f for f in frames), frames  # the clock moved with no update
+    bar.close()
+    closed = len(out.getvalue())
+    time.sleep(1.5)
+    assert len(out.getvalue()) == closed  # nothing drawn after close: the thread ended
+
+
+def test_into_a_log_the_bar_ticks_less_often():
+    from tqdm import tqdm
+
+    from evalkit import progress
+
+    out = io.StringIO()  # not a terminal
+    bar = tqdm(total=1, desc="x", file=out, mininterval=0)
+    stop = progress.keep_ticking(bar)
+    time.sleep(1.5)
+    assert out.getvalue().count("\r") <= 2  # the first draw only, no per-second redraws
+    stop()
+    bar.close()

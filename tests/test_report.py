@@ -16,6 +16,11 @@ FAKE = " · evalkit-fake · chat"  # the configuration in a fake-LM run's label:
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 
 
+def plain(text: str) -> str:
+    """Text without its direction isolates: <bdi> tags (HTML) and FSI ... PDI marks (markdown)."""
+    return re.sub(r"</?bdi>|[\u2068\u2069]", "", text)
+
+
 @pytest.fixture(scope="module")
 def stored(fake_run, tmp_path_factory):
     """Three done fake-LM runs: two of the same model (mode=hit) and a degraded one (mode=other)."""
@@ -136,7 +141,7 @@ def test_report_writes_html_markdown_and_pngs(report, runs, tmp_path):
     for run_id in runs.values():
         assert run_id in page and run_id in md
     # offline: nothing outside the folder
-    assert not re.search(r"""(src|href)=["']?(https?:|//)|@import|url\(""", page)
+    assert not re.search(r"""(src|href)=["']?(https?:|//)|@import|url\((?!data:font/woff;base64,)""", page)
 
 
 def test_leaderboard_numbers_come_from_the_view(report, runs, tmp_path):
@@ -173,17 +178,18 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(report, runs, tmp
     assert (tmp_path / "rep" / "first_token.png").read_bytes()[:8] == PNG
     assert "first_token.png" in {f.name for f in files}
     assert "Omitted: no first_token_topk" not in page
-    captions = [c for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
+    captions = [plain(c) for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
     picked = [c.split(":")[0] for c in captions]
     # en-0002 is the only prompt whose top-1 tokens differ; next comes the widest top-1 spread
     assert picked == ["firsttoken_en / en-0002", "firsttoken_en / en-0001"]
     assert "What is the capital of France?" in captions[0] and "accepted: Paris" in captions[0]
-    assert "&#x27; Paris&#x27; 0.900" in page and "&#x27; Sure&#x27; 0.800" in page
+    # each token isolated (<bdi>) from the probability beside it: a Hebrew token cannot swap places with it
+    assert "<bdi>&#x27; Paris&#x27;</bdi> 0.900" in page and "<bdi>&#x27; Sure&#x27;</bdi> 0.800" in page
     # three prompts, CJK tokens shown as text in the page
     _, page3, _ = report(tmp_path / "rep3", "--prompts", 3)
-    assert "&#x27;递&#x27; 0.600" in page3
+    assert "&#x27;递&#x27; 0.600" in plain(page3)
     # byte tokens of split characters show as the units they start, told apart, marked *
-    assert "&#x27;归&#x27;* 0.050" in page3 and "&#x27;当&#x27;* 0.040" in page3
+    assert "&#x27;归&#x27;* 0.050" in plain(page3) and "&#x27;当&#x27;* 0.040" in plain(page3)
     assert "\ufffd" not in page3.split("First-token distributions", 1)[1].split("Needle", 1)[0]
 
 
@@ -377,9 +383,9 @@ def test_prompt_headings_show_the_question(report, runs, tmp_path):
                      "<|im_end|>\n<|im_start|>assistant\n"])
     _files, page, md = report(tmp_path / "rep", "--prompts", 3)
     captions = [c for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
-    assert captions[0] == "firsttoken_en / en-0002: “What is the capital of France?” — accepted: Paris"
+    assert captions[0] == "firsttoken_en / en-0002: “<bdi>What is the capital of France?</bdi>” — accepted: <bdi>Paris</bdi>"
     assert not any("SmolLM" in c or "&lt;" in c for c in captions), captions
-    assert "*firsttoken_en / en-0002: “What is the capital of France?” — accepted: Paris*" in md
+    assert "*firsttoken_en / en-0002: “What is the capital of France?” — accepted: Paris*" in plain(md)
 
 
 def test_short_text_keeps_the_start_and_the_end():
@@ -512,3 +518,89 @@ def test_trend_leaves_out_a_metric_of_one_run(report, runs, tmp_path):
     files, page, md = report(tmp_path / "rep", "--runs", f"{runs['base']},{runs['again']}")
     assert "trend.png" in {f.name for f in files}
     assert "_Left out of the plot, with a value in one run only for some task: middle_gap, needle_recall, start_gap._" in md
+
+
+# ----------------------------------------------------------------------- any script, no system fonts (issue 38)
+
+FONTS_CONF = """<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "fonts.dtd">
+<fontconfig><dir>{fonts}</dir><cachedir>{cache}</cachedir></fontconfig>
+"""
+# once the page's fonts are in: the faces the browser loaded, and where the two sections are
+PROBE = """document.fonts.ready.then(() => {
+  const box = id => { const r = document.getElementById(id).getBoundingClientRect();
+                      return [r.left + scrollX, r.top + scrollY, r.right + scrollX, r.bottom + scrollY]; };
+  return {fonts: [...document.fonts].map(f => [f.family, f.status]),
+          boxes: {'first-token': box('first-token'), leaderboard: box('leaderboard')}};
+})"""
+
+
+def _ink(png: Path, box) -> int:
+    """Dark pixels (text, lines) of a screenshot inside box (left, top, right, bottom in CSS pixels)."""
+    from PIL import Image as PILImage
+
+    with PILImage.open(png) as im:
+        gray = im.convert("L").crop(tuple(int(v) for v in box))
+        return sum(1 for v in gray.tobytes() if v < 128)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (bash scripts/test-deps.sh)")
+def test_report_reads_in_chinese_and_hebrew_on_a_machine_without_fonts(report, runs, tmp_path):
+    """Chromium on a machine whose only font is a Latin one (fontconfig pointed at a folder holding DejaVu
+    Sans alone, as most servers are: no CJK font): the page's Chinese is drawn with the CJK font embedded in
+    it; a Hebrew token is isolated (<bdi>) from its probability; sections without data are listed apart in
+    the contents. With EVALKIT_REPORT_SHOTS=DIR the screenshots of the first-token and leaderboard sections
+    are kept there (first-token.png, leaderboard.png) to look at. (With no font at all, headless Chromium
+    fails some web-font loads at random, so the machine keeps one Latin font.)"""
+    from evalkit.store.db import transaction
+
+    add_topk(runs)
+    with transaction(None) as con:  # a Hebrew token beside Chinese ones
+        con.execute("INSERT INTO first_token_topk VALUES (?, 'firsttoken_zh', 'zh-0001', 4, 41, 'ל', ?, NULL)",
+                    [runs["base"], math.log(0.021)])
+    out = tmp_path / "rep"
+    _files, page, _md = report(out, "--prompts", 3)
+    assert "<bdi>&#x27;ל&#x27;</bdi> 0.021" in page
+    nav = page.split("<nav>", 1)[1].split("</nav>", 1)[0]
+    shown, left_out = nav.split('<p class="left-out">')
+    assert 'href="#first-token"' in shown and 'href="#leaderboard"' in shown
+    assert 'href="#drift"' in left_out and 'href="#drift"' not in shown  # no drift rows: apart
+
+    import matplotlib
+
+    conf, latin = tmp_path / "fonts.conf", tmp_path / "latin-only"
+    latin.mkdir()
+    shutil.copy(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf", latin)
+    conf.write_text(FONTS_CONF.format(fonts=latin, cache=tmp_path / "fc-cache"))
+    env_no_fonts = {**os.environ, "FONTCONFIG_FILE": str(conf)}
+    if shutil.which("fc-list"):  # one font, and no CJK font, for Chromium to fall back to
+        listed = subprocess.run(["fc-list"], env=env_no_fonts, capture_output=True, text=True).stdout
+        assert listed.count("\n") == 1 and "DejaVuSans.ttf" in listed, listed
+        assert subprocess.run(["fc-list", ":lang=zh"], env=env_no_fonts, capture_output=True,
+                              text=True).stdout.strip() == ""
+
+    from tests.cdp import Browser
+
+    shot = tmp_path / "shot.png"
+    with Browser(CHROMIUM, tmp_path / "chromium-profile", env=env_no_fonts) as browser:
+        browser.open((out / "index.html").resolve().as_uri())
+        probe = browser.evaluate(PROBE)
+        # the browser drew the Chinese with the embedded face: no system font could
+        cjk_drawn = browser.evaluate("document.fonts.check('16px \"evalkit WenQuanYi Micro Hei\"', '递')")
+        browser.screenshot(shot)
+    status = dict(probe["fonts"])
+    assert status["evalkit WenQuanYi Micro Hei"] == "loaded", probe["fonts"]
+    assert status["evalkit DejaVu Sans"] != "error", probe["fonts"]  # loaded, or not needed by this page
+    assert cjk_drawn is True
+    boxes = probe["boxes"]
+    for box in boxes.values():
+        assert _ink(shot, box) > 2000  # the section is drawn, text and plot
+    keep = os.environ.get("EVALKIT_REPORT_SHOTS")
+    if keep:
+        from PIL import Image as PILImage
+
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        with PILImage.open(shot) as im:
+            for section, box in boxes.items():
+                im.crop(tuple(int(v) for v in box)).save(Path(keep) / f"{section}.png")
+

@@ -43,6 +43,7 @@ from evalkit.defaults import (
     DEFAULT_TOP_K,
 )
 from evalkit.errors import BadInput
+from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_strings, unstable
 from evalkit.scoring.lexicon import load_lexicon
@@ -293,6 +294,7 @@ class EvalkitHFLM(HFLM):
             groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
         bar = tqdm(total=len(requests), desc="first-token probe", unit="prompt", bar_format=BAR_FORMAT,
                    disable=disable_tqdm or self.rank != 0)
+        keep_ticking(bar)  # its clock moves while a phase says nothing (ends when the bar closes)
         finished, n_batches, batch_no = 0, sum(-(-len(g) // self._bs()) for g in groups.values()), 0
         bs = self._bs()
         for group, idxs in groups.items():

@@ -6,15 +6,14 @@ lazily, on a `Figure`, never pyplot's global state), and drawing a report's
 figures side by side in worker processes (`render`). Does not: query the DB or
 compute any statistic; the needle heatmap lives in `evalkit.report.needle_plot`.
 
-Labels: matplotlib's bundled font (DejaVu Sans) has no CJK glyphs. Where an installed font
-has them (Noto Sans CJK, WenQuanYi: Debian's fonts-noto-cjk or fonts-wqy-microhei), `render`
-draws every figure with it as DejaVu Sans's fallback (`plot_fonts`); characters that no font
-draws are written as \\uXXXX escapes (`plot_label`). The HTML report shows tokens as text.
+Labels: every figure is drawn with the fonts evalkit ships (`report.fonts`: DejaVu Sans, then the
+CJK font WenQuanYi Micro Hei glyph by glyph), whatever the machine has installed; characters that
+neither draws are written as \\uXXXX escapes, and right-to-left text is put in the order it is read
+(`plot_label`). Every axis gets as many ticks as fit without their labels touching (`legible_ticks`).
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import math
 import os
@@ -34,42 +33,12 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height))
 
 
-# CJK fonts a plot may fall back to, the first installed one wins (family names as fontconfig gives them)
-CJK_FAMILIES = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans SC", "Source Han Sans SC", "WenQuanYi Micro Hei",
-                "WenQuanYi Zen Hei", "Droid Sans Fallback", "AR PL UMing CN")
-_CJK_FILES = ("notosanscjk", "notoserifcjk", "sourcehansans", "wqy-", "droidsansfallback", "uming", "ukai")
-
-
-@functools.lru_cache(maxsize=1)
 def plot_fonts() -> tuple[tuple[str, ...], frozenset[int]]:
-    """(font families, in fallback order; the code points they draw): DejaVu Sans, then the first
-    installed CJK font of CJK_FAMILIES if any. A font installed after matplotlib built its font
-    cache is found among the system's font files and added."""
-    from matplotlib import font_manager
-    from matplotlib.ft2font import FT2Font
+    """(font families, in fallback order; the code points they draw): the fonts evalkit ships,
+    DejaVu Sans and then WenQuanYi Micro Hei (`report.fonts`), the same on every machine."""
+    from evalkit.report.fonts import register_with_matplotlib
 
-    def installed() -> dict[str, str]:
-        return {f.name: f.fname for f in font_manager.fontManager.ttflist}
-
-    fonts = installed()
-    if not any(name in fonts for name in CJK_FAMILIES):
-        for path in font_manager.findSystemFonts():
-            if any(key in Path(path).name.lower() for key in _CJK_FILES):
-                try:
-                    font_manager.fontManager.addfont(path)
-                except (OSError, RuntimeError, ValueError):
-                    continue
-        fonts = installed()
-    families = ["DejaVu Sans"]
-    drawable = set(FT2Font(font_manager.findfont("DejaVu Sans")).get_charmap())
-    cjk = next((name for name in CJK_FAMILIES if name in fonts), None)
-    if cjk is not None:
-        try:
-            drawable |= set(FT2Font(fonts[cjk]).get_charmap())
-            families.append(cjk)
-        except (OSError, RuntimeError):
-            pass
-    return tuple(families), frozenset(drawable)
+    return register_with_matplotlib()
 
 
 def draw_with_fonts(draw: Callable[[], Any]) -> Any:
@@ -131,21 +100,88 @@ def save_figure(fig, path: str | Path, dpi: int = 100) -> Path:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    legible_ticks(fig)
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=dpi, pil_kwargs={"compress_level": 1})  # zlib level 1: encoding is the slow part
     return write_file(path, png.getvalue(), "plot")
 
 
+TICK_GAP_PT = 3.0  # the least space between two tick labels of an axis, in points
+
+
+def crowded_ticks(axis, renderer, gap_px: float) -> int:
+    """How many neighbouring pairs of `axis`'s visible tick labels come closer than `gap_px` (0: legible).
+    The figure must have been drawn (or laid out) first."""
+    boxes = [t.label1.get_window_extent(renderer) for t in axis.get_major_ticks()
+             if t.label1.get_visible() and t.label1.get_text() and t.get_visible()]
+    lo, hi = sorted(axis.get_view_interval())
+    boxes = [b for b, v in zip(boxes, axis.get_majorticklocs()) if lo - 1e-12 * abs(hi - lo) <= v <= hi + 1e-12 * abs(hi - lo)]
+    horizontal = axis.axis_name == "x"
+    spans = sorted((b.x0, b.x1) if horizontal else (b.y0, b.y1) for b in boxes)
+    return sum(1 for (_, end), (start, _) in zip(spans, spans[1:]) if start < end + gap_px)
+
+
+def legible_ticks(fig, gap_pt: float = TICK_GAP_PT) -> None:
+    """Give every numeric axis of `fig` as many ticks as fit with `gap_pt` between their labels.
+
+    matplotlib picks the number of ticks from the axis's length and the font size, not from the
+    labels' widths, so a narrow panel of small values (0.0000 0.0025 0.0050 ...) runs its labels
+    together. Axes whose tick labels touch get fewer ticks until none do: a MaxNLocator (matplotlib's
+    default) fewer bins, a date or log locator fewer ticks. Fixed ticks (categories, tokens) are left
+    as placed.
+    """
+    from matplotlib import dates
+    from matplotlib.ticker import FixedLocator, LogLocator, MaxNLocator
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)  # a Figure() has no renderer of its own to measure text with
+    gap_px = gap_pt * fig.dpi / 72
+    for _ in range(8):
+        fig.draw_without_rendering()
+        renderer = fig.canvas.get_renderer()
+        changed = False
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                if not crowded_ticks(axis, renderer, gap_px):
+                    continue
+                locator = axis.get_major_locator()
+                shown = max(2, len([v for v in axis.get_majorticklocs()
+                                    if min(axis.get_view_interval()) <= v <= max(axis.get_view_interval())]))
+                if isinstance(locator, FixedLocator):
+                    continue
+                if isinstance(locator, MaxNLocator):
+                    locator.set_params(nbins=max(1, shown - 2))
+                elif isinstance(locator, LogLocator):
+                    locator.set_params(numticks=max(2, shown - 1))
+                elif isinstance(locator, dates.AutoDateLocator):
+                    fewer = dates.AutoDateLocator(maxticks=max(2, shown - 1))
+                    axis.set_major_locator(fewer)
+                    if isinstance(axis.get_major_formatter(), dates.ConciseDateFormatter):
+                        axis.set_major_formatter(dates.ConciseDateFormatter(fewer))
+                else:
+                    continue
+                changed = True
+        if not changed:
+            return
+
+
 def plot_label(text: str, max_len: int = 40) -> str:
-    """Text safe for the plot fonts (`plot_fonts`): characters none of them draws as \\uXXXX, `$`
-    escaped, truncated.
+    """Text safe for the plot fonts (`plot_fonts`): truncated, right-to-left runs in the order they
+    are read (`fonts.visual_order`: the label alone is the paragraph, isolated from its neighbours),
+    characters no font draws as \\uXXXX, `$` escaped.
 
     >>> plot_label("Paris"), plot_label("\\u0378")
     ('Paris', '\\\\u0378')
     """
+    from evalkit.report.fonts import visual_order
+
     ok = plot_fonts()[1]
+    if len(text) > max_len:
+        text = text[: max_len - 1] + "…"
     out = []
-    for ch in text:
+    for ch in visual_order(text):
         if ch == "$":
             out.append(r"\$")
         elif ord(ch) in ok and ch.isprintable():

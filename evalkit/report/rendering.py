@@ -1,23 +1,29 @@
 """A report's sections as one offline HTML page and as markdown.
 
-Owns: the HTML (no external CSS, JS or fonts; images are relative PNG files) and the
-markdown of `summary.md`. Does not: decide what a section holds (`report.sections`) or
-write files (`report.build`).
+Owns: the HTML (no external CSS or JS; the fonts it needs embedded, cut down to the page's
+characters, `report.fonts`; images are relative PNG files), its contents list (the sections
+with data, then those left out, apart), text of either direction isolated (``<bdi>`` for the
+marks of `fonts.isolate`, ``dir="auto"`` on free text), and the markdown of `summary.md`.
+Does not: decide what a section holds (`report.sections`) or write files (`report.build`).
 """
 
 from __future__ import annotations
 
 import html
+import re
 
+from evalkit.report.fonts import FSI, PDI, font_face_css
 from evalkit.report.reading import ReportData
 from evalkit.report.sections import Section, Table, plural
 
+# the system's own fonts first; then the fonts embedded in the page (`_FONTS`), which have every character
 _CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans","Noto Sans CJK SC",sans-serif;
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans","Noto Sans CJK SC",_FONTS,sans-serif;
  margin:0 auto;max-width:1240px;padding:1.2rem 1.5rem 3rem;color:#1f2328;line-height:1.45}
 h1{font-size:1.6rem;margin:.2rem 0}h2{font-size:1.25rem;border-bottom:1px solid #d0d7de;padding-bottom:.3rem;
  margin-top:2.2rem}
-.meta{color:#59636e;font-size:.9rem}nav a{margin-right:1rem}
+.meta{color:#59636e;font-size:.9rem}nav a{margin-right:1rem}nav .left-out{color:#59636e;font-size:.88rem;margin:.3rem 0}
+nav .left-out a{color:#8c959f;margin-right:.7rem}
 .tbl{overflow-x:auto;margin:.8rem 0 1.2rem}.row{display:flex;flex-wrap:wrap;gap:0 2rem}
 .row .tbl{max-width:calc(50% - 1rem);min-width:320px}
 table{border-collapse:collapse;font-size:.85rem}
@@ -27,45 +33,60 @@ th.run,td.run{min-width:15rem}th{background:#f6f8fa}tr:nth-child(even) td{backgr
  font-variant-numeric:tabular-nums}strong{color:#0a3069}
 img{max-width:100%;height:auto;border:1px solid #eaeef2;margin:.5rem 0}
 .omitted{color:#8c959f;font-style:italic}.note{color:#59636e;font-size:.88rem}
-code{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.85em}
+code{font-family:ui-monospace,SFMono-Regular,Menlo,monospace,_FONTS;font-size:.85em}
 """
 
 
+def _text(text: str) -> str:
+    """HTML of a piece of text: escaped, its isolated parts (`fonts.isolate`) as <bdi>."""
+    escaped = html.escape(text)
+    return re.sub(f"{FSI}(.*?){PDI}", r"<bdi>\1</bdi>", escaped, flags=re.S).replace(FSI, "").replace(PDI, "")
+
+
 def _html_table(t: Table) -> str:
-    e = html.escape
     out = ['<div class="tbl">']
     if t.caption:
-        out.append(f'<p class="caption">{e(t.caption)}</p>')
+        out.append(f'<p class="caption">{_text(t.caption)}</p>')
     out.append("<table>")
     # a header may break after an underscore (ft_hit_prob), never inside a word
     # a run's label (name · model · quant · template · engine) gets room to wrap onto two lines, not five
     is_run = [c == "run" or c.startswith("run:") for c in t.columns]
     run_cls = ' class="run"'
-    out.append("<thead><tr>" + "".join(f"<th{run_cls if r else ''}>{e(c).replace('_', '_&#8203;')}</th>"
+    out.append("<thead><tr>" + "".join(f"<th{run_cls if r else ''}>{_text(c).replace('_', '_&#8203;')}</th>"
                                        for c, r in zip(t.columns, is_run)) + "</tr></thead><tbody>")
     for i, row in enumerate(t.rows):
         cells = []
         for j, cell in enumerate(row):
             cls = (' class="num"' if t.numeric_from is not None and j >= t.numeric_from
                    else run_cls if is_run[j] else "")
-            text = f"<strong>{e(cell)}</strong>" if (i, j) in t.strong else e(cell)
+            text = f"<bdi>{_text(cell)}</bdi>" if is_run[j] else _text(cell)  # a run's name, either direction
+            text = f"<strong>{text}</strong>" if (i, j) in t.strong else text
             cells.append(f"<td{cls}>{text}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</tbody></table></div>")
     return "\n".join(out)
 
 
+def _contents(sections: list[Section]) -> str:
+    """The contents: a link per section with data; the sections left out listed apart, after them."""
+    e = html.escape
+    shown = "".join(f'<a href="#{s.key}">{e(s.title)}</a>' for s in sections if not s.omitted)
+    left = [s for s in sections if s.omitted]
+    out = f"<nav><div>{shown}</div>"
+    if left:
+        out += ('<p class="left-out">Left out, no data: ' + "".join(f'<a href="#{s.key}">{e(s.title)}</a>'
+                                                                    for s in left) + "</p>")
+    return out + "</nav>"
+
+
 def to_html(data: ReportData, sections: list[Section]) -> str:
-    """The report as one self-contained HTML page (images are relative PNG paths)."""
+    """The report as one self-contained HTML page (images are relative PNG paths, fonts embedded)."""
     e = html.escape
     parts = [
-        "<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        "<title>evalkit report</title>", f"<style>{_CSS}</style></head><body>",
         "<header><h1>evalkit report</h1>",
-        (f'<p class="meta">{plural(len(data.runs), "run")} from <code>{e(data.db)}</code>, '
+        (f'<p class="meta">{plural(len(data.runs), "run")} from <code dir="auto">{e(data.db)}</code>, '
          f"generated {data.generated:%Y-%m-%d %H:%M:%S} UTC.</p>"),
-        "<nav>" + "".join(f'<a href="#{s.key}">{e(s.title)}</a>' for s in sections) + "</nav></header>",
+        _contents(sections) + "</header>",
     ]
     for s in sections:
         parts.append(f'<section id="{s.key}"><h2>{e(s.title)}</h2>')
@@ -73,7 +94,7 @@ def to_html(data: ReportData, sections: list[Section]) -> str:
             parts.append(f'<p class="omitted">Omitted: {e(s.omitted)}.</p></section>')
             continue
         if s.intro:
-            parts.append(f"<p>{e(s.intro)}</p>")
+            parts.append(f"<p>{_text(s.intro)}</p>")
         for image in s.images:
             parts.append(f'<img src="{e(image.name)}" alt="{e(image.alt)}">')
         if s.side_by_side:
@@ -81,10 +102,15 @@ def to_html(data: ReportData, sections: list[Section]) -> str:
         parts.extend(_html_table(t) for t in s.tables)
         if s.side_by_side:
             parts.append("</div>")
-        parts.extend(f'<p class="note">{e(n)}</p>' for n in s.notes)
+        parts.extend(f'<p class="note">{_text(n)}</p>' for n in s.notes)
         parts.append("</section>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    body = "\n".join(parts)
+    faces, families = font_face_css(html.unescape(re.sub(r"<[^>]*>", " ", body)) + _CSS)
+    css = _CSS.replace("_FONTS", ",".join(f'"{f}"' for f in families) or "sans-serif")
+    head = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            "<title>evalkit report</title>", f"<style>{faces}\n{css}</style></head><body>"]
+    return "\n".join(head) + "\n" + body + "\n</body></html>\n"
 
 
 def _md_cell(text: str) -> str:

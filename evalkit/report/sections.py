@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evalkit.compare import DIMENSIONS
+from evalkit.report.fonts import isolate
 from evalkit.report.reading import MIN_BIN_SIZE, ReportData, config_line
 from evalkit.scoring import registry
 
@@ -222,8 +223,8 @@ def _targets(target: str | None) -> str:
     try:
         values = json.loads(target) if target else []
     except (TypeError, ValueError):
-        return target or ""
-    return ", ".join(map(str, values)) if isinstance(values, list) else str(values)
+        return isolate(target or "")
+    return ", ".join(isolate(str(v)) for v in values) if isinstance(values, list) else isolate(str(values))
 
 
 def first_token_section(data: ReportData, out_dir: Path, prompts: int) -> Section:
@@ -287,10 +288,10 @@ def first_token_section(data: ReportData, out_dir: Path, prompts: int) -> Sectio
             row = [str(rank + 1)]
             for run_id in order:
                 toks = prompt["runs"][run_id]["tokens"]
-                row.append(f"{_token_text(toks[rank])} {num(toks[rank]['p'])}" if rank < len(toks) else "")
+                row.append(f"{isolate(_token_text(toks[rank]))} {num(toks[rank]['p'])}" if rank < len(toks) else "")
             rows.append(row)
         rows.append(["top-k mass"] + [num(prompt["runs"][i]["mass"]) for i in order])
-        caption = f"{title}: “{short_text(asked)}”"
+        caption = f"{title}: “{isolate(short_text(asked))}”"
         if prompt.get("target"):
             caption += f" — accepted: {_targets(prompt['target'])}"
         section.tables.append(Table(columns, rows, caption=caption))
