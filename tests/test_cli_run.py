@@ -10,6 +10,7 @@ import re
 import duckdb
 import pytest
 
+from evalkit.defaults import DEFAULT_BATCH_SIZE
 from evalkit.prompts.templates import get_template
 from evalkit.scoring.lexicon import load_lexicon
 from tests import fake_lm
@@ -122,7 +123,7 @@ def test_run_row(hit_run):
     assert json.loads(row["template_text"])["chat"] is True
     assert row["tasks"] == ["firsttoken"]
     assert row["opener_lexicon_version"] == load_lexicon().version
-    assert row["sample_limit"] == 5 and row["seed"] == 1234 and row["batch_size"] == 8
+    assert row["sample_limit"] == 5 and row["seed"] == 1234 and row["batch_size"] == DEFAULT_BATCH_SIZE
     assert row["finished_at"] >= row["created_at"]
     assert row["duration_s"] > 0 and row["error"] is None
     assert row["lm_eval_version"] == "0.4.13"
