@@ -122,15 +122,7 @@ def instrument(path: str) -> tuple[Meter, list]:
 def needed(steps) -> dict[str, float]:
     """Positions the metrics need, summed over prompts (the shared head once)."""
     prompts = [s.context_ids for s in steps if s.candidate_tokens or s.response_ids or s.answer_ids]
-    head = 0
-    if prompts:
-        first = prompts[0]
-        head = min(len(p) for p in prompts)
-        for p in prompts[1:]:
-            n = 0
-            while n < head and p[n] == first[n]:
-                n += 1
-            head = n
+    head = len(os.path.commonprefix(prompts)) if prompts else 0
     return {
         "prompt": head + sum(len(p) - head for p in prompts),
         "trie": sum(s.candidate_positions for s in steps),

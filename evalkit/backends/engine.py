@@ -32,6 +32,7 @@ import copy
 import functools
 import inspect
 import math
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -493,13 +494,7 @@ class _Engine:
         after the head, so each row's own last position is computed in the batch."""
         if len(ids_list) < 2 or not self.policy.is_full or self.attention is not None:
             return 0
-        head = min(len(ids) for ids in ids_list) - 1
-        first = ids_list[0]
-        for ids in ids_list[1:]:
-            n = 0
-            while n < head and ids[n] == first[n]:
-                n += 1
-            head = n
+        head = min(len(os.path.commonprefix(ids_list)), min(len(ids) for ids in ids_list) - 1)
         return head if head >= MIN_SHARED_HEAD else 0
 
     def prefill(self, ids_list):
@@ -565,14 +560,12 @@ class _Engine:
         key = (tail, candidate)
         ids = self.tail_ids.get(key)
         if ids is None:
+            whole = candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
             head_ids = _encode(self.tokenizer, tail, False)
             joint = _encode(self.tokenizer, tail + candidate, False)
             n = len(head_ids)
-            if len(joint) > n and joint[:n] == head_ids:
-                ids = joint[n:]
-            else:  # a merge across the boundary: the whole-context rule decides
-                ids = candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
-            whole = candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
+            # a merge across the boundary: the candidate is tokenised alone, whatever the context
+            ids = joint[n:] if len(joint) > n and joint[:n] == head_ids else whole
             if ids != whole:  # checked once per key, on the first context with this tail
                 self.frame_cuts = False  # this tokenizer does not cut at its added tokens: never again
                 return whole
@@ -685,7 +678,7 @@ class _Engine:
         finally:
             if state is not None:
                 state["hold"] = False
-        for nodes in unit_open:
+        for nodes in unit_open:  # a token whose unit no level completed: ""
             for node in nodes:
                 units[node[0]].setdefault(node[1], "")
         out = []
@@ -741,7 +734,7 @@ class _Engine:
         n_real = sub_mask.sum(-1).tolist()
         try:
             level = {r: first_level[r] for r in rows}
-            opened = {r: unit_open[r] for r in rows}
+            opened = {r: unit_open[r] for r in rows}  # per row: unit nodes whose greedy next token is wanted
             for depth in range(1, depth_max + 1):
                 if depth > 1:
                     level = {r: trie_level(r, depth) for r in rows}
@@ -780,8 +773,6 @@ class _Engine:
                         nxt[node[0]].append(child)
                     else:
                         units[node[0]][node[1]] = ""
-                for r in rows:
-                    unit_open[r] = nxt[r]
                 opened = nxt
         finally:
             if whole and used:
