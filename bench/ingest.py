@@ -7,7 +7,7 @@ Builds synthetic rows shaped like a real run's (every SAMPLE_COLUMNS field,
 `runs.finish_run` on a fresh DB file: the one transaction a run ends with
 (metrics + samples + first_token_topk + the run row's UPDATE, then COMMIT).
 Row building is not timed; the dict → Arrow conversion inside
-`runs.insert_rows` is. Reported separately: samples alone through
+`rows.insert_rows` is. Reported separately: samples alone through
 `_insert_rows`, and first_token_topk rows (a run writes k ≥ 50 per prompt).
 Process CPU seconds are printed too: on a shared, busy machine they say more
 than wall time (DuckDB uses a second thread to compress while Python converts
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from evalkit.store import db as store_db  # noqa: E402  (after the sys.path line above)
-from evalkit.store import runs  # noqa: E402
+from evalkit.store import rows, runs  # noqa: E402
 
 TARGET_ROWS_PER_S = 100_000
 
@@ -109,7 +109,7 @@ def main() -> int:
         samples = sample_rows("r2", args.rows)
         with store_db.transaction(db) as con:
             t0, c0 = time.perf_counter(), time.process_time()
-            runs.insert_rows(con, "samples", runs.SAMPLE_COLUMNS, samples)
+            rows.insert_rows(con, "samples", rows.SAMPLE_COLUMNS, samples)
             results.append(("_insert_rows, samples", args.rows, time.perf_counter() - t0, time.process_time() - c0))
 
         new_run(db, "r3")

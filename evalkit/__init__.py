@@ -4,7 +4,8 @@ The Python API — `evalkit.run`, `evalkit.connect`, `evalkit.promote`, `evalkit
 and is imported on first use, so `import evalkit` (and `evalkit --help`) stays light.
 """
 
-__version__ = "0.1.0"
+from evalkit.version import __version__
+
 __all__ = ["__version__", "connect", "gate", "promote", "resume", "run", "run_all"]
 
 

@@ -28,7 +28,7 @@ from evalkit.errors import BadInput
 from evalkit.scoring import stats
 from evalkit.store.db import open_reader
 from evalkit.store.queries import resolve_run
-from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
+from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 
 ALL_TASKS = "all"  # the `task` of the overall rows
 # the runs columns that make a run dimension (what a comparison is usually across)

@@ -126,7 +126,7 @@ class EnvVar:
 _BAD = object()  # what `_parse` returns for a value the kind does not accept
 
 # a run on another host is taken for abandoned when its heartbeat is 10 minutes old
-# (`store.runs.STALE_AFTER`): a beat may be skipped once and the run still look alive
+# (`store.rows.STALE_AFTER`): a beat may be skipped once and the run still look alive
 HEARTBEAT_MAX_S = 300.0
 
 VARIABLES: tuple[EnvVar, ...] = (

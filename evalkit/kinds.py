@@ -45,7 +45,7 @@ QuantMethod = Literal["cast", "load", "after", "checkpoint"]
 
 # --- runs (runs.status) ---
 # running: started, its process alive or not yet found gone; done: stored whole; failed: an error
-# (runs.error says which); interrupted: SIGINT/SIGTERM, or found abandoned (`runs.abandoned_ids`)
+# (runs.error says which); interrupted: SIGINT/SIGTERM, or found abandoned (`rows.abandoned_ids`)
 RunStatus = Literal["running", "done", "failed", "interrupted"]
 # a run's status as `evalkit runs` / `show` show it: a stored status, or `kept` (a finished run whose
 # results wait in a spool file) or `abandoned` (a running run whose process is gone), `store.queries`

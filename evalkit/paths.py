@@ -98,13 +98,29 @@ def _protected(paths: Iterable[str | os.PathLike | None]) -> list[Path]:
     return out
 
 
+def is_duckdb_file(path: Path) -> bool:
+    """A DuckDB file is a regular file carrying the magic bytes 'DUCK' at offset 8; an empty file,
+    a FIFO (opened without waiting, never read) or a device is not one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        head = os.pread(fd, 12, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return len(head) == 12 and head[8:12] == b"DUCK"
+
+
 def _refuse_overwrite(path: Path, what: str, protected: list[Path]) -> None:
     for p in protected:
         if _same(path, p):
             raise BadInput(f"{what} {path} is {p}, which this command reads; choose another path")
     if path.is_file():
-        from evalkit.store.db import is_duckdb_file
-
         if is_duckdb_file(path):
             raise BadInput(f"{what} {path} is a DuckDB database; evalkit does not overwrite one")
 

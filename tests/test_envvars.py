@@ -154,7 +154,7 @@ def test_defaults_kept_elsewhere_agree_with_the_registry():
 
 
 def test_the_heartbeat_bound_keeps_a_live_run_from_looking_abandoned():
-    from evalkit.store.runs import STALE_AFTER
+    from evalkit.store.rows import STALE_AFTER
 
     # one skipped beat (a busy DB) and the next one still lands before readers call the run abandoned
     assert 2 * envvars.HEARTBEAT_MAX_S <= STALE_AFTER.total_seconds()

@@ -169,13 +169,13 @@ def test_differences_name_each_changed_entry_whole():
 def test_a_resume_that_loses_the_race_is_one_line_and_changes_nothing(fake_run, tmp_path):
     import duckdb
 
-    from evalkit.store import runs
+    from evalkit.store import rows, runs
 
     db = tmp_path / "evalkit.duckdb"
     run_id = fake_run(db)
     con = duckdb.connect(str(db))
     con.execute("UPDATE runs SET status = 'running', pid = ?, host = ?, pid_start = ? WHERE id = ?",
-                [os.getpid(), runs.this_process()["host"], runs.this_process().get("pid_start"), run_id])
+                [os.getpid(), rows.this_process()["host"], rows.this_process().get("pid_start"), run_id])
     con.close()
     before = digest(tmp_path)
     with pytest.raises(BadInput, match=f"run {run_id} was resumed by another process"):

@@ -12,6 +12,7 @@ import duckdb
 import pytest
 
 from evalkit.errors import BadInput
+from evalkit.store import rows as store_rows
 from evalkit.store import runs as store
 from evalkit.store.db import applied, migrate, open_reader, open_writer, pending, transaction
 from evalkit.store.migrations import MIGRATIONS
@@ -203,11 +204,11 @@ def test_fresh_db_has_the_exact_schema(tmp_path):
 
 
 def test_column_lists_in_store_match_the_schema():
-    assert list(store.RUN_COLUMNS) == list(EXPECTED_TABLES["runs"])
-    assert list(store.SAMPLE_COLUMNS) == list(EXPECTED_TABLES["samples"])
-    assert list(store.METRIC_COLUMNS) == list(EXPECTED_TABLES["metrics"])
-    assert list(store.TOPK_COLUMNS) == list(EXPECTED_TABLES["first_token_topk"])
-    assert list(store.ATTENTION_COLUMNS) == list(EXPECTED_TABLES["attention_layers"])
+    assert list(store_rows.RUN_COLUMNS) == list(EXPECTED_TABLES["runs"])
+    assert list(store_rows.SAMPLE_COLUMNS) == list(EXPECTED_TABLES["samples"])
+    assert list(store_rows.METRIC_COLUMNS) == list(EXPECTED_TABLES["metrics"])
+    assert list(store_rows.TOPK_COLUMNS) == list(EXPECTED_TABLES["first_token_topk"])
+    assert list(store_rows.ATTENTION_COLUMNS) == list(EXPECTED_TABLES["attention_layers"])
 
 
 def test_applied_and_pending(tmp_path):
@@ -559,7 +560,7 @@ def sample_row(run_id: str, i: int) -> dict:
 def test_finish_run_stores_every_row_as_given(tmp_path, monkeypatch):
     """Rows span several Arrow batches and keep their order; a key a row lacks is NULL, a key
     outside the table is ignored; the run row is updated in the same transaction."""
-    monkeypatch.setattr(store, "_BATCH_ROWS", 4)
+    monkeypatch.setattr(store_rows, "_BATCH_ROWS", 4)
     db = tmp_path / "f.duckdb"
     add_run(db, "r1", 0, status="running")
     rows = [sample_row("r1", i) for i in range(11)]
@@ -572,17 +573,17 @@ def test_finish_run_stores_every_row_as_given(tmp_path, monkeypatch):
                 "value": 0.5, "stderr": 0.1, "n": 11}]
     store.finish_run(db, "r1", metrics=metrics, samples=rows, topk=topk, status="done", duration_s=2.5)
     with open_reader(db) as con:
-        stored = con.execute(f"SELECT {', '.join(store.SAMPLE_COLUMNS)} FROM samples").fetchall()
-        assert stored == [tuple(r.get(c) for c in store.SAMPLE_COLUMNS) for r in rows]
-        assert con.execute(f"SELECT {', '.join(store.TOPK_COLUMNS)} FROM first_token_topk").fetchall() == [
-            tuple(r[c] for c in store.TOPK_COLUMNS) for r in topk]
+        stored = con.execute(f"SELECT {', '.join(store_rows.SAMPLE_COLUMNS)} FROM samples").fetchall()
+        assert stored == [tuple(r.get(c) for c in store_rows.SAMPLE_COLUMNS) for r in rows]
+        assert con.execute(f"SELECT {', '.join(store_rows.TOPK_COLUMNS)} FROM first_token_topk").fetchall() == [
+            tuple(r[c] for c in store_rows.TOPK_COLUMNS) for r in topk]
         assert con.execute("SELECT metric, value, n FROM metrics").fetchall() == [("ft_hit", 0.5, 11)]
         assert con.execute("SELECT status, duration_s FROM runs WHERE id = 'r1'").fetchone() == ("done", 2.5)
 
 
 def test_finish_run_with_a_bad_value_writes_nothing(tmp_path, monkeypatch):
     """A value that does not fit its column (in a later batch) fails the run's one transaction."""
-    monkeypatch.setattr(store, "_BATCH_ROWS", 4)
+    monkeypatch.setattr(store_rows, "_BATCH_ROWS", 4)
     db = tmp_path / "bad.duckdb"
     add_run(db, "r1", 0, status="running")
     rows = [sample_row("r1", i) for i in range(11)]

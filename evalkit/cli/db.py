@@ -25,7 +25,7 @@ def migrate_command(db):
     if state.kind == "missing":
         raise BadInput(f"no evalkit database at {path}")
     pending = state.pending if state.kind in ("evalkit", "empty") else []
-    with open_writer(path, upkeep=False):  # refuses a foreign file; applies what is pending
+    with open_writer(path):  # refuses a foreign file; applies what is pending
         pass
     click.echo(f"{path}: applied {len(pending)} schema upgrade(s): {', '.join(pending)}" if pending
                else f"{path}: schema already up to date")

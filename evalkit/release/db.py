@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evalkit.errors import BadInput
-from evalkit.store.db import db_path, now, open_reader, transaction
+from evalkit.store.db import db_path, now, open_reader
 from evalkit.store.queries import resolve_run, shown_status
-from evalkit.store.runs import SAMPLE_METRIC_COLUMNS
+from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
+from evalkit.store.runs import transaction
 
 if TYPE_CHECKING:  # evalkit.release.decide imports numpy and yaml: loaded when a gate runs
     from evalkit.release.decide import Verdict

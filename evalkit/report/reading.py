@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalkit.backends.models import model_label
 from evalkit.compare import DIMENSIONS, quant_summary
 from evalkit.errors import BadInput
+from evalkit.labels import model_label
 from evalkit.store.queries import resolve_run
 
 MAX_DEFAULT_RUNS = 12  # runs a report covers when none are named: the newest done ones
@@ -276,7 +276,7 @@ def _template_systems() -> dict[str, str]:
 
 
 def _model_label(model: str | None, model_args: str | None) -> str:
-    """What a reader calls the model (`models.model_label`) of a run stored without a model_name;
+    """What a reader calls the model (`labels.model_label`) of a run stored without a model_name;
     with no model named, the model type and its short args.
 
     >>> _model_label("hf", '{"pretrained": "/m/SmolLM2-360M"}'), _model_label("vllm", '{"max_logprobs": 50}')

@@ -19,7 +19,7 @@ from typing import Any
 from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE, FirstStepResult, FirstStepText, doc_kind
 from evalkit.scoring.conflict import pick_of
 from evalkit.scoring.firsttoken import ft_outcome, stored_fields
-from evalkit.store.runs import ATTENTION_COLUMNS, SAMPLE_METRIC_COLUMNS
+from evalkit.store.rows import ATTENTION_COLUMNS, SAMPLE_METRIC_COLUMNS
 
 
 def _num(value: Any) -> float | None:

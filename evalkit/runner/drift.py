@@ -135,7 +135,7 @@ def _encode(tok, text: str) -> list[int]:
 def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> None:
     from evalkit.backends.teacher import Forced, base_pass
     from evalkit.store import drift as store
-    from evalkit.store.db import transaction
+    from evalkit.store.runs import transaction
 
     model, tok, pad = _model_of(lm)
     items = logged_items(results)
@@ -153,7 +153,7 @@ def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> Non
 def _as_candidate(s: Session, lm, run_id: str, batch_size: int) -> list[dict[str, Any]]:
     from evalkit.backends.teacher import Forced, drift_pass
     from evalkit.store import drift as store
-    from evalkit.store.db import transaction
+    from evalkit.store.runs import transaction
 
     model, tok, pad = _model_of(lm)
     keys = sorted(k for k, it in s.base.items() if it.token_ids)

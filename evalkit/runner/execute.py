@@ -27,16 +27,17 @@ from typing import Any
 
 import duckdb
 
-from evalkit import __version__, envvars
+from evalkit import envvars
 from evalkit.backends import models
 from evalkit.errors import BadInput, DatabaseBusy, ResultsKept, RunFailed, StorageFault
 from evalkit.prompts.catalog import task_manager
 from evalkit.runner.checks import check_against_model
 from evalkit.runner.config import RunConfig, RunPlan, plan_run
 from evalkit.runner.liveness import Heartbeat, exit_on_signals
-from evalkit.store import runs, spool
+from evalkit.store import rows, runs, spool
 from evalkit.store.db import db_path, now
 from evalkit.store.journal import Journal
+from evalkit.version import __version__
 
 __all__ = ["RunConfig", "RunResult", "execute", "execute_all"]
 
@@ -164,7 +165,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "engine": model.engine,
         "unavailable": _unavailable(lm),
         **_versions(),
-        **runs.this_process(),
+        **rows.this_process(),
     }
 
 

@@ -4,7 +4,7 @@ Owns: `Heartbeat` (a daemon thread that refreshes the run row's `heartbeat_at` e
 `EVALKIT_HEARTBEAT_S` seconds, default 60; a busy DB just skips a beat) and
 `exit_on_signals` (SIGINT, SIGTERM and SIGHUP mark the run `interrupted` and end the
 process). A run killed without a word (kill -9, power loss) is recognised later from
-its pid and heartbeat (`store.runs.is_abandoned`). Does not: decide what a run does.
+its pid and heartbeat (`store.rows.is_abandoned`). Does not: decide what a run does.
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ from typing import Any
 from evalkit.errors import BadInput
 from evalkit.runner.config import RunConfig, plan_run
 from evalkit.runner.execute import Resumed, RunResult, _execute_plan, fingerprint, keeps_journal, run_row
-from evalkit.store import journal, runs, spool
-from evalkit.store.db import db_path, open_reader, open_writer
+from evalkit.store import journal, rows, runs, spool
+from evalkit.store.db import db_path, open_reader
+from evalkit.store.runs import open_writer
 from evalkit.store.queries import resolve_run
 
 
@@ -58,7 +59,7 @@ def _config(row: dict[str, Any], db) -> RunConfig:
 
 def _check_status(run_id: str, row: dict[str, Any]) -> None:
     status = row["status"]
-    if status == "running" and not runs.is_abandoned(status, row.get("host"), row.get("pid"),
+    if status == "running" and not rows.is_abandoned(status, row.get("host"), row.get("pid"),
                                                        row.get("pid_start"), row.get("heartbeat_at")):
         raise BadInput(f"run {run_id} is still running (pid {row.get('pid')} on {row.get('host')}); "
                        "resume it once it has stopped")

@@ -6,8 +6,9 @@ evalkit DB of an older or newer schema), the two ways in — `open_reader` (read
 never migrates, never writes, refuses what it cannot read with one line) and
 `open_writer` (creates and migrates; used by `run`, `promote`, `migrate` and `ingest`
 only) — short write transactions, and the bounded, jittered wait on DuckDB's
-single-writer file lock. Does not: know which rows a run writes (`runs`), keep unwritten
-results (`spool`), or run user SQL (`sandbox`).
+single-writer file lock. Does not: know which rows a run writes (`rows`), keep unwritten results (`spool`), do the
+writer's upkeep (ingesting kept runs, recording dead ones: `runs.open_writer`), or run user
+SQL (`sandbox`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import duckdb
 
 from evalkit import envvars
 from evalkit.errors import BadInput, DatabaseBusy, StorageFault
+from evalkit.paths import is_duckdb_file, kind_of
 from evalkit.store.migrations import APPLICATION_ID, MIGRATIONS
 
 MIGRATION_NAMES = [m.__name__ for m in MIGRATIONS]
@@ -41,24 +43,6 @@ def now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
 
 
-def is_duckdb_file(path: Path) -> bool:
-    """A DuckDB file is a regular file carrying the magic bytes 'DUCK' at offset 8; an empty file,
-    a FIFO (opened without waiting, never read) or a device is not one."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        head = os.pread(fd, 12, 0)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return len(head) == 12 and head[8:12] == b"DUCK"
-
-
 def refuse_special(path: Path) -> None:
     """BadInput when the DB path is a folder, FIFO, device or socket: a DB is a regular file."""
     try:
@@ -66,8 +50,6 @@ def refuse_special(path: Path) -> None:
     except OSError:
         return
     if not stat.S_ISREG(mode):
-        from evalkit.paths import kind_of
-
         raise BadInput(f"{path} is {kind_of(mode)}, not a DuckDB file")
 
 
@@ -371,13 +353,12 @@ STORAGE_COMPATIBILITY = "v1.0.0"
 
 
 @contextlib.contextmanager
-def open_writer(path: str | os.PathLike | None = None, *, upkeep: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
+def open_writer(path: str | os.PathLike | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
     """A read-write connection to the evalkit DB, created and migrated as needed; closed on exit.
 
-    Only writers use it (`run`, `promote`, `migrate`, `ingest`). Refuses another
-    program's DuckDB file and a newer evalkit's DB. With `upkeep`, it also brings in
-    finished runs kept in the spool folder and marks runs whose process is gone as
-    `abandoned` (`store.runs.mark_abandoned`). Keep the block short.
+    Only writers use it (`run`, `promote`, `migrate`, `ingest`). Refuses another program's DuckDB
+    file and a newer evalkit's DB. It opens and migrates only: a writer that should first bring in
+    kept runs and record dead ones opens through `store.runs.open_writer`. Keep the block short.
     """
     path = check_writable(path)
     config: dict[str, str | bool | int | float | list[str]] = (
@@ -392,11 +373,6 @@ def open_writer(path: str | os.PathLike | None = None, *, upkeep: bool = True) -
         if problem:
             raise BadInput(problem)
         migrate(con)
-        if upkeep:
-            from evalkit.store import runs, spool
-
-            spool.ingest_pending(con, path)
-            runs.mark_abandoned(con)
         yield con
     except (duckdb.Error, OSError) as exc:
         raise as_fault(path, exc) from exc
@@ -416,13 +392,19 @@ def as_fault(path: Path, exc: BaseException) -> BaseException:
 
 
 @contextlib.contextmanager
-def transaction(path: str | os.PathLike | None = None, *, upkeep: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
-    """One short write transaction on the DB, committed on success, rolled back on error."""
-    with open_writer(path, upkeep=upkeep) as con:
-        con.execute("BEGIN TRANSACTION")
-        try:
-            yield con
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        con.execute("COMMIT")
+def in_transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """The block as one transaction on `con`: committed on success, rolled back on error."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield con
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+@contextlib.contextmanager
+def transaction(path: str | os.PathLike | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """One short write transaction on the DB (`open_writer`: no upkeep), committed on success."""
+    with open_writer(path) as con, in_transaction(con) as con:
+        yield con

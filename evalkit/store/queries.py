@@ -2,7 +2,7 @@
 
 Owns: `resolve_run` (an id, a unique id prefix, `latest`, `tag:NAME` or a run name to
 a run id), the SQL of `runs`, `show` and `needle-heatmap`, and showing a `running` run
-whose process is gone as `abandoned` (see `runs.is_abandoned`; only writers record it).
+whose process is gone as `abandoned` (see `rows.is_abandoned`; only writers record it).
 Does not: format output or write.
 """
 
@@ -17,7 +17,7 @@ from evalkit.errors import BadInput
 from evalkit.kinds import ShownStatus
 from evalkit.scoring.lead import SIGNALS as LEAD_SIGNALS
 from evalkit.store.db import db_path, open_reader
-from evalkit.store.runs import is_abandoned
+from evalkit.store.rows import is_abandoned
 from evalkit.store.spool import pending_ids
 
 _LIVENESS = "status, host, pid, pid_start, heartbeat_at"

@@ -24,11 +24,11 @@ from typing import TypeVar
 import duckdb
 
 from evalkit.errors import BadInput
+from evalkit.paths import is_duckdb_file
 from evalkit.store.db import (
     SANDBOX_CONFIG,
     db_path,
     inspect_con,
-    is_duckdb_file,
     migrate,
     open_reader,
     open_waiting,

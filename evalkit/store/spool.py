@@ -39,7 +39,7 @@ import duckdb
 
 from evalkit.errors import BadInput
 from evalkit.paths import file_sha256, read_input
-from evalkit.store import runs
+from evalkit.store import rows
 from evalkit.store.db import db_path, inspect_con, migrate, open_writer
 
 SUFFIX = ".duckdb"
@@ -217,14 +217,14 @@ def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, sampl
     con = duckdb.connect(str(partial))
     try:
         migrate(con)
-        cols = [c for c in runs.RUN_COLUMNS if c in row]
+        cols = [c for c in rows.RUN_COLUMNS if c in row]
         con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
                     [row[c] for c in cols])
-        runs.insert_rows(con, "metrics", runs.METRIC_COLUMNS, metrics)
-        runs.insert_rows(con, "samples", runs.SAMPLE_COLUMNS, samples)
-        runs.insert_rows(con, "first_token_topk", runs.TOPK_COLUMNS, topk)
-        runs.insert_rows(con, "lead_indicators", runs.LEAD_COLUMNS, list(lead))
-        runs.insert_rows(con, "attention_layers", runs.ATTENTION_COLUMNS, list(attention))
+        rows.insert_rows(con, "metrics", rows.METRIC_COLUMNS, metrics)
+        rows.insert_rows(con, "samples", rows.SAMPLE_COLUMNS, samples)
+        rows.insert_rows(con, "first_token_topk", rows.TOPK_COLUMNS, topk)
+        rows.insert_rows(con, "lead_indicators", rows.LEAD_COLUMNS, list(lead))
+        rows.insert_rows(con, "attention_layers", rows.ATTENTION_COLUMNS, list(attention))
         con.execute("CHECKPOINT")
     finally:
         con.close()
@@ -320,10 +320,10 @@ def _ingest_file(con: duckdb.DuckDBPyConnection, path: Path, run_id: str) -> Non
             raise BadInput(f"{path} would replace run {run_id}, which is already done; a kept run never does")
         con.execute("BEGIN TRANSACTION")
         try:
-            for table in ("runs", *runs.RESULT_TABLES):
+            for table in ("runs", *rows.RESULT_TABLES):
                 key = "id" if table == "runs" else "run_id"
                 con.execute(f"DELETE FROM main.{table} WHERE {key} = ?", [run_id])
-                cols = ", ".join(runs.RUN_COLUMNS if table == "runs" else runs.RESULT_TABLES[table])
+                cols = ", ".join(rows.RUN_COLUMNS if table == "runs" else rows.RESULT_TABLES[table])
                 con.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM {alias}.main.{table}")
             con.execute("COMMIT")
         except BaseException:
@@ -399,10 +399,10 @@ def ingest(db, paths: Iterable[str | os.PathLike] = ()) -> list[str]:
         if not manifest_of(path).is_file():
             raise BadInput(f"{path} is not an evalkit spool file of this DB (no manifest {manifest_of(path).name} "
                            "beside it); it is left as it is")
-    with open_writer(target, upkeep=False) as con:
+    with open_writer(target) as con:
         con.execute("BEGIN TRANSACTION")
         bind_file(con, target)  # a copy is re-keyed first: it never takes the kept runs of the file it copies
         con.execute("COMMIT")
         ids = ingest_pending(con, target, files or None)
-        runs.mark_abandoned(con)
+        rows.mark_abandoned(con)
     return ids
