@@ -142,7 +142,7 @@ VARIABLES: tuple[EnvVar, ...] = (
            "Seconds `evalkit query` lets the SQL run before it stops it (`--timeout`).", low=0, above_low=True),
     EnvVar("EVALKIT_DEBUG", "flag", "off", "Show tracebacks instead of one-line errors (`--debug`)."),
     EnvVar("EVALKIT_CACHE", "path", None,
-           "Folder of GGUF models converted once (default `$XDG_CACHE_HOME/evalkit`, else `~/.cache/evalkit`).",
+           "Folder of GGUF models converted once, and of the model-arg names `--model hf` checks before a load (default `$XDG_CACHE_HOME/evalkit`, else `~/.cache/evalkit`).",
            off=CACHE_OFF),
     EnvVar("XDG_CACHE_HOME", "path", None, "Where `EVALKIT_CACHE` defaults to (`~/.cache` when unset)."),
     EnvVar("EVALKIT_TASKS", "folder", None, "evalkit's lm-eval task YAMLs, instead of the installed `evalkit.tasks`."),

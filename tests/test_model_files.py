@@ -182,3 +182,84 @@ def test_the_keys_hflm_passes_on_to_from_pretrained_stay_accepted(tiny_model_dir
     models.check_hf_model(args)  # use_cache, tie_word_embeddings: the config's own attributes
     plan = models.resolve("hf", f"pretrained={tiny_model_dir},attn_implementation=eager,use_cache=false")
     assert plan.args["attn_implementation"] == "eager"
+
+
+# ---- the remembered name lists (evalkit/memo.py): the same decisions, without the imports ----
+
+
+def _decision(args: dict) -> str | None:
+    from evalkit.errors import BadInput
+
+    try:
+        models.check_hf_model(args)
+    except BadInput as exc:
+        return str(exc)
+    return None
+
+
+def test_remembered_names_decide_as_the_imports_do(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    base = {"pretrained": str(tiny_model_dir)}
+    config = models.model_config(base)
+    known = models.hf_model_keys()
+    keys = ["attn_implementation", "device_map", "revision", "dtype", "use_cache", "tie_word_embeddings",
+            "hidden_size", "num_attention_heads", "to_dict", "torch_dtype", "foo", "attn_implmentation", "_private"]
+    for key in keys:
+        expected = key in known or hasattr(config, key)
+        first = _decision({**base, key: 1})  # computes and keeps the lists
+        again = _decision({**base, key: 1})  # reads them back
+        assert (first is None) == expected and (again is None) == expected, (key, first, again)
+        assert first == again
+    kept = sorted((tmp_path / "cache" / "names").glob("*.json"))
+    assert [p.name.split("-")[1] for p in kept] == ["config", "model"], kept
+
+
+def test_a_changed_config_file_is_read_again(tiny_model_dir, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    args = {"pretrained": str(folder), "my_extra_flag": 1}
+    assert "my_extra_flag" in (_decision(args) or "")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, "my_extra_flag": True}), encoding="utf-8")
+    assert _decision(args) is None  # the config now has the attribute: its new stamp misses the kept list
+
+
+def test_a_kept_list_that_does_not_read_is_computed_again(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    args = {"pretrained": str(tiny_model_dir), "foo": 1}
+    assert "'foo'" in (_decision(args) or "")
+    for path in (tmp_path / "cache" / "names").glob("*.json"):
+        path.write_text('{"identity": "someone else", "names": ["foo"]}', encoding="utf-8")
+    assert "'foo'" in (_decision(args) or "")  # a planted list does not make 'foo' a key
+    for path in (tmp_path / "cache" / "names").glob("*.json"):
+        path.write_bytes(b"\xff\x00 not json")
+    assert "'foo'" in (_decision({**args}) or "")
+    assert _decision({"pretrained": str(tiny_model_dir), "use_cache": False}) is None
+
+
+def test_with_the_cache_off_nothing_is_kept(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("EVALKIT_CACHE", "none")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert "'foo'" in (_decision({"pretrained": str(tiny_model_dir), "foo": 1}) or "")
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_a_remembered_refusal_imports_neither_torch_nor_transformers(tiny_model_dir, tmp_path):
+    """The point of the lists: a second run refuses a bad key before the seconds of imports."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "EVALKIT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parents[1])}
+    code = ("import sys\nfrom evalkit.backends import models\nfrom evalkit.errors import BadInput\n"
+            f"try:\n    models.check_hf_model({{'pretrained': {str(tiny_model_dir)!r}, 'foo': 1}})\n"
+            "except BadInput as exc:\n    print('refused', exc)\n"
+            "print('heavy', sorted(m for m in ('torch', 'transformers', 'lm_eval') if m in sys.modules))\n")
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "refused unknown --model-args key 'foo'" in first.stdout, first.stderr
+    assert "heavy ['lm_eval', 'torch', 'transformers']" in first.stdout
+    assert "refused unknown --model-args key 'foo'" in again.stdout and "heavy []" in again.stdout, again.stdout

@@ -19,13 +19,16 @@ import importlib
 import importlib.util
 import inspect
 import json
+import logging
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evalkit import memo
 from evalkit.backends import Backend, backend_for, kvcache, offline, quant
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
@@ -290,18 +293,69 @@ def check_hf_model(args: dict[str, Any]) -> None:
     """Refuse (BadInput, one line naming the path or the key) what would fail only once the hf
     model loads: a local model whose files do not read (`model_config`), or a model arg none
     of HFLM, evalkit's subclass, `from_pretrained` or the model's config takes (`hf_model_keys`).
-    A hub id is not checked: its config is not here to say which keys it takes."""
-    with quant.quiet_imports():  # transformers' model classes import torchao, which warns on import
-        config = model_config(args)
-        if config is None:
-            return
-        known = hf_model_keys()
+    A hub id is not checked: its config is not here to say which keys it takes.
+
+    Both name lists cost seconds of imports; they are remembered on disk (`memo.names`) for as long
+    as the packages, evalkit's model class and the model's config file are the ones they came from,
+    so a run with a bad key is refused in under a second from the second run on."""
+    if not is_local(args):
+        return
+    source = _config_source(args)
+    if source is None or args.get("trust_remote_code"):  # no file to key on, or code that may answer any name
+        with quant.quiet_imports():  # transformers' model classes import torchao, which warns on import
+            config = model_config(args)
+            known = hf_model_keys()
+        taken = {key for key in args if key in known or hasattr(config, key)}
+    else:
+        with quant.quiet_imports():  # as above, when the lists are computed
+            attrs = memo.names("hf-config-attrs", source, lambda: _config_names(args))  # refuses a bad file first
+            known = memo.names("hf-model-args", _keys_identity(), hf_model_keys)
+        taken = {key for key in args if key in known or key in attrs}
     for key in args:
-        if key not in known and not hasattr(config, key):
+        if key not in taken:
             from evalkit.scoring.registry import suggest
 
             raise BadInput(f"unknown --model-args key {key!r} for --model hf{suggest(key, sorted(known))}: "
                            "not an argument of HFLM, evalkit-hf or from_pretrained, nor of the model's config")
+
+
+def _keys_identity() -> dict[str, Any]:
+    """What `hf_model_keys` depends on: lm-eval's and transformers' versions and evalkit's HFLM subclass."""
+    return {"lm_eval": memo.package_version("lm_eval"), "transformers": memo.package_version("transformers"),
+            "evalkit_hf": memo.module_stamp(backend_for("hf").module)}
+
+
+def _config_source(args: dict[str, Any]) -> dict[str, Any] | None:
+    """The file `model_config` reads for `args` (stamped), None where it would refuse or read none."""
+    from evalkit.backends import convert
+
+    path = Path(os.path.expanduser(str(args.get("pretrained")))) / str(args.get("subfolder") or "")
+    try:
+        if args.get("gguf_file"):
+            gguf = Path(args["gguf_file"]) if Path(args["gguf_file"]).is_absolute() else path / args["gguf_file"]
+            folder = convert.cached_folder(gguf)
+            done = folder / convert.DONE if folder is not None else None
+            return {"gguf": memo.file_stamp(gguf), "converted": memo.file_stamp(done) if done and done.is_file()
+                    else None, "transformers": memo.package_version("transformers")}
+        return {"config": memo.file_stamp(path / "config.json"), "transformers": memo.package_version("transformers")}
+    except OSError:
+        return None
+
+
+def _config_names(args: dict[str, Any]) -> set[str]:
+    """Every name `hasattr(config, name)` finds on the model's config: its attributes, its class's,
+    and the aliases of its `attribute_map` (transformers' configs answer no other names)."""
+    config = model_config(args)
+    names = set(dir(config)) | set(getattr(config, "attribute_map", None) or {})
+    logger = logging.getLogger("transformers")  # reading deprecated properties logs a warning each
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return {n for n in names if hasattr(config, n)}
+    finally:
+        logger.setLevel(level)
 
 
 def model_config(args: dict[str, Any]):

@@ -1,0 +1,92 @@
+"""Names that cost seconds of imports to learn, remembered on disk for as long as what they came from.
+
+`--model-args` is checked before the model loads (SPEC §4: within 2 s), but the keys an hf model
+takes come from importing lm-eval, transformers and torch (about 5 CPU-seconds): the parameters of
+HFLM and `from_pretrained`, and the attributes of the model's config. They change only when those
+packages, evalkit's own model class, or the model's config file change, so `names` computes them
+once per such identity and keeps them in the cache folder (`EVALKIT_CACHE`); with the cache off it
+computes them every time. A file that does not read as what was written is recomputed and replaced,
+never trusted. Does not: decide anything about the names (the caller does, the same way either way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from evalkit import envvars
+from evalkit.version import __version__
+
+FORMAT = 1
+MAX_BYTES = 1 << 20  # a remembered list is a few kB; anything larger is not one of ours
+
+
+def package_version(name: str) -> str | None:
+    """An installed distribution's version, read from its metadata (no import); None if absent."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def file_stamp(path: str | os.PathLike) -> dict[str, Any]:
+    """What says a file is still the one a name list came from: its path, size and mtime (ns)."""
+    st = os.stat(path)
+    return {"path": str(Path(path).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def module_stamp(module: str) -> dict[str, Any] | None:
+    """`file_stamp` of a module's source, found without importing it (its parents are imported)."""
+    spec = importlib.util.find_spec(module)
+    return file_stamp(spec.origin) if spec and spec.origin and os.path.isfile(spec.origin) else None
+
+
+def names(kind: str, identity: dict[str, Any], compute: Callable[[], Iterable[str]]) -> frozenset[str]:
+    """`compute()`'s names, from the cache folder when they were computed for this very identity."""
+    folder = envvars.cache()
+    if folder is None:
+        return frozenset(compute())
+    identity = {"format": FORMAT, "evalkit": __version__, "kind": kind, **identity}
+    text = json.dumps(identity, sort_keys=True, default=str)
+    path = folder / "names" / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+    kept = _read(path, identity)
+    if kept is not None:
+        return kept
+    found = frozenset(compute())
+    _write(path, {"identity": json.loads(text), "names": sorted(found)})
+    return found
+
+
+def _read(path: Path, identity: dict[str, Any]) -> frozenset[str] | None:
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("identity") != json.loads(json.dumps(identity, default=str)):
+        return None
+    kept = data.get("names")
+    if not isinstance(kept, list) or not all(isinstance(n, str) for n in kept):
+        return None
+    return frozenset(kept)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Best effort: a cache that cannot be written costs the next run the same seconds, nothing more."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
