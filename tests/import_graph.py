@@ -27,7 +27,8 @@ PACKAGE = ROOT / "evalkit"
 # layer -> (module prefixes, layers it may import besides itself); the longest matching prefix places a module
 LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "floor": (("evalkit.errors", "evalkit.kinds", "evalkit.defaults", "evalkit.envvars", "evalkit.version",
-               "evalkit.install", "evalkit.labels", "evalkit.contract", "evalkit.paths", "evalkit.progress"),
+               "evalkit.install", "evalkit.labels", "evalkit.contract", "evalkit.paths", "evalkit.progress",
+               "evalkit.memo"),
               frozenset()),
     "scoring": (("evalkit.scoring",), frozenset({"floor"})),
     "prompts": (("evalkit.prompts",), frozenset({"floor", "scoring"})),
