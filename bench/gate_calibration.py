@@ -88,6 +88,17 @@ def run_variants(db: str, limit: int | None) -> dict[str, str]:
     return ids
 
 
+def with_distance(db: str | None, base: RunData, other: RunData) -> RunData:
+    """`other` with its per-prompt first-token distance from `base` (js_div), as `evalkit gate` adds it."""
+    if db is None:  # a --pairs-json file holds no top-k
+        return other
+    from evalkit.release.db import with_distances
+    from evalkit.store.db import open_reader
+
+    with open_reader(db) as con:
+        return with_distances(con, other, base)[0]
+
+
 def load(db: str | None, ref: str, pairs: dict | None = None) -> RunData:
     """A stored run (a ref in the DB), or a variant of a --pairs-json file (bench/answer_prob_pairs.py)."""
     if pairs is not None:
@@ -170,6 +181,11 @@ def planted_pair(base: RunData, cand: RunData, picks, k: float, rng) -> tuple[Ru
                 noise = float(np.exp(SIGMA * rng.standard_normal() - SIGMA ** 2 / 2))  # mean 1
                 factor = (1 - k * margin.value) if higher else (1 + k * margin.value)
                 out[key][m] = max(0.0, v * factor * noise) if higher else min(1.0, v * factor * noise)
+                continue
+            if not spec.binary:  # a continuous value on a fixed scale (js_div, bits): k x margin added, noisily
+                noise = float(np.exp(SIGMA * rng.standard_normal() - SIGMA ** 2 / 2))  # mean 1
+                step = k * margin.value * noise
+                out[key][m] = v - step if higher else v + step
                 continue
             drop, p = k * margin.value, mean[(task, m)]
             if higher:  # lose a hit with probability drop / p
@@ -297,8 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         benign_refs = {r: r for r in args.benign.split(",") if r}
         worse_refs = {r: r for r in args.worse.split(",") if r}
     base = load(args.db, baseline, pairs)
-    benign = {label: load(args.db, ref, pairs) for label, ref in benign_refs.items()}
-    worse = {label: load(args.db, ref, pairs) for label, ref in worse_refs.items()}
+    benign = {label: with_distance(args.db, base, load(args.db, ref, pairs)) for label, ref in benign_refs.items()}
+    worse = {label: with_distance(args.db, base, load(args.db, ref, pairs)) for label, ref in worse_refs.items()}
+    if args.db is not None:  # the baseline's distance from itself: 0 on every prompt
+        from evalkit.release.db import with_distances
+        from evalkit.store.db import open_reader
+
+        with open_reader(args.db) as con:
+            base = with_distances(con, base, base)[1]
     sizes = [None if s == "all" else int(s) for s in args.n.split(",")]
     ks = [float(k) for k in args.k.split(",")]
     start = time.perf_counter()

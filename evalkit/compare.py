@@ -134,7 +134,7 @@ def compare_many(db: str | os.PathLike | None, baseline: str, candidates: list[s
             keys, values = _paired_samples(con, base, b, metric_cols)
             if not keys:
                 raise BadInput(f"runs {base} and {b} share no prompts (same task and doc_id); nothing to compare")
-            pairs.append((b, keys, values, _paired_topk(con, base, b), _dimensions(con, base, b)))
+            pairs.append((b, keys, values, paired_topk(con, base, b), _dimensions(con, base, b)))
             by_position[b] = _by_position(con, base, b)
         info = run_info(con, [base, *ids])
 
@@ -238,7 +238,7 @@ def _paired_samples(con, a: str, b: str, cols: list[str]):
     return keys, values
 
 
-def _paired_topk(con, a: str, b: str):
+def paired_topk(con, a: str, b: str):
     """Each run's stored top-k per shared prompt: {(task, doc_id): (token_ids, logprobs)}, rank order.
 
     One query for both runs, restricted to the prompts both runs' samples hold.

@@ -316,3 +316,48 @@ def test_ci_example_workflow_runs_gate_then_promote():
     assert '3) echo "::warning::' in script and "decide false" in script
     promote = [s for s in steps if s.get("name") == "Promote on pass"][0]
     assert "steps.gate.outputs.promote == 'true'" in promote["if"]
+
+
+# ------------------------------------------------------------ the first-token distance (js_div)
+
+
+def _topk_run(db, run_id: str, dists: list[dict[int, float]]) -> str:
+    """A done run of len(dists) prompts: one first-token distribution each (stored as top-k rows)."""
+    import math
+
+    from evalkit.store import db as store_db
+    from evalkit.store import runs as store_runs
+
+    store_runs.insert_run(db, {"id": run_id, "created_at": store_db.now(), "status": "running", "model": "synthetic",
+                               "tasks": ["t"]})
+    samples = [{"run_id": run_id, "task": "t", "doc_id": f"d{i}", "ft_hit_prob": 0.5} for i in range(len(dists))]
+    topk = [{"run_id": run_id, "task": "t", "doc_id": f"d{i}", "rank": r, "token_id": tok, "token": f"w{tok}",
+             "logprob": math.log(p), "unit": f"w{tok}"}
+            for i, dist in enumerate(dists) for r, (tok, p) in enumerate(sorted(dist.items(), key=lambda x: -x[1]))]
+    metrics = [{"run_id": run_id, "task": "t", "metric": "ft_hit_prob", "filter": "none", "value": 0.5,
+                "stderr": 0.0, "n": len(dists)}]
+    store_runs.finish_run(db, run_id, metrics=metrics, samples=samples, topk=topk, status="done")
+    return run_id
+
+
+def test_the_first_token_distance_passes_a_near_copy_and_fails_a_changed_distribution(invoke, tmp_path):
+    db = os.environ["EVALKIT_DB"]
+    base = [{1: 0.6, 2: 0.3, 3: 0.1} for _ in range(60)]
+    e = [0.002 * (i % 7) for i in range(60)]  # each prompt moves its own amount
+    near = [{1: 0.6 - x, 2: 0.3 + x, 3: 0.1} for x in e]  # JSD below 1e-4 bits a prompt
+    moved = [{1: 0.3 - x, 2: 0.6 + x, 3: 0.1} for x in e]  # the top two swapped: about 0.07 bits a prompt
+    ids = {name: _topk_run(db, f"26-{name}", dists) for name, dists in
+           (("base", base), ("near", near), ("moved", moved))}
+    res = invoke("gate", "--candidate", ids["near"], "--baseline", ids["base"])
+    assert res.exit_code == 0, res.stdout
+    row = next(line for line in res.stdout.splitlines() if "| js_div |" in line)
+    assert row.startswith("| pass | regression | t | js_div |") and "margin 0.02" in row and "| 60 |" in row, row
+    res = invoke("gate", "--candidate", ids["moved"], "--baseline", ids["base"])
+    assert res.exit_code == 1, res.stdout
+    row = next(line for line in res.stdout.splitlines() if "| js_div |" in line)
+    assert row.startswith("| **FAIL** | regression | t | js_div |") and "lies wholly past the margin 0.02" in row, row
+    # the candidate's mean probability did not move: only the distance saw the change
+    assert re.search(r"\| pass \| regression \| t \| ft_hit_prob \|", res.stdout)
+    # a run gated against itself: every distance is 0
+    res = invoke("gate", "--candidate", ids["moved"], "--baseline", ids["moved"])
+    assert res.exit_code == 0 and re.search(r"\| pass \| regression \| t \| js_div \| 0 \| 0 \|", res.stdout), res.stdout

@@ -86,7 +86,7 @@ def test_metrics_command_lists_the_registry():
     assert by_name["entropy"]["direction"] == "lower" and by_name["entropy"]["hi"] is None
     table = CliRunner().invoke(cli, ["metrics"], catch_exceptions=False).output
     assert "ft_hit_prob" in table and "↓ lower" in table and "needle_recall@depth{D}" in table
-    assert by_name["ft_hit_prob"]["margin"] == "10 % of baseline" and by_name["entropy"]["margin"] is None
+    assert by_name["ft_hit_prob"]["margin"] == "15 % of baseline" and by_name["entropy"]["margin"] is None
 
 
 def test_metrics_margins_lists_each_default_margin_with_its_reason():

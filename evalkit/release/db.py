@@ -1,7 +1,8 @@
 """The DB side of the release gate: reading two runs into ``decide.RunData``, and promotion tags.
 
 Owns: ``load_run_data`` (aggregates from ``metrics``, per-sample values from
-``samples``), ``gate_runs`` (rules, run resolution, ``gate.decide`` and its
+``samples``), ``with_distances`` (per prompt, the candidate's first-token distance from the
+baseline, from both runs' stored top-k), ``gate_runs`` (rules, run resolution, ``gate.decide`` and its
 markdown / JUnit renderings, all from one read-only connection) and
 ``promote`` (the only write: one row in ``tags``).
 Does not: decide pass or fail (``gate.decide`` does), print, write files, or
@@ -92,6 +93,34 @@ def load_run_data(con, run_id: str):
     return RunData(run_id=run_id, metrics=metrics, samples=samples, intervals=intervals)
 
 
+def with_distances(con, cand, base):
+    """(candidate, baseline) with each shared prompt's first-token distance added to both runs' samples.
+
+    A distance metric (the registry's ``DISTANCE_METRICS``: ``js_div``) is a property of the pair,
+    not of one run. The gate checks it as a regression like any other: the candidate's value on a
+    prompt is its distance from the baseline there (``compare.prompt_drift`` on both runs' stored
+    top-k), the baseline's is its distance from itself, 0; the paired drop is then the mean
+    distance, tested against an absolute margin. Prompts without top-k in either run get no value
+    (a text-only engine's run: the rule is then ``skipped``, neither run having the metric).
+    """
+    from evalkit.compare import paired_topk, prompt_drift
+    from evalkit.release.decide import RunData
+    from evalkit.scoring.registry import DISTANCE_METRICS
+
+    topk_c, topk_b = paired_topk(con, cand.run_id, base.run_id)
+    dist: dict[tuple[str, str], dict[str, float]] = {}
+    for key in topk_c.keys() & topk_b.keys():
+        drift = prompt_drift(topk_b[key], topk_c[key])
+        dist[key] = {m: drift[m] for m in DISTANCE_METRICS}
+
+    def added(run, own: bool) -> RunData:
+        samples = {key: {**values, **({m: 0.0 for m in dist[key]} if own else dist[key])} if key in dist else values
+                   for key, values in run.samples.items()}
+        return RunData(run_id=run.run_id, metrics=run.metrics, samples=samples, intervals=run.intervals)
+
+    return added(cand, cand.run_id == base.run_id), added(base, True)
+
+
 def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
     """Gate run ``candidate`` against ``baseline`` (ids, prefixes, latest, tag:NAME). Reads only.
 
@@ -108,6 +137,7 @@ def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
         base_id = _done_run(con, baseline, "gated")
         cand = load_run_data(con, cand_id)
         base = cand if base_id == cand_id else load_run_data(con, base_id)
+        cand, base = with_distances(con, cand, base)
     check_names(rules, cand, base)
     verdict = decide(cand, base, rules)
     check_verdict(verdict, rules)
