@@ -14,8 +14,12 @@ the prompts both runs share and gates them with the default rules (`decide`, as 
     headline margin planted in all headline metrics at once, noisily: a probability (relative
     margin) is multiplied on each prompt by a random factor whose mean is 1 - k x margin
     (log-normal spread, sigma 0.25), a 0/1 metric loses hits (gains openers) at random at the rate
-    whose expected drop is k x its margin. k = 0.5 lies within the margins, k = 2 is clearly
-    worse. Target at k = 2: FAIL in at least 95 % of draws.
+    whose expected drop is k x its margin, and a distance on a fixed scale (js_div) grows on each
+    prompt by k x its margin times the same kind of random factor. k = 0.5 lies within the
+    margins, k = 2 is clearly worse. Target at k = 2: FAIL in at least 95 % of draws.
+
+Each candidate's per-prompt first-token distance from the baseline (js_div) is added from both
+runs' stored top-k as `evalkit gate` adds it (`release.db.with_distances`); the baseline's is 0.
 (d) With --worse: a clearly worse real pair (int8-dynamic), as stored: its FAIL share.
 
 One command, measuring everything (runs the variants first when --run is given):
