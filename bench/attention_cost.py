@@ -45,7 +45,7 @@ UNTIL = ["\n\n"]
 
 
 def load_model(device: str = "cpu"):
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
 
     plan = models.resolve("hf", None, device=device)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
@@ -77,7 +77,8 @@ def timed(fn, *args, **kwargs):
 
 
 def time_paths(lm, length: int, depths: list[float], rounds: int) -> None:
-    from evalkit.backends import attention, engine
+    from evalkit.engines.transformers import attention
+    from evalkit.engines.transformers import firststep as engine
 
     model, tokenizer = lm.model, lm.tokenizer
     docs, contexts = needle_contexts(tokenizer, length, depths)
@@ -147,7 +148,7 @@ def peak_rss(length: int, depths: list[float], batch_size: int | None = None) ->
 
 
 def long_grid(lm) -> None:
-    from evalkit.backends import engine
+    from evalkit.engines.transformers import firststep as engine
 
     print("(3) the long preset, one plain prompt per length (prefill + answer, batch 1):")
     for length in (2048, 4096, 7680):

@@ -61,7 +61,9 @@ def main() -> int:
 
     import torch
 
-    from evalkit.backends import engine, kvcache, models
+    from evalkit.engines.transformers import firststep as engine
+    from evalkit.engines.transformers import kvcache
+    from evalkit.engines import resolve as models
     from evalkit.errors import BadInput
     from evalkit.scoring.needle import needle_recall
 

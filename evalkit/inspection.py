@@ -104,7 +104,7 @@ def inspect_prompt(
     than the model has right after. The prompt's first step and response are computed
     under the KV-cache policy.
     """
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
     from evalkit.prompts.catalog import generation_kwargs
     from evalkit.prompts.templates import get_template
     from evalkit.runner.config import check_device
@@ -154,7 +154,8 @@ def first_step_view(model, tokenizer, context: str, *, top_k: int = DEFAULT_INSP
     prompt tokens the last position attends to most, mean over heads and the last
     `attention_layers` layers, the prompt's sink_rate, and the mass on `question` when the
     context holds it once inside a template."""
-    from evalkit.backends import attention, engine
+    from evalkit.engines.transformers import attention
+    from evalkit.engines.transformers import firststep as engine
 
     request = None
     if attention_layers > 0:

@@ -13,8 +13,10 @@ import inspect
 import pytest
 import torch
 
-from evalkit.backends import engine, kvcache, models
-from evalkit.backends.kvcache import FULL, parse
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines.transformers import kvcache
+from evalkit.engines import resolve as models
+from evalkit.engines.transformers.kvcache import FULL, parse
 from evalkit.errors import BadInput
 from tests.tiny import build_tiny_model, load_tiny
 

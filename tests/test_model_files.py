@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from evalkit.backends import models
+from evalkit.engines import resolve as models
 from evalkit.cli import cli
 
 
@@ -169,7 +169,7 @@ def test_the_keys_hflm_passes_on_to_from_pretrained_stay_accepted(tiny_model_dir
 
     from lm_eval.models.huggingface import HFLM
 
-    from evalkit.backends.hf import EvalkitHFLM
+    from evalkit.engines.transformers.model import EvalkitHFLM
 
     keys = models.hf_model_keys()
     for cls in (HFLM, EvalkitHFLM):

@@ -23,7 +23,8 @@ from typing import Any, Literal, TypeVar
 
 import click
 
-from evalkit.backends import kvcache, quant
+from evalkit.engines.transformers import kvcache
+from evalkit.engines.transformers import quant
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TEMPLATE
 
 F = TypeVar("F", bound=Callable[..., Any])

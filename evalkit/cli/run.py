@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from evalkit.backends.models import BATCH_TOKENS
+from evalkit.engines.resolve import BATCH_TOKENS
 from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options, whole
 from evalkit.cli.output import lead_table, metric_table, next_steps
 from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from evalkit.backends.models import model_label
+from evalkit.engines.resolve import model_label
 from evalkit.compare import DIMENSIONS, quant_summary
 from evalkit.errors import BadInput
 from evalkit.store.queries import resolve_run

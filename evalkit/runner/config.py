@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalkit.backends.models import ModelPlan, resolve
+from evalkit.engines.resolve import ModelPlan, resolve
 from evalkit.defaults import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MODEL,

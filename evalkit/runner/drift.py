@@ -75,7 +75,7 @@ def session(cfg) -> Iterator[Session | None]:
             s.base = store.load_base(con, s.base_run_id)
         s.keep = False  # the base is stored already
     elif ref == FIRST:
-        from evalkit.backends import quant
+        from evalkit.engines.transformers import quant
 
         if len(quant.parse_sweep(cfg.quant)) < 2:
             raise BadInput("--drift compares the variants of a sweep with its first one: give --quant BASE,CAND"
@@ -133,7 +133,7 @@ def _encode(tok, text: str) -> list[int]:
 
 
 def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> None:
-    from evalkit.backends.teacher import Forced, base_pass
+    from evalkit.engines.transformers.teacher import Forced, base_pass
     from evalkit.store import drift as store
     from evalkit.store.db import transaction
 
@@ -151,7 +151,7 @@ def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> Non
 
 
 def _as_candidate(s: Session, lm, run_id: str, batch_size: int) -> list[dict[str, Any]]:
-    from evalkit.backends.teacher import Forced, drift_pass
+    from evalkit.engines.transformers.teacher import Forced, drift_pass
     from evalkit.store import drift as store
     from evalkit.store.db import transaction
 

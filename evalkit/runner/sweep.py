@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from evalkit.backends import kvcache, quant
+from evalkit.engines.transformers import kvcache
+from evalkit.engines.transformers import quant
 from evalkit.errors import BadInput, RunFailed
 from evalkit.runner.config import RunConfig, RunPlan, check_text, plan_run
 from evalkit.runner.execute import RunResult, execute_all

@@ -31,12 +31,12 @@ class Backend:
 
 
 BACKENDS = (
-    Backend("evalkit-hf", "evalkit.backends.hf", ("hf", "hf-auto", "huggingface"), None, True, journal=True,
+    Backend("evalkit-hf", "evalkit.engines.transformers.model", ("hf", "hf-auto", "huggingface"), None, True, journal=True,
             engine="transformers"),
-    Backend("evalkit-vllm", "evalkit.backends.vllm", ("vllm",), "vllm", False, engine="vllm"),
-    Backend("evalkit-llamacpp", "evalkit.backends.llamacpp", ("llamacpp", "llama-cpp"), "llama_cpp", False,
+    Backend("evalkit-vllm", "evalkit.engines.vllm.model", ("vllm",), "vllm", False, engine="vllm"),
+    Backend("evalkit-llamacpp", "evalkit.engines.llamacpp.model", ("llamacpp", "llama-cpp"), "llama_cpp", False,
             journal=True, engine="llama.cpp", install=install_hint("llamacpp")),
-    Backend("evalkit-server", "evalkit.backends.server", ("server", "openai-server"), None, False,
+    Backend("evalkit-server", "evalkit.engines.server.model", ("server", "openai-server"), None, False,
             engine="openai-server"),
 )
 

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from evalkit.backends.kvcache import FULL, KVPolicy, new_cache
-from evalkit.backends.models import BATCH_TOKENS
+from evalkit.engines.transformers.kvcache import FULL, KVPolicy, new_cache
+from evalkit.engines.resolve import BATCH_TOKENS
 from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
 
 _SEED_STRIDE = 1_000_003
@@ -333,7 +333,7 @@ def _read_attention(requests, indices, offsets, length):
     """The prefill's attention capture for this batch (`attention.capture`), or a no-op when none is asked for."""
     if requests is None:
         return contextlib.nullcontext()
-    from evalkit.backends import attention
+    from evalkit.engines.transformers import attention
 
     return attention.capture([requests[i] or attention.Request() for i in indices], offsets, length)
 

@@ -37,9 +37,10 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from evalkit.backends import engine as hf_engine
-from evalkit.backends import kvcache, validate
-from evalkit.backends.llamacpp_engine import DEFAULT_KV, SEQ_MAX, LlamaCppEngine, log_softmax
+from evalkit.engines.transformers import firststep as hf_engine
+from evalkit.engines.transformers import kvcache
+from evalkit.engines import validate
+from evalkit.engines.llamacpp.firststep import DEFAULT_KV, SEQ_MAX, LlamaCppEngine, log_softmax
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_BATCH_SIZE,

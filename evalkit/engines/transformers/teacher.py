@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evalkit.backends.engine import _batches, _model_device
-from evalkit.backends.models import BATCH_TOKENS
+from evalkit.engines.transformers.firststep import _batches, _model_device
+from evalkit.engines.resolve import BATCH_TOKENS
 from evalkit.defaults import DEFAULT_BATCH_SIZE
 from evalkit.scoring import drift
 

@@ -30,10 +30,13 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from evalkit import envvars
-from evalkit.backends import attention as attn
-from evalkit.backends import engine, kvcache, offline, validate
-from evalkit.backends import quant as quantization
-from evalkit.backends.convert import cached_args
+from evalkit.engines.transformers import attention as attn
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines.transformers import kvcache
+from evalkit.engines.transformers import offline
+from evalkit.engines import validate
+from evalkit.engines.transformers import quant as quantization
+from evalkit.engines.transformers.convert import cached_args
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,

@@ -14,7 +14,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from evalkit.backends import BACKENDS, backend_for
+from evalkit.engines import BACKENDS, backend_for
 from evalkit.errors import BadInput
 
 _REGISTER = re.compile(r"register_model\(([^)]*)\)")

@@ -26,7 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalkit.backends import Backend, backend_for, kvcache, offline, quant
+from evalkit.engines import Backend, backend_for
+from evalkit.engines.transformers import kvcache
+from evalkit.engines.transformers import offline
+from evalkit.engines.transformers import quant
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_BATCH_SIZE,
@@ -187,7 +190,7 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
     `--attention` or first-step option the backend cannot honour (`kv_cache` is one policy,
     `kvcache.parse`).
     """
-    from evalkit.backends import catalog
+    from evalkit.engines import catalog
 
     if not catalog.is_model_type(model_type):
         raise BadInput(f"unknown model type {model_type!r} (lm-eval has no model registered under that name)")
@@ -195,7 +198,7 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
     backend = backend_for(model_type)
     policy = kvcache.parse(kv_cache) if kv_cache else None  # the one parse of one --kv-cache policy
     if backend is not None and backend.engine in ("llama.cpp", "openai-server"):
-        from evalkit.backends import engines
+        from evalkit.engines.llamacpp import resolve as engines
 
         how = engines.resolve_llamacpp if backend.engine == "llama.cpp" else engines.resolve_server
         return how(backend, model_type, parse_model_args(model_args), quant_name=quant_name, device=device,
@@ -322,7 +325,7 @@ def model_config(args: dict[str, Any]):
     for a hub id); BadInput naming the path for a GGUF file that is not one transformers can
     load, a folder without config.json, a config.json that is not JSON, an architecture
     transformers does not know, or one that is not a causal LM."""
-    from evalkit.backends import convert
+    from evalkit.engines.transformers import convert
 
     pretrained = args.get("pretrained")
     if not is_local(args):
@@ -396,7 +399,7 @@ def hf_model_keys() -> frozenset[str]:
     from transformers import PreTrainedModel
     from transformers.models.auto.auto_factory import _BaseAutoModelClass
 
-    from evalkit.backends.hf import EvalkitHFLM
+    from evalkit.engines.transformers.model import EvalkitHFLM
 
     keys: set[str] = set()
     for fn in (HFLM.__init__, EvalkitHFLM.__init__, PreTrainedModel.from_pretrained):
@@ -418,7 +421,7 @@ def model_class(name: str):
     """The lm-eval model class for `--model NAME`; `hf` and `vllm` get evalkit's backends."""
     from lm_eval.api.registry import get_model
 
-    from evalkit.backends.catalog import check_installed
+    from evalkit.engines.catalog import check_installed
 
     check_installed(name)
     backend = backend_for(name)
@@ -449,7 +452,7 @@ def load(plan: ModelPlan, *, batch_size: int = DEFAULT_BATCH_SIZE):
 
 def fingerprint(model_args: dict[str, Any]) -> str | None:
     """sha256 of the weights file(s) (GGUF or safetensors), else the revision asked for."""
-    from evalkit.backends.convert import sha256
+    from evalkit.engines.transformers.convert import sha256
 
     pretrained = model_args.get("pretrained")
     gguf_model = model_args.get("model")  # --model llamacpp names its GGUF file as model=

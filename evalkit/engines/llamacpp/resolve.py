@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evalkit.backends import Backend, kvcache
-from evalkit.backends.llamacpp_engine import DEFAULT_KV, context_refusal
+from evalkit.engines import Backend
+from evalkit.engines.transformers import kvcache
+from evalkit.engines.llamacpp.firststep import DEFAULT_KV, context_refusal
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_SERVER_CONCURRENCY,
@@ -153,7 +154,7 @@ def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *,
                      temperature, first_temperature, ban_openers, seed, kv_policy, attention):
     """The plan of a GGUF run on llama.cpp; refuses what llama.cpp cannot do (REFUSALS, the KV policies
     `kvcache.llamacpp_refusal` names), an unknown model arg, a file that is not a GGUF."""
-    from evalkit.backends.models import DEFAULT_NAME, ModelPlan, default_model_args
+    from evalkit.engines.resolve import DEFAULT_NAME, ModelPlan, default_model_args
 
     engine = backend.engine or "llama.cpp"
     if quant_name:
@@ -214,7 +215,7 @@ def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *,
 def resolve_server(backend: Backend, model_type: str, args: dict[str, Any], *, quant_name, device, top_k,
                    temperature, first_temperature, ban_openers, seed, kv_policy, attention):
     """The plan of a run through an OpenAI-compatible server: K = min(--top-k, the server's cap)."""
-    from evalkit.backends.models import ModelPlan
+    from evalkit.engines.resolve import ModelPlan
 
     engine = backend.engine or "openai-server"
     for asked, option in ((quant_name, "--quant"), (attention, "--attention"), (first_temperature is not None,

@@ -44,7 +44,7 @@ def check_values(topk: Sequence[tuple[Any, float]], *, entropy: float | None = N
     >>> check_values([(5, 3.0)], source="the server at http://h/v1", prompt="Capital of France?")
     Traceback (most recent call last):
     ...
-    evalkit.backends.validate.EngineOutput: the server at http://h/v1 returned logprob 3 for token 5 of prompt 'Capital of France?': a logprob is at most 0
+    evalkit.engines.validate.EngineOutput: the server at http://h/v1 returned logprob 3 for token 5 of prompt 'Capital of France?': a logprob is at most 0
     """
     seen: set[Any] = set()
     mass = 0.0
@@ -77,7 +77,7 @@ def check_logprobs(values: Iterable[float | None], *, source: str, prompt: str, 
     >>> check_logprobs([-1.0, float("nan")], source="s", prompt="p")
     Traceback (most recent call last):
     ...
-    evalkit.backends.validate.EngineOutput: s returned prompt logprob nan at position 1 of prompt 'p': a logprob is a finite number <= 0
+    evalkit.engines.validate.EngineOutput: s returned prompt logprob nan at position 1 of prompt 'p': a logprob is a finite number <= 0
     """
     for i, value in enumerate(values):
         if value is None:

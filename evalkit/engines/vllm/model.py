@@ -49,8 +49,9 @@ from lm_eval.models.vllm_causallms import VLLM
 from tqdm import tqdm
 from vllm import SamplingParams
 
-from evalkit.backends import engine, validate
-from evalkit.backends.models import logprobs_k
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines import validate
+from evalkit.engines.resolve import logprobs_k
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
 from evalkit.scoring.firsttoken import candidate_strings, unstable
