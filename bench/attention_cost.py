@@ -11,7 +11,7 @@ On the default SmolLM2-135M-Instruct (Q4_1 GGUF, fp32 compute on CPU):
   (2) peak RSS of two whole runs as child processes, each measured on its own:
       `evalkit run --tasks needle_en --needle-lengths 2048 --needle-depths 0,0.1,...,0.7`
       (8 prompts: at the default batch size, 8, the engine's position budget,
-      `backends.models.BATCH_TOKENS` = 4608, runs them 2 at a time; `--rss-batch-size N` asks for
+      `defaults.BATCH_TOKENS` = 4608, runs them 2 at a time; `--rss-batch-size N` asks for
       at most N at a time) with and without
       `--attention`, against the 2 GB budget of the default run (bench/peak_rss.py);
   (3) with `--long-grid`, the CPU cost of the `long` preset: one plain prompt at each of

@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 
-from evalkit.engines.transformers.kvcache import FULL, KVPolicy, new_cache
-from evalkit.engines.resolve import BATCH_TOKENS
+from evalkit.engines.kvpolicy import FULL, KVPolicy
+from evalkit.engines.transformers.kvcache import new_cache
+from evalkit.defaults import BATCH_TOKENS
 from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
 
 _SEED_STRIDE = 1_000_003
@@ -121,7 +122,7 @@ def probe(
     (docs/metrics.md §1.0) each one starts, completed greedily where the token alone holds
     no whole character (`_Engine.complete_units`), so a figure can show 递 where the token
     decodes to "�".
-    `kv_policy` (`kvcache.KVPolicy`, default `full`) is applied to every forward pass —
+    `kv_policy` (`kvpolicy.KVPolicy`, default `full`) is applied to every forward pass —
     the prefill, the candidate trie and decoding — so every number read here is computed
     under it: evicted keys are masked out of every later query's attention (positions keep
     their original indices), rounded caches store and read rounded keys and values. `full`

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from evalkit.engines.transformers import firststep as engine
-from evalkit.engines.transformers.kvcache import parse
+from evalkit.engines.kvpolicy import parse
 from evalkit.scoring.lexicon import load_lexicon
 from tests import reference_engine
 from tests.test_firststep import QUESTIONS

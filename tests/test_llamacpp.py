@@ -23,7 +23,7 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from evalkit.engines.transformers import kvcache  # noqa: E402
+from evalkit.engines import kvpolicy  # noqa: E402
 from evalkit.engines.resolve import DEFAULT_GGUF, default_model_dir, resolve  # noqa: E402
 from evalkit.errors import BadInput  # noqa: E402
 
@@ -193,7 +193,7 @@ def test_kv_cache_types_map_onto_llama_cpp(eng, context):
     from evalkit.engines.llamacpp import model as llamacpp
     from evalkit.engines.llamacpp.firststep import KV_TYPES
 
-    assert set(kvcache.GGML_TYPES) <= set(KV_TYPES)
+    assert set(kvpolicy.GGML_TYPES) <= set(KV_TYPES)
     tops = {}
     try:
         for kind in ("f32", "f16", "q8_0", "q4_0"):

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from evalkit.engines import resolve as models
+from evalkit.engines.transformers import resolve as hf_resolve
 from evalkit.cli import cli
 
 
@@ -147,7 +148,7 @@ def test_missing_gguf_file(tiny_model_dir, tmp_path, no_load):
 
 
 def test_unknown_model_arg_is_refused_before_the_load(tiny_model_dir, tmp_path, no_load):
-    models.hf_model_keys()  # the imports (torch, lm-eval) the load would make anyway
+    hf_resolve.hf_model_keys()  # the imports (torch, lm-eval) the load would make anyway
     start = time.monotonic()
     result = run_hf(f"pretrained={tiny_model_dir},attn_implmentation=eager", tmp_path / "e.duckdb")
     elapsed = time.monotonic() - start
@@ -171,7 +172,7 @@ def test_the_keys_hflm_passes_on_to_from_pretrained_stay_accepted(tiny_model_dir
 
     from evalkit.engines.transformers.model import EvalkitHFLM
 
-    keys = models.hf_model_keys()
+    keys = hf_resolve.hf_model_keys()
     for cls in (HFLM, EvalkitHFLM):
         named = {p.name for p in inspect.signature(cls.__init__).parameters.values()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)} - {"self"}
@@ -179,6 +180,6 @@ def test_the_keys_hflm_passes_on_to_from_pretrained_stay_accepted(tiny_model_dir
     assert {"attn_implementation", "device_map", "revision", "local_files_only", "dtype", "load_in_4bit"} <= keys
     args = {"pretrained": str(tiny_model_dir), "attn_implementation": "eager", "device_map": "cpu",
             "use_cache": False, "tie_word_embeddings": False, "trust_remote_code": False}
-    models.check_hf_model(args)  # use_cache, tie_word_embeddings: the config's own attributes
+    hf_resolve.check_hf_model(args)  # use_cache, tie_word_embeddings: the config's own attributes
     plan = models.resolve("hf", f"pretrained={tiny_model_dir},attn_implementation=eager,use_cache=false")
     assert plan.args["attn_implementation"] == "eager"

@@ -317,7 +317,7 @@ def test_topk_is_ordered_by_rank_with_the_sampled_token_out_of_the_top(fake_vllm
 
 
 def test_logprobs_k_is_capped_by_vllms_max_logprobs(fake_vllm):
-    from evalkit.engines.resolve import VLLM_MAX_LOGPROBS, logprobs_k
+    from evalkit.engines.vllm.resolve import VLLM_MAX_LOGPROBS, logprobs_k
 
     assert VLLM_MAX_LOGPROBS == 20
     assert logprobs_k(50, None) == 20  # engine not known: vLLM's default

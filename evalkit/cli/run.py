@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 
-from evalkit.engines.resolve import BATCH_TOKENS
 from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options, whole
 from evalkit.cli.output import lead_table, metric_table, next_steps
-from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
+from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
 from evalkit.prompts.presets import LENGTH_PRESETS
 
 

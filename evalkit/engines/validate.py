@@ -2,7 +2,7 @@
 
 Owns: what a first step may hold (`check_values`), one check for each shape an engine hands back:
 `check_result` (a `FirstStepResult`: the server, vLLM and llama.cpp engines call it on every result),
-`check_first_step` (anything shaped like `engine.FirstStep`: `topk_ids`, `topk_logprobs`, `entropy`,
+`check_first_step` (anything shaped like `firststep.FirstStep`: `topk_ids`, `topk_logprobs`, `entropy`,
 `candidate_probs`; the transformers engine's one-line hook) and `check_logprobs` (raw per-token
 logprobs, such as a server's echoed prompt logprobs). A value that fails is `EngineOutput` (a
 `RunFailed`: the run fails, exit 1) with one line naming the engine, the prompt and the value; it is
@@ -97,7 +97,7 @@ def check_result(result: FirstStepResult, *, source: str, prompt: str) -> FirstS
 
 
 def check_first_step(step: Any, *, source: str, prompt: str) -> Any:
-    """Check anything shaped like `engine.FirstStep` (`topk_ids`, `topk_logprobs`, `entropy`,
+    """Check anything shaped like `firststep.FirstStep` (`topk_ids`, `topk_logprobs`, `entropy`,
     `candidate_probs`); returns it unchanged. The transformers engine's hook, one line where each
     step is built: `validate.check_first_step(step, source="transformers", prompt=context)`."""
     ids = list(getattr(step, "topk_ids", []))

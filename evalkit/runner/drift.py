@@ -118,7 +118,7 @@ def observe(plan, lm, run_id: str, results: dict | None) -> list[dict[str, Any]]
 def _model_of(lm):
     """(what `teacher.forced` runs: the hf model or the llama.cpp engine, the tokenizer, the pad id)."""
     tok = getattr(lm, "tokenizer", None)
-    model = getattr(lm, "eng", None)  # the llama.cpp engine (backends.llamacpp)
+    model = getattr(lm, "eng", None)  # the llama.cpp engine (engines.llamacpp)
     if model is None or not hasattr(model, "sequence_logits"):
         model = getattr(lm, "model", None)
     if model is None or tok is None or not (hasattr(model, "forward") or hasattr(model, "sequence_logits")):

@@ -177,7 +177,7 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     ResultsKept when it finished but its results wait in a spool file. `cfg.kv_cache`
     names one policy here; `runner.sweep` splits a comma list into one config each.
     """
-    from evalkit.engines.transformers import kvcache
+    from evalkit.engines import kvpolicy as kvcache
 
     if len(kvcache.parse_list(cfg.kv_cache)) != 1:  # the list's own reading, as runner.sweep splits it
         raise BadInput("execute runs one --kv-cache policy; runner.sweep.execute_sweep runs a list")

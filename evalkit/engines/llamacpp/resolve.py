@@ -1,46 +1,32 @@
-"""Run requests for the llama.cpp and OpenAI-compatible-server engines, resolved into a `ModelPlan`.
+"""What `--model llamacpp` takes, what llama.cpp refuses, checked before anything loads, resolved into a `ModelPlan`.
 
-Owns: what `--model llamacpp` and `--model server` take (their model args, checked), what
-each refuses before anything loads and why (`REFUSALS`: one record per engine and option),
-the GGUF file a llama.cpp run loads (the embedded SmolLM2 when none is named) and the
-quantization type it records (`gguf_file_type`: the GGUF's own, Q4_1, Q8_0, Q4_K_M ...).
-Does not: load or run anything (`llamacpp`, `server`), or resolve the hf and vLLM backends
-(`models.resolve`, which hands these two engines to `resolve_llamacpp` / `resolve_server`).
+Owns: the llama.cpp engine's model args (`LLAMACPP_ARGS`, checked), its resolver
+(`resolve_llamacpp`: the registry's refusals for `--quant`, `--attention`, `--device`, and the KV
+policies llama.cpp cannot run, `llamacpp_refusal`), the GGUF file a run loads (the embedded
+SmolLM2 when none is named) and the quantization type it records (`gguf_file_type`: the GGUF's
+own, Q4_1, Q8_0, Q4_K_M ...). Does not: load or run anything (`model`, `firststep`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from evalkit.engines import Backend
-from evalkit.engines.transformers import kvcache
+from evalkit.defaults import DEFAULT_ANSWER_TOKENS, DEFAULT_TOLERANCE
+from evalkit.engines import EngineRecord, kvpolicy
+from evalkit.engines.kvpolicy import GGML_TYPES, KVPolicy
 from evalkit.engines.llamacpp.firststep import DEFAULT_KV, context_refusal
-from evalkit.defaults import (
-    DEFAULT_ANSWER_TOKENS,
-    DEFAULT_SERVER_CONCURRENCY,
-    DEFAULT_SERVER_LOGPROBS,
-    DEFAULT_SERVER_RETRIES,
-    DEFAULT_SERVER_TIMEOUT_S,
-    DEFAULT_TOLERANCE,
+from evalkit.engines.plan import (
+    DEFAULT_NAME,
+    ModelPlan,
+    ModelRequest,
+    check_keys,
+    default_model_args,
+    parse_model_args,
+    whole,
 )
 from evalkit.errors import BadInput
 
-MAX_RUN_TIMEOUT_S = 30 * 86400  # a run's deadline (--model server run_timeout=): up to 30 days
-
-# (engine, option) -> why the engine refuses it; the message every refusal prints
-REFUSALS = {
-    ("llama.cpp", "--quant"): "the --quant variants re-quantize weights inside transformers; llama.cpp runs the GGUF's "
-                              "own quantization: pick the GGUF file (Q4_1, Q8_0, Q4_K_M ...) instead",
-    ("llama.cpp", "--attention"): "llama.cpp does not expose attention weights (run --attention with --model hf)",
-    ("llama.cpp", "--device"): "this llama.cpp build runs on the CPU",
-    ("openai-server", "--quant"): "the server holds the weights: quantize what it serves",
-    ("openai-server", "--attention"): "a server returns no attention weights",
-    ("openai-server", "--kv-cache"): "the server owns its KV cache: set it where the server starts",
-    ("openai-server", "--first-temperature"): "the first step is the server's: evalkit cannot sample it apart",
-    ("openai-server", "--ban-openers"): "the first step is the server's: evalkit cannot mask it",
-}
 LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretrained": "a folder, with gguf_file=",
                  "gguf_file": "the .gguf file in pretrained=", "n_ctx": "context cells (default: the model's, <= 8192; at least 256)",
                  "n_threads": "CPU threads (default: the usable cores)",
@@ -50,37 +36,18 @@ LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretra
                               "as hf; 0: exact)",
                  "answer_max_tokens": f"how far a prompt with checkable answers is continued "
                                       f"(default {DEFAULT_ANSWER_TOKENS})"}
-SERVER_ARGS = {"base_url": "the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1",
-               "model": "the served model's name (default: the server's first)",
-               "tokenizer": "a .gguf file or tokenizer folder mapping the server's token texts to ids",
-               "top_logprobs": f"the most logprobs per token the server allows (default {DEFAULT_SERVER_LOGPROBS}, "
-                               "the OpenAI cap)",
-               "concurrency": f"parallel requests (default {DEFAULT_SERVER_CONCURRENCY})",
-               "retries": f"tries after a failed request (default {DEFAULT_SERVER_RETRIES})",
-               "timeout": f"seconds a request may take, all of it (default {DEFAULT_SERVER_TIMEOUT_S})",
-               "run_timeout": "seconds every request of the run may take together (default: no limit)",
-               "answer_max_tokens": f"how far a prompt with checkable answers is continued "
-                                    f"(default {DEFAULT_ANSWER_TOKENS})",
-               "repeat_penalty": "sent as llama.cpp servers' repeat_penalty (1: none; llama-cpp-python's default 1.1)"}
 
 
-def refuse(engine: str, option: str, model_type: str) -> BadInput:
-    return BadInput(f"{option} cannot run with --model {model_type}: {REFUSALS[(engine, option)]}")
-
-
-def _check_keys(args: dict[str, Any], known: dict[str, str], model_type: str) -> None:
-    from evalkit.scoring.registry import suggest
-
-    for key in args:
-        if key not in known:
-            raise BadInput(f"unknown --model-args key {key!r} for --model {model_type}{suggest(key, sorted(known))} "
-                           f"(known: {', '.join(known)})")
-
-
-def _whole(args: dict[str, Any], key: str, lo: int, hi: int) -> None:
-    value = args.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi):
-        raise BadInput(f"--model-args {key} must be a whole number from {lo} to {hi}, got {value!r}")
+def llamacpp_refusal(policy: KVPolicy) -> str | None:
+    """Why llama.cpp cannot run `policy` (None: it can: `full`, an f32 cache, and `ggml:TYPE`)."""
+    if policy.is_full or policy.kind == "ggml":
+        return None
+    if policy.evicts:
+        return ("llama.cpp removes cached positions per sequence between decodes, not per query inside a "
+                "prefill, so a window evicted as docs/metrics.md §1.10 defines it would need a token-by-token "
+                "prefill; run it with --model hf")
+    return (f"{policy.spec} is a transformers cache; llama.cpp rounds its cache with its own types: "
+            f"--kv-cache ggml:{'|'.join(GGML_TYPES)}")
 
 
 # GGUF metadata value types -> struct format of a scalar (8: string, 9: array)
@@ -150,25 +117,24 @@ def gguf_file_type(path: Path) -> str:
         return f"file_type_{value}"
 
 
-def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *, quant_name, device, top_k,
-                     temperature, first_temperature, ban_openers, seed, kv_policy, attention):
-    """The plan of a GGUF run on llama.cpp; refuses what llama.cpp cannot do (REFUSALS, the KV policies
-    `kvcache.llamacpp_refusal` names), an unknown model arg, a file that is not a GGUF."""
-    from evalkit.engines.resolve import DEFAULT_NAME, ModelPlan, default_model_args
-
-    engine = backend.engine or "llama.cpp"
-    if quant_name:
-        raise refuse(engine, "--quant", model_type)
-    if attention:
-        raise refuse(engine, "--attention", model_type)
-    device = str(args.pop("device")) if "device" in args else device
+def resolve_llamacpp(record: EngineRecord | None, ask: ModelRequest) -> ModelPlan:
+    """The plan of a GGUF run on llama.cpp; refuses what llama.cpp cannot do (the record's refusals, the KV
+    policies `llamacpp_refusal` names), an unknown model arg, a file that is not a GGUF."""
+    assert record is not None
+    model_type, top_k = ask.model_type, ask.top_k
+    args = parse_model_args(ask.model_args)
+    if ask.quant_name:
+        raise record.refuse("--quant", model_type)
+    if ask.attention:
+        raise record.refuse("--attention", model_type)
+    device = str(args.pop("device")) if "device" in args else ask.device
     if device is not None and not str(device).startswith("cpu"):
-        raise refuse(engine, "--device", model_type)
-    policy = kvcache.as_policy(kv_policy, f"ggml:{DEFAULT_KV}")  # none asked: llama.cpp's own default
-    why = kvcache.llamacpp_refusal(policy)
+        raise record.refuse("--device", model_type)
+    policy = kvpolicy.as_policy(ask.kv_policy, f"ggml:{DEFAULT_KV}")  # none asked: llama.cpp's own default
+    why = llamacpp_refusal(policy)
     if why:
         raise BadInput(f"--kv-cache {policy.spec} cannot run with --model {model_type}: {why}")
-    _check_keys(args, LLAMACPP_ARGS, model_type)
+    check_keys(args, LLAMACPP_ARGS, model_type)
     for key in ("batch_size", "top_k", "quant", "kv_cache"):
         if key in args:
             raise BadInput(f"--model-args {key}= is set with --{key.replace('_', '-')}, not in --model-args")
@@ -189,66 +155,24 @@ def resolve_llamacpp(backend: Backend, model_type: str, args: dict[str, Any], *,
     if not path.is_file():
         raise BadInput(f"GGUF file not found: {path}")
     file_type = gguf_file_type(path)
-    _whole(args, "n_ctx", 1, 1 << 20)
+    whole(args, "n_ctx", 1, 1 << 20)
     why = context_refusal(args["n_ctx"]) if "n_ctx" in args else None
     if why:
         raise BadInput(f"--model-args n_ctx: {why}")
-    _whole(args, "n_threads", 1, 1024)
-    _whole(args, "prompt_batch", 1, 64)
+    whole(args, "n_threads", 1, 1024)
+    whole(args, "prompt_batch", 1, 64)
     args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
-    _whole(args, "answer_max_tokens", 0, 4096)
+    whole(args, "answer_max_tokens", 0, 4096)
     args.setdefault("tolerance", DEFAULT_TOLERANCE)  # recorded in the run row
     tolerance = args["tolerance"]
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1:
         raise BadInput(f"--model-args tolerance must be a probability in [0, 1), got {tolerance!r}")
     args = {"model": str(path), **args}
-    backend_args = {"top_k": top_k, "temperature": temperature, "first_temperature": first_temperature,
-                    "ban_openers": ban_openers or None, "probe_seed": seed, "kv_cache": policy}
+    backend_args = {"top_k": top_k, "temperature": ask.temperature, "first_temperature": ask.first_temperature,
+                    "ban_openers": ask.ban_openers or None, "probe_seed": ask.seed, "kv_cache": policy}
     return ModelPlan(
-        model_type=model_type, lm_type=backend.name, backend=backend, args=args,
+        model_type=model_type, lm_type=record.name, backend=record, args=args,
         backend_args={k: v for k, v in backend_args.items() if v is not None},
         embedded=embedded, label=DEFAULT_NAME if embedded else path.name, quant=file_type, dtype=None,
         top_k=top_k, device=device, kv_policy=policy,
-    )
-
-
-def resolve_server(backend: Backend, model_type: str, args: dict[str, Any], *, quant_name, device, top_k,
-                   temperature, first_temperature, ban_openers, seed, kv_policy, attention):
-    """The plan of a run through an OpenAI-compatible server: K = min(--top-k, the server's cap)."""
-    from evalkit.engines.resolve import ModelPlan
-
-    engine = backend.engine or "openai-server"
-    for asked, option in ((quant_name, "--quant"), (attention, "--attention"), (first_temperature is not None,
-                          "--first-temperature"), (ban_openers, "--ban-openers")):
-        if asked:
-            raise refuse(engine, option, model_type)
-    if kv_policy is not None and not kv_policy.is_full:
-        raise refuse(engine, "--kv-cache", model_type)
-    if device is not None or "device" in args:
-        raise BadInput(f"--device does not apply to --model {model_type}: the server runs where it was started")
-    _check_keys(args, SERVER_ARGS, model_type)
-    url = args.get("base_url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise BadInput(f"--model {model_type} needs --model-args base_url=http://HOST:PORT/v1 (got {url!r})")
-    for key, lo, hi in (("top_logprobs", 1, 1 << 16), ("concurrency", 1, 256), ("retries", 0, 100),
-                        ("timeout", 1, 86400)):
-        _whole(args, key, lo, hi)
-    args.setdefault("answer_max_tokens", DEFAULT_ANSWER_TOKENS)
-    _whole(args, "answer_max_tokens", 0, 4096)
-    run_timeout = args.get("run_timeout")
-    if run_timeout is not None and (isinstance(run_timeout, bool) or not isinstance(run_timeout, (int, float))
-                                    or not 0 < run_timeout <= MAX_RUN_TIMEOUT_S):
-        raise BadInput(f"--model-args run_timeout must be a number of seconds above 0 and at most "
-                       f"{MAX_RUN_TIMEOUT_S}, got {run_timeout!r}")
-    tok = args.get("tokenizer")
-    if tok is None:
-        raise BadInput(f"--model {model_type} needs --model-args tokenizer=PATH (a .gguf file or tokenizer folder): "
-                       "the chat template, and the ids of the token texts a server returns")
-    if not Path(os.path.expanduser(str(tok))).exists():
-        raise BadInput(f"--model-args tokenizer: {tok} not found")
-    k = min(top_k, int(args.get("top_logprobs") or DEFAULT_SERVER_LOGPROBS))
-    return ModelPlan(
-        model_type=model_type, lm_type=backend.name, backend=backend, args=args,
-        backend_args={"top_k": k, "temperature": temperature, "seed": seed},
-        embedded=False, label=str(args.get("model") or url), quant=None, dtype=None, top_k=k, device=None,
     )

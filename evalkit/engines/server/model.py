@@ -40,7 +40,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from evalkit.engines.transformers import firststep as hf_engine
+from evalkit.engines import firststep
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_MAX_GEN_TOKS,
@@ -447,7 +447,7 @@ class EvalkitServer(LM):
         if answers_full:  # the response as it would have stopped: at a stop string or max_gen_toks
             text = _cut(_first_tokens(self.tokenizer, full, max_new), until)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        unit, _ = hf_engine.first_unit_ids(lambda xs: self.tokenizer.decode(xs, skip_special_tokens=True), ids)
+        unit, _ = firststep.first_unit_ids(lambda xs: self.tokenizer.decode(xs, skip_special_tokens=True), ids)
         metrics: dict[str, float] = {}
         if top:
             metrics["top1_prob"] = math.exp(top[0][2])
@@ -457,7 +457,7 @@ class EvalkitServer(LM):
         if doc_kind(doc) == FIRSTTOKEN and doc.get("answers"):
             starts = candidate_strings(doc["answers"])
             if top:
-                metrics["ft_token_hit"] = 1.0 if top[0][0] in hf_engine.first_ids(self.tokenizer, context, starts) else 0.0
+                metrics["ft_token_hit"] = 1.0 if top[0][0] in firststep.first_ids(self.tokenizer, context, starts) else 0.0
             hit = self._ft_hit_prob(context, starts, top)
             if hit is not None:
                 metrics["ft_hit_prob"] = hit
