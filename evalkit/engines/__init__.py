@@ -46,6 +46,13 @@ class EngineRecord:
     journal: bool = False  # replays and journals its batches (`lm.journal`), so its runs resume (`--resume`)
     install: str | None = None  # how to install `package` (default: pip install PACKAGE)
     refusals: Mapping[str, str] = field(default_factory=dict)  # option -> why this engine cannot run it
+    summary: str = ""  # what `--model ALIAS` runs, in `evalkit run --help` (empty: the alias says it)
+    teacher_forces: bool = False  # can teacher-force a base's tokens in this process (drift by position)
+
+    @property
+    def model_type(self) -> str:
+        """The name users give `--model` (its first alias: hf, llamacpp, server, vllm)."""
+        return self.aliases[0]
 
     def resolve_with(self) -> Resolver:
         """Its resolver, imported now (the engine's own folder; nothing heavy at module level)."""
@@ -63,25 +70,26 @@ def load_resolver(dotted: str) -> Resolver:
 
 ENGINES = (
     EngineRecord("evalkit-hf", "evalkit.engines.transformers.model", ("hf", "hf-auto", "huggingface"), None, True,
-                 "transformers", "evalkit.engines.transformers.resolve:resolve_hf", journal=True),
-    EngineRecord("evalkit-vllm", "evalkit.engines.vllm.model", ("vllm",), "vllm", False, "vllm",
-                 "evalkit.engines.vllm.resolve:resolve_vllm"),
+                 "transformers", "evalkit.engines.transformers.resolve:resolve_hf", journal=True, teacher_forces=True),
     EngineRecord("evalkit-llamacpp", "evalkit.engines.llamacpp.model", ("llamacpp", "llama-cpp"), "llama_cpp", False,
                  "llama.cpp", "evalkit.engines.llamacpp.resolve:resolve_llamacpp", journal=True,
-                 install=install_hint("llamacpp"), refusals={
+                 install=install_hint("llamacpp"), summary="a GGUF on llama.cpp", teacher_forces=True, refusals={
                      "--quant": "the --quant variants re-quantize weights inside transformers; llama.cpp runs the "
                                 "GGUF's own quantization: pick the GGUF file (Q4_1, Q8_0, Q4_K_M ...) instead",
                      "--attention": "llama.cpp does not expose attention weights (run --attention with --model hf)",
                      "--device": "this llama.cpp build runs on the CPU",
                  }),
     EngineRecord("evalkit-server", "evalkit.engines.server.model", ("server", "openai-server"), None, False,
-                 "openai-server", "evalkit.engines.server.resolve:resolve_server", refusals={
+                 "openai-server", "evalkit.engines.server.resolve:resolve_server",
+                 summary="an OpenAI-compatible server's logprobs", refusals={
                      "--quant": "the server holds the weights: quantize what it serves",
                      "--attention": "a server returns no attention weights",
                      "--kv-cache": "the server owns its KV cache: set it where the server starts",
                      "--first-temperature": "the first step is the server's: evalkit cannot sample it apart",
                      "--ban-openers": "the first step is the server's: evalkit cannot mask it",
                  }),
+    EngineRecord("evalkit-vllm", "evalkit.engines.vllm.model", ("vllm",), "vllm", False, "vllm",
+                 "evalkit.engines.vllm.resolve:resolve_vllm"),
 )
 # lm-eval model types evalkit does not wrap (openai-completions, ...) take lm-eval's own model args,
 # checked as the transformers engine checks its own, less what only an in-process model honours
@@ -98,6 +106,16 @@ def engine_for(model_type: str) -> EngineRecord | None:
         if model_type == record.name or model_type in record.aliases:
             return record
     return None
+
+
+def model_help() -> str:
+    """`--model`'s help, from the registry.
+
+    >>> model_help()
+    "lm-eval model type: hf, llamacpp (a GGUF on llama.cpp), server (an OpenAI-compatible server's logprobs), vllm, ... (docs/engines.md)."
+    """
+    named = [f"{r.model_type} ({r.summary})" if r.summary else r.model_type for r in ENGINES]
+    return f"lm-eval model type: {', '.join(named)}, ... (docs/engines.md)."
 
 
 def refusal_table() -> list[tuple[Engine, str, str]]:

@@ -3,9 +3,10 @@
 Owns: `FirstStep` (what one prompt's first step looked like, whichever engine computed it), a
 candidate string's tokens in its real context (`candidate_ids`, `context_tail`, `first_ids`),
 the first unit of a token sequence (`first_unit_ids`, `UNIT_RANKS`, `UNIT_TOKENS`), pure helpers
-on a step (`top_mass`, `topk_dict`), and the candidate trie's specification: which of a level's
-new prefixes are left unscored under a prompt's `tolerance` (`tolerance_cut`), the one rule the
-transformers and llama.cpp engines both apply, so both leave out the same share.
+on a step (`top_mass`, `topk_dict`), the seed of a sampled first token (`SEED_STRIDE`), and the
+candidate trie's specification: which of a level's new prefixes are left unscored under a
+prompt's `tolerance` (`tolerance_cut`), the one rule the transformers and llama.cpp engines both
+apply, so both leave out the same share.
 Does not: run a model (each engine's `firststep` does), or know lm-eval, tasks or metrics.
 """
 
@@ -20,6 +21,8 @@ import torch
 
 Node = TypeVar("Node", bound=Hashable)  # a trie node: a proper prefix of a candidate's tokens
 
+# a sampled first token's generator is seeded with seed * SEED_STRIDE + the prompt's index, in every engine
+SEED_STRIDE = 1_000_003
 UNIT_RANKS = 10  # the likeliest first tokens whose first unit a run stores (first_token_topk.unit)
 UNIT_TOKENS = 4  # a first unit is completed over at most this many tokens (a UTF-8 character has <= 4 bytes)
 
@@ -161,8 +164,9 @@ def tolerance_cut(fresh: Iterable[Node], log_p: Mapping[Node, float], kept: Coll
     >>> level, left = tolerance_cut(["c", "b", "a"], lp, set(), 0.025)
     >>> level, round(left, 4)
     (['b', 'c'], 0.015)
-    >>> tolerance_cut(["c", "b", "a"], lp, {"a"}, 0.025)[0]
-    ['a', 'b', 'c']
+    >>> level, left = tolerance_cut(["c", "b", "a"], lp, {"a"}, 0.025)  # "a" is kept and costs nothing
+    >>> level, round(left, 4)
+    (['a', 'c'], 0.005)
     """
     order = sorted(fresh, key=lambda n: (log_p[n], n))
     level: list[Node] = []

@@ -24,11 +24,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalkit import engines
 from evalkit.errors import BadInput
 from evalkit.scoring import drift as stats_drift
 
 FIRST = "first"  # RunConfig.drift_base: the sweep's first run is the base
-ENGINES = ("hf", "llamacpp")  # the --model types whose engine can teacher-force (`teacher.forced`)
+# the --model types whose engine can teacher-force (`teacher.forced`): hf, llamacpp
+ENGINES = tuple(r.model_type for r in engines.ENGINES if r.teacher_forces)
 
 
 @dataclass

@@ -57,7 +57,6 @@ from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.text import drop_covered
 
 CONTENT_FREE = ("N/A", "", "…", "无")  # as evalkit-hf's content-free prior (Zhao et al. 2021)
-_SEED_STRIDE = 1_000_003
 
 
 def kv_type(policy: kvpolicy.KVPolicy) -> str:
@@ -287,7 +286,7 @@ def first_token(lp: np.ndarray, banned, temperature: float | None, seed: int, in
         return int(np.argmax(lp))
     import torch
 
-    generator = torch.Generator().manual_seed(seed * _SEED_STRIDE + index)
+    generator = torch.Generator().manual_seed(seed * shared.SEED_STRIDE + index)
     probs = torch.softmax(torch.from_numpy(lp).double() / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 

@@ -41,6 +41,7 @@ import torch
 
 from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
 from evalkit.engines.firststep import (  # noqa: F401  (first_ids, top_mass, topk_dict: read off probe's results)
+    SEED_STRIDE,
     UNIT_RANKS,
     UNIT_TOKENS,
     FirstStep,
@@ -55,8 +56,6 @@ from evalkit.engines.firststep import (  # noqa: F401  (first_ids, top_mass, top
 )
 from evalkit.engines.kvpolicy import FULL, KVPolicy
 from evalkit.engines.transformers.kvcache import new_cache
-
-_SEED_STRIDE = 1_000_003
 
 
 # the share of a batch's time a progress bar gives its phases (a guide for the eye, not a measure)
@@ -725,7 +724,7 @@ class _Engine:
         T = self.first_temperature
         if T is None or T <= 0:
             return int(torch.argmax(lp))
-        generator = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + index)
+        generator = torch.Generator().manual_seed(self.seed * SEED_STRIDE + index)
         probs = torch.softmax(lp.float().cpu() / T, dim=-1)
         return int(torch.multinomial(probs, 1, generator=generator))
 
