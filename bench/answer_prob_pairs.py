@@ -41,12 +41,12 @@ def measure(quant: str, items, batch_size: int) -> dict[str, dict[str, float]]:
 
     from evalkit.engines.transformers.convert import cached_args
     from evalkit.engines.transformers.model import EvalkitHFLM
-    from evalkit.engines.resolve import default_model_args
+    from evalkit.engines.plan import default_model_args
 
     lm: Any
     if quant == "llamacpp":  # the same GGUF on the llama.cpp engine
         from evalkit.engines.llamacpp.model import EvalkitLlamaCpp
-        from evalkit.engines.resolve import DEFAULT_GGUF, default_model_dir
+        from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
 
         lm = EvalkitLlamaCpp(str(default_model_dir() / DEFAULT_GGUF), n_ctx=512, answer_max_tokens=0,
                              batch_size=batch_size)

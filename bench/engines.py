@@ -61,7 +61,7 @@ def requantize(kind: str, folder: Path) -> Path:
 
     import llama_cpp
 
-    from evalkit.engines.resolve import default_model_args
+    from evalkit.engines.plan import default_model_args
 
     ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[kind]
     embedded = default_model_args()

@@ -133,6 +133,7 @@ def main() -> int:
 
     import torch
 
+    from evalkit.engines import plan as plan_defaults
     from evalkit.engines import resolve as models
     from evalkit.prompts.templates import get_template, render_prompt
     from evalkit.scoring.firsttoken import first_unit_text, top3_share
@@ -141,7 +142,7 @@ def main() -> int:
     docs = load_docs(args.per_lang)
     t0 = time.perf_counter()
     plan = models.resolve("hf", args.model_args, device=args.device)
-    label = plan.label + (f" ({models.DEFAULT_GGUF})" if plan.embedded else "")
+    label = plan.label + (f" ({plan_defaults.DEFAULT_GGUF})" if plan.embedded else "")
     lm = models.load(plan, batch_size=8)
     model, tokenizer = lm.model, lm.tokenizer
     load_s = time.perf_counter() - t0

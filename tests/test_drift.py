@@ -476,10 +476,11 @@ def test_llama_cpp_teacher_forcing_matches_its_own_reference_and_drifts_little_f
     llama_cpp = pytest.importorskip("llama_cpp")
     from evalkit.engines import resolve as models
     from evalkit.engines.llamacpp.model import GGUFTokenizer
+    from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
     from evalkit.engines.llamacpp.firststep import LlamaCppEngine
     from evalkit.engines.transformers.teacher import Forced, base_pass, drift_pass, forced
 
-    gguf = str(models.default_model_dir() / models.DEFAULT_GGUF)
+    gguf = str(default_model_dir() / DEFAULT_GGUF)
     eng = LlamaCppEngine(gguf, n_ctx=1024)
     try:
         context = GGUFTokenizer(eng).apply_chat_template([{"role": "user", "content": "What is the capital of "

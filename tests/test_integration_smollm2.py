@@ -14,7 +14,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from evalkit.engines.resolve import DEFAULT_GGUF, default_model_dir
+from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
 from evalkit.cli import cli
 from evalkit.scoring.lexicon import load_lexicon
 
@@ -220,7 +220,7 @@ def test_the_converted_model_cache_holds_the_same_model(reference, tmp_path, mon
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from evalkit.engines.transformers.convert import DONE, cached_args
-    from evalkit.engines.resolve import default_model_args
+    from evalkit.engines.plan import default_model_args
 
     model, tokenizer = reference
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))

@@ -24,7 +24,8 @@ import pytest
 llama_cpp = pytest.importorskip("llama_cpp")
 
 from evalkit.engines import kvpolicy  # noqa: E402
-from evalkit.engines.resolve import DEFAULT_GGUF, default_model_dir, resolve  # noqa: E402
+from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir  # noqa: E402
+from evalkit.engines.resolve import resolve  # noqa: E402
 from evalkit.errors import BadInput  # noqa: E402
 
 PROMPT = "What is the capital of France?"

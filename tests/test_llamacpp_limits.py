@@ -13,7 +13,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from evalkit.engines.llamacpp.firststep import MIN_N_CTX, SEQ_MAX, context_refusal  # noqa: E402
-from evalkit.engines.resolve import DEFAULT_GGUF, default_model_dir, resolve  # noqa: E402
+from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir  # noqa: E402
+from evalkit.engines.resolve import resolve  # noqa: E402
 from evalkit.errors import BadInput  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

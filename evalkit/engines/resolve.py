@@ -23,16 +23,11 @@ from evalkit.defaults import (
 )
 from evalkit.engines import OTHER_RESOLVER, engine_for, kvpolicy, load_resolver
 from evalkit.engines.plan import (  # noqa: F401  (fingerprint, model_label: read as resolve.X by the runner and the report)
-    DEFAULT_GGUF,
-    DEFAULT_NAME,
     ModelPlan,
     ModelRequest,
-    default_model_args,
-    default_model_dir,
     fingerprint,
     is_local,
     model_label,
-    parse_model_args,
 )
 from evalkit.errors import BadInput
 
