@@ -39,14 +39,14 @@ def docs(limit: int | None) -> list[tuple[str, dict]]:
 def measure(quant: str, items, batch_size: int) -> dict[str, dict[str, float]]:
     from lm_eval.api.instance import Instance
 
-    from evalkit.backends.convert import cached_args
-    from evalkit.backends.hf import EvalkitHFLM
-    from evalkit.backends.models import default_model_args
+    from evalkit.engines.transformers.convert import cached_args
+    from evalkit.engines.transformers.model import EvalkitHFLM
+    from evalkit.engines.plan import default_model_args
 
     lm: Any
     if quant == "llamacpp":  # the same GGUF on the llama.cpp engine
-        from evalkit.backends.llamacpp import EvalkitLlamaCpp
-        from evalkit.backends.models import DEFAULT_GGUF, default_model_dir
+        from evalkit.engines.llamacpp.model import EvalkitLlamaCpp
+        from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
 
         lm = EvalkitLlamaCpp(str(default_model_dir() / DEFAULT_GGUF), n_ctx=512, answer_max_tokens=0,
                              batch_size=batch_size)

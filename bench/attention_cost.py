@@ -11,7 +11,7 @@ On the default SmolLM2-135M-Instruct (Q4_1 GGUF, fp32 compute on CPU):
   (2) peak RSS of two whole runs as child processes, each measured on its own:
       `evalkit run --tasks needle_en --needle-lengths 2048 --needle-depths 0,0.1,...,0.7`
       (8 prompts: at the default batch size, 8, the engine's position budget,
-      `backends.models.BATCH_TOKENS` = 4608, runs them 2 at a time; `--rss-batch-size N` asks for
+      `defaults.BATCH_TOKENS` = 4608, runs them 2 at a time; `--rss-batch-size N` asks for
       at most N at a time) with and without
       `--attention`, against the 2 GB budget of the default run (bench/peak_rss.py);
   (3) with `--long-grid`, the CPU cost of the `long` preset: one plain prompt at each of
@@ -45,7 +45,7 @@ UNTIL = ["\n\n"]
 
 
 def load_model(device: str = "cpu"):
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
 
     plan = models.resolve("hf", None, device=device)
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
@@ -77,7 +77,8 @@ def timed(fn, *args, **kwargs):
 
 
 def time_paths(lm, length: int, depths: list[float], rounds: int) -> None:
-    from evalkit.backends import attention, engine
+    from evalkit.engines.transformers import attention
+    from evalkit.engines.transformers import firststep as engine
 
     model, tokenizer = lm.model, lm.tokenizer
     docs, contexts = needle_contexts(tokenizer, length, depths)
@@ -147,7 +148,7 @@ def peak_rss(length: int, depths: list[float], batch_size: int | None = None) ->
 
 
 def long_grid(lm) -> None:
-    from evalkit.backends import engine
+    from evalkit.engines.transformers import firststep as engine
 
     print("(3) the long preset, one plain prompt per length (prefill + answer, batch 1):")
     for length in (2048, 4096, 7680):

@@ -207,7 +207,7 @@ CASES_36B = [
 
 def _servers_36b(words: list[str]) -> dict:
     """name -> the scripted answer of each server the cases use."""
-    from evalkit.backends.server import ECHO_PROBE
+    from evalkit.engines.server.model import ECHO_PROBE
     from tests.fake_server import Reply, completion, healthy
 
     def after_probe(top, raw=None):
@@ -245,7 +245,7 @@ def run_cases_36b(work: Path, seed: Path, seed2: Path, prefix: str, tiny: Path, 
 
     from transformers import AutoTokenizer
 
-    from evalkit.backends.server import piece_ids
+    from evalkit.engines.server.model import piece_ids
     from tests.fake_server import FakeServer
 
     ids = piece_ids(AutoTokenizer.from_pretrained(tiny))

@@ -49,7 +49,7 @@ if os.environ.get("FAKE"):
     mark("fake LM registered (imports lm_eval.api)")
 import evalkit.cli
 mark("evalkit.cli imported")
-from evalkit.backends import models
+from evalkit.engines import resolve as models
 from evalkit.runner import execute as runner
 
 def timed(fn, label):

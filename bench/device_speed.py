@@ -80,7 +80,9 @@ def main() -> int:
     from lm_eval.api.instance import Instance
     from torch.nn.attention import sdpa_kernel
 
-    from evalkit.backends import attention, engine, models
+    from evalkit.engines.transformers import attention
+    from evalkit.engines.transformers import firststep as engine
+    from evalkit.engines import resolve as models
     from evalkit.prompts.templates import get_template, render_prompt
 
     docs = load_docs(args.per_lang)

@@ -83,8 +83,8 @@ def teacher_only(base_items: dict, quant: str, batch_size: int = 8) -> tuple[dic
     (the by-bucket table, drift_first_ratio, drift_kld@0, bounds), and the pass's seconds."""
     import gc
 
-    from evalkit.backends import models
-    from evalkit.backends.teacher import Forced, drift_pass
+    from evalkit.engines import resolve as models
+    from evalkit.engines.transformers.teacher import Forced, drift_pass
     from evalkit.scoring import drift, stats
 
     lm = models.load(models.resolve("hf", None, quant_name=quant), batch_size=batch_size)

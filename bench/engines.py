@@ -61,7 +61,7 @@ def requantize(kind: str, folder: Path) -> Path:
 
     import llama_cpp
 
-    from evalkit.backends.models import default_model_args
+    from evalkit.engines.plan import default_model_args
 
     ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[kind]
     embedded = default_model_args()
@@ -76,8 +76,9 @@ def requantize(kind: str, folder: Path) -> Path:
 
 def decode_ms_per_token(repeats: int, threads: int | None, gguf: Path | None = None) -> dict[str, float]:
     """Batch-1 greedy decode cost of each engine on one chat prompt, ms per token (best of `repeats`)."""
-    from evalkit.backends import engine, llamacpp
-    from evalkit.backends.models import load, resolve
+    from evalkit.engines.transformers import firststep as engine
+    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.resolve import load, resolve
     from evalkit.prompts.templates import get_template, render_prompt
 
     out = {}

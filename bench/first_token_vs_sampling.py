@@ -6,7 +6,7 @@ default SmolLM2-135M-Instruct (loaded ONCE, shared by every path), in one proces
   (a) lm-eval `generate_until` through `lm_eval.models.huggingface.HFLM` (the loaded
       model object and tokenizer, batch size 1): every prompt requested 20 times
       (`repeats: 20`), do_sample, temperature 0.8, max_gen_toks 4, until "\\n\\n";
-  (b) evalkit's first-token metrics, the path `evalkit.backends.hf.EvalkitHFLM` takes:
+  (b) evalkit's first-token metrics, the path `evalkit.engines.transformers.model.EvalkitHFLM` takes:
       `engine.probe` with the answers' candidate strings plus the lexicon candidates
       (tolerance 1e-4, as runs use), max_new_tokens 0, batch size 8, then top-k,
       top3_mass@0.8, ft_hit_prob, ft_token_hit, opener_mass and prior_drift (the
@@ -69,8 +69,8 @@ def sampled_path(lm, contexts: list[str], repeats: int, seed: int) -> list[list[
 
 def probe_path(model, tokenizer, contexts, docs, lexicon, *, with_candidates: bool, tolerance: float = 0.0) -> list[dict]:
     """(b) with candidates, (c) without: one prefill per prompt, metrics as EvalkitHFLM computes them."""
-    from evalkit.backends import engine
-    from evalkit.backends.hf import candidate_metrics, content_free_prior
+    from evalkit.engines.transformers import firststep as engine
+    from evalkit.engines.transformers.model import candidate_metrics, content_free_prior
     from evalkit.scoring.firsttoken import candidate_strings
 
     cands, n_answers = [], []
@@ -108,7 +108,7 @@ def evalkit_lm_path(lm, contexts, docs) -> list[dict]:
 
 
 def first_token_in_context(tokenizer, context: str, text: str) -> int | None:
-    from evalkit.backends import engine
+    from evalkit.engines.transformers import firststep as engine
 
     ids = engine.candidate_ids(tokenizer, context, text) if text else []
     return ids[0] if ids else None
@@ -133,7 +133,8 @@ def main() -> int:
 
     import torch
 
-    from evalkit.backends import models
+    from evalkit.engines import plan as plan_defaults
+    from evalkit.engines import resolve as models
     from evalkit.prompts.templates import get_template, render_prompt
     from evalkit.scoring.firsttoken import first_unit_text, top3_share
     from evalkit.scoring.lexicon import load_lexicon
@@ -141,7 +142,7 @@ def main() -> int:
     docs = load_docs(args.per_lang)
     t0 = time.perf_counter()
     plan = models.resolve("hf", args.model_args, device=args.device)
-    label = plan.label + (f" ({models.DEFAULT_GGUF})" if plan.embedded else "")
+    label = plan.label + (f" ({plan_defaults.DEFAULT_GGUF})" if plan.embedded else "")
     lm = models.load(plan, batch_size=8)
     model, tokenizer = lm.model, lm.tokenizer
     load_s = time.perf_counter() - t0
@@ -156,7 +157,7 @@ def main() -> int:
 
     from lm_eval.models.huggingface import HFLM
 
-    from evalkit.backends.hf import EvalkitHFLM
+    from evalkit.engines.transformers.model import EvalkitHFLM
 
     hflm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1, device=args.device)
     evalkit_lm = EvalkitHFLM(pretrained=model, tokenizer=tokenizer, batch_size=8, device=args.device,

@@ -61,15 +61,17 @@ def main() -> int:
 
     import torch
 
-    from evalkit.backends import engine, kvcache, models
+    from evalkit.engines.transformers import firststep as engine
+    from evalkit.engines import kvpolicy
+    from evalkit.engines import resolve as models
     from evalkit.errors import BadInput
     from evalkit.scoring.needle import needle_recall
 
     policies = []
     for spec in args.policies.split(","):
-        policy = kvcache.parse(spec)
+        policy = kvpolicy.parse(spec)
         try:
-            kvcache.check_available(policy)
+            kvpolicy.check_available(policy)
         except BadInput as exc:
             print(f"skipped {spec}: {exc}")
             continue

@@ -27,8 +27,8 @@ CHILD = """
 import time
 import torch, transformers, lm_eval  # noqa: F401
 from lm_eval.models.huggingface import HFLM  # noqa: F401
-import evalkit.backends.hf  # noqa: F401
-from evalkit.backends import models
+import evalkit.engines.transformers.model  # noqa: F401
+from evalkit.engines import resolve as models
 t = time.perf_counter()
 lm = models.load(models.resolve(), batch_size=1)
 print(f"LOAD {time.perf_counter() - t:.3f}")

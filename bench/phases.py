@@ -6,7 +6,7 @@ DuckDB file, through the real `evalkit.run` path:
   before  the reference engine (`tests/reference_engine.py`, the engine as it was) at its old batch
           size (8): left-padded prefills, the candidate trie padded per level to the batch's widest
           row, first units in forwards of their own, decode in the prefill's shrinking batches;
-  after   `evalkit.backends.engine` at the default batch size.
+  after   `evalkit.engines.transformers.firststep` at the default batch size.
 
 For each it prints each phase's share of the time (load, prefill + first-step reads, candidate trie,
 first units, decode, other: lm-eval, scoring, storing), CPU-seconds and wall seconds, and the positions
@@ -93,7 +93,7 @@ class Meter:
 
 def instrument(path: str) -> tuple[Meter, list]:
     """Patch the engine module `path` runs with (probe's callers read `engine.probe` at call time)."""
-    from evalkit.backends import engine
+    from evalkit.engines.transformers import firststep as engine
     from tests import reference_engine
 
     meter = Meter()
@@ -134,7 +134,7 @@ def needed(steps) -> dict[str, float]:
 
 def run_path(path: str, args, db: Path) -> dict:
     import evalkit
-    from evalkit.backends import engine
+    from evalkit.engines.transformers import firststep as engine
 
     saved = engine.probe
     meter, steps = instrument(path)
@@ -204,7 +204,7 @@ def main() -> int:
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if not paths or any(p not in ("before", "after") for p in paths):
         ap.error("--paths takes before, after or both")
-    from evalkit.backends import engine
+    from evalkit.engines.transformers import firststep as engine
 
     engine._NEW_PROBE = engine.probe  # the after path's probe, kept while the before path patches it
     results = {}

@@ -1,7 +1,7 @@
 """Every default a run or a look at one prompt starts from, and every threshold more than one module reads.
 
 Owns: the `DEFAULT_*` values that `RunConfig`, the click options of `evalkit run` and
-`evalkit inspect`, `models.resolve`, every backend (hf, llamacpp, server, vllm) and `inspection.inspect_prompt` all
+`evalkit inspect`, `engines.resolve`, every engine (transformers, llama.cpp, server, vLLM) and `inspection.inspect_prompt` all
 point at, and the named thresholds of the metrics (the `unstable` cut, the needle's
 middle band, the attention sink's T and ε), so each is written once. Does not: check
 values (`runner.config` does), or hold a closed set of names (`evalkit.kinds`).
@@ -20,9 +20,14 @@ from typing import Final
 DEFAULT_MODEL: Final = "hf"  # lm-eval model type; `hf` with no model args runs the embedded SmolLM2
 DEFAULT_TEMPLATE: Final = "chat"  # prompt template (evalkit/data/templates.yaml)
 DEFAULT_SEED: Final = 1234  # lm-eval's seeds and the needle grid's keys and fillers
-# prompts per batch (a batch also holds at most models.BATCH_TOKENS positions): a batch decodes its
+# prompts per batch (a batch also holds at most BATCH_TOKENS positions): a batch decodes its
 # continuations together, and a step of 32 rows costs little more than one of 8 (docs/performance.md)
 DEFAULT_BATCH_SIZE: Final = 32
+# the most positions a batch of evalkit-hf holds once padded: 2 prompts of 2048 tokens (8 of 576).
+# On the default model each prompt of 2048 tokens adds about 0.42 GB to a plain run's peak RSS
+# (its KV cache, and the prefill's per-layer attention scores), so a needle run at 2048 tokens
+# peaks at 1.44 / 1.87 / 2.27 GB with 1 / 2 / 3 prompts a batch, against the 2 GB budget
+BATCH_TOKENS: Final = 4608
 # first-token candidates stored per prompt; the prior-drift support rule needs k >= 50 (SPEC §1.3)
 DEFAULT_TOP_K: Final = 50
 MIN_TOP_K: Final = 50

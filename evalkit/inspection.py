@@ -1,10 +1,10 @@
 """One prompt's first-token distribution, to watch a distribution turn into text (`evalkit inspect`).
 
-Owns: a single look at one prompt with the model a run would load (`models.resolve` and
-`models.load`: the embedded SmolLM2 GGUF by default, or `pretrained=...`), putting the
+Owns: a single look at one prompt with the model a run would load (`engines.resolve` and
+`engines.resolve.load`: the embedded SmolLM2 GGUF by default, or `pretrained=...`), putting the
 prompt through a template exactly as lm-eval does in a run (the tokenizer's chat template with the template's system message, add_generation_prompt
 on; or the raw text, system message glued in front, when the template is not chat), and
-reading the first step off `engine.probe`: the top-k tokens with their probabilities
+reading the first step off `firststep.probe`: the top-k tokens with their probabilities
 and cumulative mass, the entropy, top3_mass@T and the greedy first unit and response;
 with `attention`, also where the last prompt position looks (docs/metrics.md §1.8): the
 prompt tokens it attends to most, mean over heads and over the last layers, the prompt's
@@ -94,7 +94,7 @@ def inspect_prompt(
 ) -> Inspection:
     """Validate everything, load the model as a run does, and inspect `prompt`'s first step.
 
-    The model is resolved and loaded by `models.resolve` / `models.load`, the path of
+    The model is resolved and loaded by `engines.resolve` / `engines.resolve.load`, the path of
     `evalkit run`, and the response is generated with the generation settings of
     `task` (its `until` and `max_gen_toks`), so the first step is a run's first step.
     Raises BadInput for an empty prompt, an unknown template, task or quant, bad model
@@ -104,7 +104,7 @@ def inspect_prompt(
     than the model has right after. The prompt's first step and response are computed
     under the KV-cache policy.
     """
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
     from evalkit.prompts.catalog import generation_kwargs
     from evalkit.prompts.templates import get_template
     from evalkit.runner.config import check_device
@@ -154,7 +154,8 @@ def first_step_view(model, tokenizer, context: str, *, top_k: int = DEFAULT_INSP
     prompt tokens the last position attends to most, mean over heads and the last
     `attention_layers` layers, the prompt's sink_rate, and the mass on `question` when the
     context holds it once inside a template."""
-    from evalkit.backends import attention, engine
+    from evalkit.engines.transformers import attention
+    from evalkit.engines.transformers import firststep as engine
 
     request = None
     if attention_layers > 0:

@@ -37,7 +37,7 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_model_available():
-    from evalkit.backends.models import default_model_dir
+    from evalkit.engines.plan import default_model_dir
     from evalkit.errors import BadInput
 
     try:

@@ -33,7 +33,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "scoring": (("evalkit.scoring",), frozenset({"floor"})),
     "prompts": (("evalkit.prompts",), frozenset({"floor", "scoring"})),
     "store": (("evalkit.store",), frozenset({"floor", "scoring"})),
-    "engines": (("evalkit.engines", "evalkit.backends"), frozenset({"floor", "scoring", "prompts"})),
+    "engines": (("evalkit.engines",), frozenset({"floor", "scoring", "prompts"})),
     "readers": (("evalkit.report", "evalkit.release", "evalkit.compare"),
                 frozenset({"floor", "scoring", "prompts", "store"})),
     "runner": (("evalkit.runner", "evalkit.inspection"), frozenset({"floor", "scoring", "prompts", "store", "engines"})),

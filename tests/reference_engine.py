@@ -1,6 +1,6 @@
 """The reference first-step engine: evalkit's engine as it was before the speed work, kept to test against.
 
-`tests/test_engine_equivalence.py` and `bench/phases.py` run it beside `evalkit.backends.engine` on the same
+`tests/test_engine_equivalence.py` and `bench/phases.py` run it beside `evalkit.engines.transformers.firststep` on the same
 prompts: every prompt prefilled with left padding, the candidate trie padded per level to the batch's
 widest row, the first units in forwards of their own, candidates tokenised after the whole context.
 Nothing in evalkit imports it. What follows is its docstring as it was:
@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 
-from evalkit.backends.kvcache import FULL, KVPolicy, new_cache
-from evalkit.backends.models import BATCH_TOKENS
+from evalkit.engines.kvpolicy import FULL, KVPolicy
+from evalkit.engines.transformers.kvcache import new_cache
+from evalkit.defaults import BATCH_TOKENS
 from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
 
 _SEED_STRIDE = 1_000_003
@@ -121,7 +122,7 @@ def probe(
     (docs/metrics.md §1.0) each one starts, completed greedily where the token alone holds
     no whole character (`_Engine.complete_units`), so a figure can show 递 where the token
     decodes to "�".
-    `kv_policy` (`kvcache.KVPolicy`, default `full`) is applied to every forward pass —
+    `kv_policy` (`kvpolicy.KVPolicy`, default `full`) is applied to every forward pass —
     the prefill, the candidate trie and decoding — so every number read here is computed
     under it: evicted keys are masked out of every later query's attention (positions keep
     their original indices), rounded caches store and read rounded keys and values. `full`
@@ -320,7 +321,7 @@ def _read_attention(requests, indices, offsets, length):
     """The prefill's attention capture for this batch (`attention.capture`), or a no-op when none is asked for."""
     if requests is None:
         return contextlib.nullcontext()
-    from evalkit.backends import attention
+    from evalkit.engines.transformers import attention
 
     return attention.capture([requests[i] or attention.Request() for i in indices], offsets, length)
 

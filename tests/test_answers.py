@@ -215,7 +215,7 @@ def test_gate_on_an_undefined_lead_auroc_is_not_a_pass(tmp_path):
                                        ("2.5", False), ("x", False)])
 def test_answer_max_tokens_is_checked_before_the_model_loads(value, ok):
     """0 turns the continuation past the response off (bench/answer_cost.py's baseline); the rest is bad input."""
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
     from evalkit.errors import BadInput
 
     if ok:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evalkit.backends import attention, engine
+from evalkit.engines.transformers import attention
+from evalkit.engines.transformers import firststep as engine
 from tests.tiny import load_tiny
 
 NEEDLE = "The access code is 7391-2046."
@@ -110,11 +111,11 @@ def test_attention_and_the_answer_continuation_share_one_prefill(models, tiny_mo
 def test_attention_under_an_evicting_kv_policy_is_what_the_model_read(models, tiny_model_dir):
     """Under window:W the last position reads only the last W keys: the captured row puts weight 0
     on every evicted position, and the outputs are those of the sdpa model under the same policy."""
-    from evalkit.backends import kvcache
+    from evalkit.engines import kvpolicy
 
     model, _, tokenizer = models
     plain, _ = load_tiny(tiny_model_dir)
-    policy, W = kvcache.parse("window:16"), 16
+    policy, W = kvpolicy.parse("window:16"), 16
     text = CONTEXTS[0]
     base = engine.probe(plain, tokenizer, [text], max_new_tokens=6, batch_size=1, kv_policy=policy)[0]
     step = engine.probe(model, tokenizer, [text], max_new_tokens=6, batch_size=1, kv_policy=policy,

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from evalkit.backends import convert
+from evalkit.engines.transformers import convert
 from evalkit.errors import BadInput
 
 WEIGHTS = "model.safetensors"
@@ -201,7 +201,7 @@ def test_the_default_model_converted_again_after_a_zeroed_tensor(default_model_a
 def _convert_tamper_reconvert(tmp_path, monkeypatch, caplog):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evalkit.backends.models import default_model_args
+    from evalkit.engines.plan import default_model_args
 
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
     folder = Path(convert.cached_args(default_model_args())["pretrained"])

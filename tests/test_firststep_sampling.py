@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from evalkit.backends import engine
+from evalkit.engines.transformers import firststep as engine
 from tests.tiny import load_tiny
 
 PROMPTS = ["What is recursion?", "法国的首都是哪里？", "Say hello."]

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from evalkit.backends import validate
-from evalkit.backends.server import ECHO_PROBE, EvalkitServer, served_models
+from evalkit.engines import validate
+from evalkit.engines.server.model import ECHO_PROBE, EvalkitServer, served_models
 from evalkit.contract import FirstStepResult
 from evalkit.errors import BadInput
 from tests.fake_server import FakeServer, Reply, completion
@@ -45,7 +45,7 @@ class Script:
 def words(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from evalkit.backends.server import piece_ids
+    from evalkit.engines.server.model import piece_ids
 
     ids = piece_ids(AutoTokenizer.from_pretrained(tiny_model_dir))
     return [t for t in ids if t.strip().isalpha() and len(t.strip()) > 2][:6]

@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from evalkit.backends import engine, quant
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines.transformers import quant
 from tests.test_firststep import QUESTIONS
 from tests.tiny import build_tiny_model, load_tiny
 

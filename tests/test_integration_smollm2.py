@@ -14,7 +14,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from evalkit.backends.models import DEFAULT_GGUF, default_model_dir
+from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
 from evalkit.cli import cli
 from evalkit.scoring.lexicon import load_lexicon
 
@@ -219,8 +219,8 @@ def test_the_converted_model_cache_holds_the_same_model(reference, tmp_path, mon
     gives the same weights, the same tokenizer and the same logits as loading the GGUF."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evalkit.backends.convert import DONE, cached_args
-    from evalkit.backends.models import default_model_args
+    from evalkit.engines.transformers.convert import DONE, cached_args
+    from evalkit.engines.plan import default_model_args
 
     model, tokenizer = reference
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))

@@ -13,8 +13,11 @@ import inspect
 import pytest
 import torch
 
-from evalkit.backends import engine, kvcache, models
-from evalkit.backends.kvcache import FULL, parse
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines.transformers import kvcache
+from evalkit.engines import resolve as models
+from evalkit.engines import kvpolicy
+from evalkit.engines.kvpolicy import FULL, parse
 from evalkit.errors import BadInput
 from tests.tiny import build_tiny_model, load_tiny
 
@@ -274,7 +277,7 @@ def test_groupwise_backends_when_installed(tiny, contexts):
     for spec in ("quantized:quanto:4", "quantized:hqq:4"):
         policy = parse(spec)
         try:
-            kvcache.check_available(policy)
+            kvpolicy.check_available(policy)
         except BadInput:
             continue
         plain = engine.probe(model, tok, contexts, [["Sure"]] * 3, max_new_tokens=4, batch_size=3)
@@ -289,7 +292,7 @@ def test_residual_buffer_is_flushed_after_128_tokens(tiny):
     """Group-wise backends keep the newest tokens unrounded until RESIDUAL of them, then round them."""
     policy = parse("quantized:hqq:4")
     try:
-        kvcache.check_available(policy)
+        kvpolicy.check_available(policy)
     except BadInput:
         pytest.skip("hqq is not installed")
     model, _ = tiny
@@ -325,29 +328,29 @@ def test_parse_refuses(text):
 
 
 def test_parse_list_refuses_a_policy_twice():
-    assert [p.spec for p in kvcache.parse_list("full, window:8")] == ["full", "window:8"]
+    assert [p.spec for p in kvpolicy.parse_list("full, window:8")] == ["full", "window:8"]
     with pytest.raises(BadInput, match="twice"):
-        kvcache.parse_list("window:8,WINDOW:8")
+        kvpolicy.parse_list("window:8,WINDOW:8")
     with pytest.raises(BadInput):
-        kvcache.parse_list(" , ")
+        kvpolicy.parse_list(" , ")
 
 
 def hide_backends(monkeypatch):
     """Make optimum-quanto and hqq look uninstalled (whether they are here or not)."""
-    real = kvcache.importlib.util.find_spec
-    hidden = {b.module for b in kvcache.KV_BACKENDS.values()}
-    monkeypatch.setattr(kvcache.importlib.util, "find_spec",
+    real = kvpolicy.importlib.util.find_spec
+    hidden = {b.module for b in kvpolicy.KV_BACKENDS.values()}
+    monkeypatch.setattr(kvpolicy.importlib.util, "find_spec",
                         lambda name, *args: None if name in hidden else real(name, *args))
 
 
 def test_missing_backend_names_the_pip_command(monkeypatch):
     hide_backends(monkeypatch)
     with pytest.raises(BadInput, match=r"pip install 'evalkit-firsttoken\[kvquant\]' \(in a clone: pip install -e '\.\[kvquant\]'\)"):
-        kvcache.check_available(parse("quantized:quanto:4"))
+        kvpolicy.check_available(parse("quantized:quanto:4"))
 
 
 def test_doctests():
-    assert doctest.testmod(kvcache).failed == 0
+    assert doctest.testmod(kvpolicy).failed == 0
 
 
 # --- runs -------------------------------------------------------------------------------
@@ -452,11 +455,11 @@ def test_a_policy_is_parsed_once_and_handed_over_resolved(tiny_model_dir, monkey
     assert [(c.kv_cache, c.name) for c in configs] == [("full", "x (full)"), ("window:8", "x (window:8)")]
 
     calls = []
-    parse = kvcache.parse
-    monkeypatch.setattr(kvcache, "parse", lambda text: calls.append(text) or parse(text))
+    parse = kvpolicy.parse
+    monkeypatch.setattr(kvpolicy, "parse", lambda text: calls.append(text) or parse(text))
     plan = models.resolve("hf", f"pretrained={tiny_model_dir}", device="cpu", kv_cache=configs[1].kv_cache)
     assert calls == ["window:8"]
     assert plan.kv_policy == kvcache.KVPolicy("window", window=8) and plan.kv_cache == "window:8"
     assert plan.backend_args["kv_cache"] is plan.kv_policy  # the object, not its text
-    assert kvcache.as_policy(plan.kv_policy) is plan.kv_policy and calls == ["window:8"]
-    assert kvcache.as_policy("window:8") == plan.kv_policy  # plain lm-eval's text still parses
+    assert kvpolicy.as_policy(plan.kv_policy) is plan.kv_policy and calls == ["window:8"]
+    assert kvpolicy.as_policy("window:8") == plan.kv_policy  # plain lm-eval's text still parses

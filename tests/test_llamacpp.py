@@ -23,8 +23,9 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from evalkit.backends import kvcache  # noqa: E402
-from evalkit.backends.models import DEFAULT_GGUF, default_model_dir, resolve  # noqa: E402
+from evalkit.engines import kvpolicy  # noqa: E402
+from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir  # noqa: E402
+from evalkit.engines.resolve import resolve  # noqa: E402
 from evalkit.errors import BadInput  # noqa: E402
 
 PROMPT = "What is the capital of France?"
@@ -45,7 +46,7 @@ def gguf(default_model_available):
 
 @pytest.fixture(scope="module")
 def eng(gguf):
-    from evalkit.backends.llamacpp_engine import LlamaCppEngine
+    from evalkit.engines.llamacpp.firststep import LlamaCppEngine
 
     engine = LlamaCppEngine(gguf, n_ctx=2048)
     yield engine
@@ -60,7 +61,7 @@ def ref(gguf):
 
 @pytest.fixture(scope="module")
 def context(eng):
-    from evalkit.backends.llamacpp import GGUFTokenizer
+    from evalkit.engines.llamacpp.model import GGUFTokenizer
 
     return GGUFTokenizer(eng).apply_chat_template([{"role": "user", "content": PROMPT}])
 
@@ -80,7 +81,7 @@ def ref_logprobs(ref, ids: list[int]) -> np.ndarray:
 def test_chat_template_renders_as_llama_cpp_pythons_own_formatter(eng, context):
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    from evalkit.backends.llamacpp import GGUFTokenizer
+    from evalkit.engines.llamacpp.model import GGUFTokenizer
 
     tok = GGUFTokenizer(eng)
     theirs = Jinja2ChatFormatter(template=tok.chat_template, eos_token=tok.eos_token, bos_token=tok.bos_token,
@@ -90,7 +91,7 @@ def test_chat_template_renders_as_llama_cpp_pythons_own_formatter(eng, context):
 
 
 def test_first_step_equals_the_reference_softmax(eng, ref, context):
-    from evalkit.backends import llamacpp
+    from evalkit.engines.llamacpp import model as llamacpp
 
     step = llamacpp.probe(eng, [context], top_k=50, max_new_tokens=0)[0]
     lp = ref_logprobs(ref, step.context_ids)[-1]
@@ -107,7 +108,7 @@ def test_first_step_equals_the_reference_softmax(eng, ref, context):
 def test_candidate_trie_in_one_batch_matches_teacher_forcing(eng, ref, context):
     """ft_hit_prob's terms: the trie over the cached prompt (one batch, several sequences per token)
     against the product of softmax terms of the reference run on prompt + candidate tokens."""
-    from evalkit.backends import llamacpp
+    from evalkit.engines.llamacpp import model as llamacpp
 
     step = llamacpp.probe(eng, [context], [CANDIDATES], max_new_tokens=0, tolerance=0.0)[0]
     assert step.unscored_mass == 0.0 and step.candidate_positions > 0
@@ -123,7 +124,7 @@ def test_candidate_trie_in_one_batch_matches_teacher_forcing(eng, ref, context):
 
 
 def test_tolerance_leaves_out_at_most_its_mass_and_keeps_answers_exact(eng, context):
-    from evalkit.backends import llamacpp
+    from evalkit.engines.llamacpp import model as llamacpp
     from evalkit.scoring.lexicon import load_lexicon
 
     cands = ["Paris", *load_lexicon().entries]
@@ -141,7 +142,7 @@ def test_tolerance_leaves_out_at_most_its_mass_and_keeps_answers_exact(eng, cont
 
 
 def test_greedy_response_is_the_references_greedy_continuation(eng, ref, context):
-    from evalkit.backends import llamacpp
+    from evalkit.engines.llamacpp import model as llamacpp
 
     step = llamacpp.probe(eng, [context], max_new_tokens=8)[0]
     ref.reset()
@@ -157,7 +158,7 @@ def test_greedy_response_is_the_references_greedy_continuation(eng, ref, context
 def test_units_complete_a_split_character(eng):
     """A byte token of a split Chinese character has no whole character alone; its unit is the
     character its greedy continuation completes."""
-    from evalkit.backends import llamacpp
+    from evalkit.engines.llamacpp import model as llamacpp
 
     ids = eng.tokenize("递归")
     assert len(ids) >= 2 and "\ufffd" in eng.decode(ids[:1])
@@ -170,7 +171,7 @@ def test_units_complete_a_split_character(eng):
 
 
 def test_loglikelihood_against_the_reference(gguf, ref):
-    from evalkit.backends.llamacpp import EvalkitLlamaCpp
+    from evalkit.engines.llamacpp.model import EvalkitLlamaCpp
 
     class Req:
         def __init__(self, *args):
@@ -190,10 +191,10 @@ def test_loglikelihood_against_the_reference(gguf, ref):
 
 
 def test_kv_cache_types_map_onto_llama_cpp(eng, context):
-    from evalkit.backends import llamacpp
-    from evalkit.backends.llamacpp_engine import KV_TYPES
+    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp.firststep import KV_TYPES
 
-    assert set(kvcache.GGML_TYPES) <= set(KV_TYPES)
+    assert set(kvpolicy.GGML_TYPES) <= set(KV_TYPES)
     tops = {}
     try:
         for kind in ("f32", "f16", "q8_0", "q4_0"):
@@ -247,7 +248,7 @@ def test_plan_records_the_ggufs_own_quantization(gguf, tmp_path):
         resolve("llamacpp", "n_gpu=3")
     empty = tmp_path / "empty.gguf"  # a GGUF header with no tensors: refused by llama.cpp with one line
     empty.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 40)
-    from evalkit.backends.llamacpp import EvalkitLlamaCpp
+    from evalkit.engines.llamacpp.model import EvalkitLlamaCpp
 
     with pytest.raises(BadInput, match=f"llama.cpp cannot load {re.escape(str(empty))}"):
         EvalkitLlamaCpp(resolve("llamacpp", f"model={empty}").args["model"])
@@ -258,7 +259,7 @@ def test_quant_detail_bits_per_weight_against_the_gguf_tensors(gguf):
     tensor sizes (an independent reader of the same file)."""
     from gguf import GGUFReader
 
-    from evalkit.backends.llamacpp import EvalkitLlamaCpp
+    from evalkit.engines.llamacpp.model import EvalkitLlamaCpp
 
     detail = EvalkitLlamaCpp(gguf, n_ctx=256).quant_detail
     tensors = GGUFReader(gguf).tensors
@@ -437,7 +438,7 @@ def test_server_run_matches_the_native_engine(server, gguf, native_runs):
 def test_echo_gives_the_starts_tokens_after_the_prompt():
     """ft_hit_prob's terms from an echoed completion: the tokens at or after the prompt's end, and None
     when a token straddles it (the server merged the boundary); a canned OpenAI answer, no server."""
-    from evalkit.backends.server import EvalkitServer
+    from evalkit.engines.server.model import EvalkitServer
 
     lm = EvalkitServer.__new__(EvalkitServer)
     answer = {"text_offset": [0, 4, 11, 14, 18, 21], "token_logprobs": [None, -1.0, -0.5, -0.25, -0.125, -2.0],
@@ -460,7 +461,7 @@ def test_server_refusals(default_model_available):
         resolve("server", f"base_url=http://127.0.0.1:1/v1,tokenizer={default_model_dir() / DEFAULT_GGUF}",
                 kv_cache="window:8")
     with pytest.raises(BadInput, match="does not answer"):
-        from evalkit.backends.server import EvalkitServer
+        from evalkit.engines.server.model import EvalkitServer
 
         EvalkitServer("http://127.0.0.1:9/v1", tokenizer=str(default_model_dir() / DEFAULT_GGUF), retries=0,
                       timeout=2)

@@ -12,8 +12,9 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from evalkit.backends.llamacpp_engine import MIN_N_CTX, SEQ_MAX, context_refusal  # noqa: E402
-from evalkit.backends.models import DEFAULT_GGUF, default_model_dir, resolve  # noqa: E402
+from evalkit.engines.llamacpp.firststep import MIN_N_CTX, SEQ_MAX, context_refusal  # noqa: E402
+from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir  # noqa: E402
+from evalkit.engines.resolve import resolve  # noqa: E402
 from evalkit.errors import BadInput  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def test_a_context_llama_cpp_would_abort_on_is_refused_before_the_load(default_m
 
 
 def test_the_engine_refuses_it_too_instead_of_aborting(default_model_available):
-    from evalkit.backends.llamacpp_engine import LlamaCppEngine
+    from evalkit.engines.llamacpp.firststep import LlamaCppEngine
 
     with pytest.raises(ValueError, match="n_ctx >= 256"):
         LlamaCppEngine(str(default_model_dir() / DEFAULT_GGUF), n_ctx=64)
@@ -73,7 +74,7 @@ def test_prompts_whose_trie_does_not_fit_are_refused_before_any_is_computed(defa
 
 
 def test_cells_needed_counts_the_trie_of_every_candidate(default_model_available):
-    from evalkit.backends.llamacpp import EvalkitLlamaCpp, candidate_ids
+    from evalkit.engines.llamacpp.model import EvalkitLlamaCpp, candidate_ids
 
     lm = EvalkitLlamaCpp(str(default_model_dir() / DEFAULT_GGUF), n_ctx=1024)
     context = lm.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])

@@ -139,7 +139,7 @@ def test_offline_task_without_data_fails_in_one_line(tmp_path, tiny_model_dir):
 
 def test_missing_data_stops_before_the_model_loads(invoke, served, tmp_path, monkeypatch):
     """In process: the data check is part of the plan, before `models.load` and the run row."""
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model loaded before the data check")
@@ -200,7 +200,7 @@ def test_hub_reachable_asks_the_endpoint_or_trusts_a_proxy(monkeypatch):
 def test_lm_eval_tasks_stored_beside_evalkits(invoke, served, tiny_model_dir, tmp_path, monkeypatch):
     """sciq (multiple_choice: loglikelihood per choice) and gsm8k (generate_until through evalkit-hf's
     probe, two filters) in one run with an evalkit task, on the tiny random Llama."""
-    from evalkit.backends.hf import EvalkitHFLM
+    from evalkit.engines.transformers.model import EvalkitHFLM
 
     monkeypatch.setattr(EvalkitHFLM, "max_gen_toks", property(lambda self: 8))  # gsm8k sets none: 256
     db = tmp_path / "e.duckdb"

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from evalkit.backends import models
+from evalkit.engines import resolve as models
+from evalkit.engines.transformers import resolve as hf_resolve
 from evalkit.cli import cli
 
 
@@ -147,7 +148,7 @@ def test_missing_gguf_file(tiny_model_dir, tmp_path, no_load):
 
 
 def test_unknown_model_arg_is_refused_before_the_load(tiny_model_dir, tmp_path, no_load):
-    models.hf_model_keys()  # the imports (torch, lm-eval) the load would make anyway
+    hf_resolve.hf_model_keys()  # the imports (torch, lm-eval) the load would make anyway
     start = time.monotonic()
     result = run_hf(f"pretrained={tiny_model_dir},attn_implmentation=eager", tmp_path / "e.duckdb")
     elapsed = time.monotonic() - start
@@ -169,9 +170,9 @@ def test_the_keys_hflm_passes_on_to_from_pretrained_stay_accepted(tiny_model_dir
 
     from lm_eval.models.huggingface import HFLM
 
-    from evalkit.backends.hf import EvalkitHFLM
+    from evalkit.engines.transformers.model import EvalkitHFLM
 
-    keys = models.hf_model_keys()
+    keys = hf_resolve.hf_model_keys()
     for cls in (HFLM, EvalkitHFLM):
         named = {p.name for p in inspect.signature(cls.__init__).parameters.values()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)} - {"self"}
@@ -179,7 +180,7 @@ def test_the_keys_hflm_passes_on_to_from_pretrained_stay_accepted(tiny_model_dir
     assert {"attn_implementation", "device_map", "revision", "local_files_only", "dtype", "load_in_4bit"} <= keys
     args = {"pretrained": str(tiny_model_dir), "attn_implementation": "eager", "device_map": "cpu",
             "use_cache": False, "tie_word_embeddings": False, "trust_remote_code": False}
-    models.check_hf_model(args)  # use_cache, tie_word_embeddings: the config's own attributes
+    hf_resolve.check_hf_model(args)  # use_cache, tie_word_embeddings: the config's own attributes
     plan = models.resolve("hf", f"pretrained={tiny_model_dir},attn_implementation=eager,use_cache=false")
     assert plan.args["attn_implementation"] == "eager"
 
@@ -191,7 +192,7 @@ def _decision(args: dict) -> str | None:
     from evalkit.errors import BadInput
 
     try:
-        models.check_hf_model(args)
+        hf_resolve.check_hf_model(args)
     except BadInput as exc:
         return str(exc)
     return None
@@ -200,8 +201,8 @@ def _decision(args: dict) -> str | None:
 def test_remembered_names_decide_as_the_imports_do(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
     base = {"pretrained": str(tiny_model_dir)}
-    config = models.model_config(base)
-    known = models.hf_model_keys()
+    config = hf_resolve.model_config(base)
+    known = hf_resolve.hf_model_keys()
     keys = ["attn_implementation", "device_map", "revision", "dtype", "use_cache", "tie_word_embeddings",
             "hidden_size", "num_attention_heads", "to_dict", "torch_dtype", "foo", "attn_implmentation", "_private"]
     for key in keys:
@@ -254,8 +255,8 @@ def test_a_remembered_refusal_imports_neither_torch_nor_transformers(tiny_model_
     import sys
 
     env = {**os.environ, "EVALKIT_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).parents[1])}
-    code = ("import sys\nfrom evalkit.backends import models\nfrom evalkit.errors import BadInput\n"
-            f"try:\n    models.check_hf_model({{'pretrained': {str(tiny_model_dir)!r}, 'foo': 1}})\n"
+    code = ("import sys\nfrom evalkit.engines.transformers import resolve as hf_resolve\nfrom evalkit.errors import BadInput\n"
+            f"try:\n    hf_resolve.check_hf_model({{'pretrained': {str(tiny_model_dir)!r}, 'foo': 1}})\n"
             "except BadInput as exc:\n    print('refused', exc)\n"
             "print('heavy', sorted(m for m in ('torch', 'transformers', 'lm_eval') if m in sys.modules))\n")
     first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

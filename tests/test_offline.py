@@ -15,7 +15,7 @@ import pytest
 import transformers.integrations.hub_kernels as hub_kernels
 import transformers.modeling_utils as modeling_utils
 
-from evalkit.backends import offline
+from evalkit.engines.transformers import offline
 from evalkit.errors import BadInput
 
 
@@ -48,7 +48,7 @@ def restore_switch(monkeypatch):
 
 
 def load(tiny_model_dir, **kwargs):
-    from evalkit.backends.hf import EvalkitHFLM
+    from evalkit.engines.transformers.model import EvalkitHFLM
 
     return EvalkitHFLM(pretrained=str(tiny_model_dir), device="cpu", batch_size=2, **kwargs)
 

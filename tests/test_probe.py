@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 from lm_eval.api.instance import Instance
 
-from evalkit.backends.hf import EvalkitHFLM
+from evalkit.engines.transformers.model import EvalkitHFLM
 from evalkit.cli import cli
 from evalkit.contract import FirstStepResult
 from evalkit.scoring.lexicon import load_lexicon

@@ -210,7 +210,7 @@ def write_fake_vllm(root: Path) -> Path:
 
 
 def _ours(name: str) -> bool:
-    return name == "vllm" or name.startswith("vllm.") or name in ("lm_eval.models.vllm_causallms", "evalkit.backends.vllm")
+    return name == "vllm" or name.startswith("vllm.") or name in ("lm_eval.models.vllm_causallms", "evalkit.engines.vllm.model")
 
 
 @pytest.fixture
@@ -237,7 +237,7 @@ def fake_vllm(tmp_path, monkeypatch):
 @pytest.fixture
 def make_lm(fake_vllm, tiny_model_dir):
     """make_lm(**model_args) -> an `evalkit-vllm` LM on the tiny model, built as the runner builds it."""
-    from evalkit.backends.models import model_class
+    from evalkit.engines.resolve import model_class
 
     def make(**args):
         cls = model_class("vllm")
@@ -276,7 +276,7 @@ def _reference(tiny_model_dir, context: str, k: int):
 def test_first_step_result_from_logprobs(fake_vllm):
     from vllm.logprobs import Logprob
 
-    from evalkit.backends.vllm import first_step_result
+    from evalkit.engines.vllm.model import first_step_result
 
     # as vLLM builds a position: the sampled token first, then ranks 1..n
     step0 = {11: Logprob(-0.5, 1, "A"), 12: Logprob(-1.5, 2, "B"), 13: Logprob(-2.0, 3, "C"), 14: Logprob(-3.0, 4, "D")}
@@ -309,7 +309,7 @@ def test_first_step_result_from_logprobs(fake_vllm):
 def test_topk_is_ordered_by_rank_with_the_sampled_token_out_of_the_top(fake_vllm):
     from vllm.logprobs import Logprob
 
-    from evalkit.backends.vllm import step_topk
+    from evalkit.engines.vllm.model import step_topk
 
     # a sampled (non-argmax) token of rank 7 comes first in vLLM's dict; it is not in the top 3
     step = {40: Logprob(-4.0, 7, "x"), 1: Logprob(-0.2, 1, "a"), 2: Logprob(-1.9, 2, "b"), 3: Logprob(-2.5, 3, "c")}
@@ -317,7 +317,7 @@ def test_topk_is_ordered_by_rank_with_the_sampled_token_out_of_the_top(fake_vllm
 
 
 def test_logprobs_k_is_capped_by_vllms_max_logprobs(fake_vllm):
-    from evalkit.backends.models import VLLM_MAX_LOGPROBS, logprobs_k
+    from evalkit.engines.vllm.resolve import VLLM_MAX_LOGPROBS, logprobs_k
 
     assert VLLM_MAX_LOGPROBS == 20
     assert logprobs_k(50, None) == 20  # engine not known: vLLM's default
@@ -348,7 +348,7 @@ def test_greedy_requests_return_the_probe_dict_with_top20(make_lm, tiny_model_di
         assert res.metrics["unstable"] == (1.0 if res.metrics["top3_mass"] < 0.70 else 0.0)
         assert res.entropy is None
         assert not {"entropy", "ft_hit_prob", "opener_mass", "prior_drift"} & set(res.metrics)
-        from evalkit.backends import engine
+        from evalkit.engines.transformers import firststep as engine
 
         firsts = {engine.candidate_ids(lm.tokenizer, req.args[0], a)[0] for a in req.doc["answers"]}
         assert res.metrics["ft_token_hit"] == (1.0 if top[0][0] in firsts else 0.0)
@@ -356,7 +356,7 @@ def test_greedy_requests_return_the_probe_dict_with_top20(make_lm, tiny_model_di
 
 def test_agrees_with_evalkit_hf_where_both_are_exact(make_lm, tiny_model_dir):
     """Same model, same contexts: the vLLM result equals evalkit-hf's on every field vLLM fills."""
-    from evalkit.backends.hf import EvalkitHFLM
+    from evalkit.engines.transformers.model import EvalkitHFLM
 
     lm = make_lm(top_k=50, temperature=1.0)
     reqs = _requests(lm, [GREEDY] * len(DOCS))
@@ -484,8 +484,8 @@ def test_help_imports_neither_vllm_nor_torch():
         "from click.testing import CliRunner\n"
         "from evalkit.cli import cli\n"
         "assert CliRunner().invoke(cli, ['run', '--help']).exit_code == 0\n"
-        "import evalkit.backends.models, evalkit.backends.catalog\n"
-        "bad = [m for m in ('vllm', 'torch', 'lm_eval.models.vllm_causallms', 'evalkit.backends.vllm') if m in sys.modules]\n"
+        "import evalkit.engines.resolve, evalkit.engines.catalog\n"
+        "bad = [m for m in ('vllm', 'torch', 'lm_eval.models.vllm_causallms', 'evalkit.engines.vllm.model') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

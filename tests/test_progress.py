@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import time
 
-from evalkit.backends import engine
+from evalkit.engines.transformers import firststep as engine
 from evalkit.progress import phases
 from tests.tiny import load_tiny
 

@@ -13,7 +13,9 @@ import json
 import pytest
 import torch
 
-from evalkit.backends import engine, models, quant
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines import resolve as models
+from evalkit.engines.transformers import quant
 from evalkit.errors import BadInput
 
 # (8-bit variant, 4-bit variant, the library both need); the tiny model's layers are 32 and 64 wide

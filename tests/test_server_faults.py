@@ -10,8 +10,8 @@ import time
 import duckdb
 import pytest
 
-from evalkit.backends import validate
-from evalkit.backends.server import ECHO_PROBE, Client, EvalkitServer, ServerError, completion, read_json, served_models
+from evalkit.engines import validate
+from evalkit.engines.server.model import ECHO_PROBE, Client, EvalkitServer, ServerError, completion, read_json, served_models
 from evalkit.errors import BadInput, RunFailed
 from tests.fake_server import FakeServer, Reply, healthy
 from tests.fake_server import completion as answer_of
@@ -22,7 +22,7 @@ def words(tiny_model_dir):
     """Four token texts the tiny tokenizer maps to single ids."""
     from transformers import AutoTokenizer
 
-    from evalkit.backends.server import piece_ids
+    from evalkit.engines.server.model import piece_ids
 
     ids = piece_ids(AutoTokenizer.from_pretrained(tiny_model_dir))
     found = [t for t in ids if t.strip().isalpha() and len(t.strip()) > 2][:4]
@@ -231,7 +231,7 @@ def test_a_run_against_a_server_with_positive_logprobs_fails_and_stores_nothing(
 
 
 def test_run_timeout_is_checked_as_a_model_arg(tiny_model_dir):
-    from evalkit.backends.models import resolve
+    from evalkit.engines.resolve import resolve
 
     for bad in ("0", "-1", "nan", "inf", "true", "soon", "99999999999"):
         with pytest.raises(BadInput, match="run_timeout must be a number of seconds"):

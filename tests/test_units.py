@@ -168,7 +168,7 @@ def test_coverage_follows_each_tokenizer():
     """One tokenizer has a token for 好的 (and for Sorry): its 好的 is not inside P(好), so both
     are summed. A bytes-only tokenizer spells 好的 as 好's bytes and more: 好 covers it. "Sure"
     covers "Sure thing" in both; "So" never covers "Sorry" (not the same word)."""
-    from evalkit.backends.engine import candidate_ids
+    from evalkit.engines.transformers.firststep import candidate_ids
 
     merged = _byte_bpe(["好的 好的 好的 好的 好 Sorry Sorry Sorry So Sure thing Sure"] * 50, 400)
     bytes_only = _byte_bpe(["x"], 257)

@@ -31,7 +31,7 @@ def drift_corpus_command(text_file, quant, model, model_args, n_ctx, chunks, bat
       evalkit drift-corpus wiki.test.raw --quant q4_1,int8-weight
       evalkit drift-corpus book.txt --quant q4_1,int4-weight,hqq4 --n-ctx 256 --chunks 20
     """
-    from evalkit.backends.quant import parse_sweep
+    from evalkit.engines.transformers.quant import parse_sweep
     from evalkit.runner.corpus import corpus_drift
     from evalkit.scoring.drift import format_summary
 

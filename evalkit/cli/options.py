@@ -6,9 +6,9 @@ args, `--quant`, `--kv-cache`, `--device`), the prompt (`prompt_options`: `--tem
 `--templates-file`) and the first step (`first_step_options`: `--temperature`,
 `--attention`) — spelled once, their defaults read from `evalkit.defaults` and the help of
 `--quant` and `--kv-cache` built from the variant table (`quant.QUANTS`) and the policy
-grammar (`kvcache.POLICY_HELP`). A `Variant` says which command a group is for: `run`
+grammar (`kvpolicy.POLICY_HELP`). A `Variant` says which command a group is for: `run`
 takes comma lists (one run per variant or policy), `inspect` one of each. Does not: check
-values (`runner.config`, `models.resolve`) or hold the commands' own options.
+values (`runner.config`, `engines.resolve`) or hold the commands' own options.
 
 And the one type of every integer option (`whole`): a click `IntRange` with both ends set,
 at most `INT_MAX`, so a number no command can use or store (`--limit 9223372036854775808`)
@@ -23,7 +23,8 @@ from typing import Any, Literal, TypeVar
 
 import click
 
-from evalkit.backends import kvcache, quant
+from evalkit.engines import kvpolicy
+from evalkit.engines.transformers import quant
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TEMPLATE
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -102,12 +103,12 @@ def quant_help(variant: Variant) -> str:
 
 
 def kv_cache_help(variant: Variant) -> str:
-    """`--kv-cache`'s help: the policy grammar of `kvcache.POLICY_HELP`.
+    """`--kv-cache`'s help: the policy grammar of `kvpolicy.POLICY_HELP`.
 
     >>> kv_cache_help("inspect").startswith("KV-cache policy (default full): full, window:W, sinkwindow:S:W, fp8")
     True
     """
-    one = f"KV-cache policy (default {kvcache.FULL_SPEC}): {kvcache.POLICY_HELP}"
+    one = f"KV-cache policy (default {kvpolicy.FULL_SPEC}): {kvpolicy.POLICY_HELP}"
     return one + ("; a comma list runs one run per policy." if variant == "run" else ".")
 
 

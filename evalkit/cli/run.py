@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from evalkit.backends.models import BATCH_TOKENS
 from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options, whole
 from evalkit.cli.output import lead_table, metric_table, next_steps
-from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
+from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
+from evalkit.engines import model_help
 from evalkit.prompts.presets import LENGTH_PRESETS
 
 
@@ -34,8 +34,7 @@ def _csv_list(kind, presets=None):
 
 @click.command("run")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="lm-eval model type: hf, llamacpp (a GGUF on llama.cpp), server (an OpenAI-compatible "
-                   "server's logprobs), vllm, ... (docs/engines.md).")
+              help=model_help())
 @model_options("run")
 @click.option("--tasks", default=None, help="Comma-separated tasks or groups: evalkit's (firsttoken, needle, ...) "
               "or lm-eval's own (gsm8k, mmlu_anatomy, ...; see docs/cli.md).")

@@ -4,7 +4,7 @@ Owns: `check_against_model` — `--top-k` within the vocabulary, needle lengths 
 the context, and every first-token prompt the run will send fitting the context with
 room to answer (refused with the ids of those that do not: nothing is truncated
 silently). Models that expose no tokenizer or context length (API models, the test
-fakes) are checked for what they expose. Does not: load the model (`models.load`).
+fakes) are checked for what they expose. Does not: load the model (`engines.resolve.load`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ with one line before anything is loaded or written — numbers that are not fini
 do not fit the columns that store them, names with control characters, unknown or
 shadowed task names, a prompts file that does not read or encode, model files that do
 not read (a GGUF header, config.json, an architecture that is no causal LM) and model
-args the model does not take (`models.resolve`), a device that does not exist here, a
+args the model does not take (`engines.resolve`), a device that does not exist here, a
 DB the run could not write. The checks that need the loaded
 model (vocabulary, context length) are `runner.checks`. Does not: load or run anything.
 """
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evalkit.backends.models import ModelPlan, resolve
+from evalkit.engines.resolve import ModelPlan, resolve
 from evalkit.defaults import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MODEL,

@@ -52,7 +52,7 @@ def read_text(path: str | os.PathLike, limit: int = MAX_CORPUS_BYTES) -> str:
 
 
 def _load(model: str, model_args: str | None, quant: str | None, device: str | None, batch_size: int):
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
 
     plan = models.resolve(model, model_args, quant_name=quant, device=device)
     if not plan.in_process_hf:
@@ -71,8 +71,8 @@ def corpus_drift(path: str | os.PathLike, quants: list[str | None], *, model: st
     `chunks` < 1."""
     import gc
 
-    from evalkit.backends import quant as quantization
-    from evalkit.backends.teacher import base_pass, corpus_chunks, drift_pass, scored_items
+    from evalkit.engines.transformers import quant as quantization
+    from evalkit.engines.transformers.teacher import base_pass, corpus_chunks, drift_pass, scored_items
 
     if len(quants) < 2:
         raise BadInput("drift-corpus compares variants with the first: give --quant BASE,CAND[,...]")

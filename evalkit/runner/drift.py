@@ -24,11 +24,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalkit import engines
 from evalkit.errors import BadInput
 from evalkit.scoring import drift as stats_drift
 
 FIRST = "first"  # RunConfig.drift_base: the sweep's first run is the base
-ENGINES = ("hf", "llamacpp")  # the --model types whose engine can teacher-force (`teacher.forced`)
+# the --model types whose engine can teacher-force (`teacher.forced`): hf, llamacpp
+ENGINES = tuple(r.model_type for r in engines.ENGINES if r.teacher_forces)
 
 
 @dataclass
@@ -75,7 +77,7 @@ def session(cfg) -> Iterator[Session | None]:
             s.base = store.load_base(con, s.base_run_id)
         s.keep = False  # the base is stored already
     elif ref == FIRST:
-        from evalkit.backends import quant
+        from evalkit.engines.transformers import quant
 
         if len(quant.parse_sweep(cfg.quant)) < 2:
             raise BadInput("--drift compares the variants of a sweep with its first one: give --quant BASE,CAND"
@@ -118,7 +120,7 @@ def observe(plan, lm, run_id: str, results: dict | None) -> list[dict[str, Any]]
 def _model_of(lm):
     """(what `teacher.forced` runs: the hf model or the llama.cpp engine, the tokenizer, the pad id)."""
     tok = getattr(lm, "tokenizer", None)
-    model = getattr(lm, "eng", None)  # the llama.cpp engine (backends.llamacpp)
+    model = getattr(lm, "eng", None)  # the llama.cpp engine (engines.llamacpp)
     if model is None or not hasattr(model, "sequence_logits"):
         model = getattr(lm, "model", None)
     if model is None or tok is None or not (hasattr(model, "forward") or hasattr(model, "sequence_logits")):
@@ -133,7 +135,7 @@ def _encode(tok, text: str) -> list[int]:
 
 
 def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> None:
-    from evalkit.backends.teacher import Forced, base_pass
+    from evalkit.engines.transformers.teacher import Forced, base_pass
     from evalkit.store import drift as store
     from evalkit.store.runs import transaction
 
@@ -151,7 +153,7 @@ def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> Non
 
 
 def _as_candidate(s: Session, lm, run_id: str, batch_size: int) -> list[dict[str, Any]]:
-    from evalkit.backends.teacher import Forced, drift_pass
+    from evalkit.engines.transformers.teacher import Forced, drift_pass
     from evalkit.store import drift as store
     from evalkit.store.runs import transaction
 

@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 
 from evalkit import envvars
-from evalkit.backends import models
+from evalkit.engines import resolve as models
 from evalkit.errors import BadInput, DatabaseBusy, ResultsKept, RunFailed, StorageFault
 from evalkit.prompts.catalog import task_manager
 from evalkit.runner.checks import check_against_model
@@ -117,7 +117,7 @@ def attn_implementation(plan: RunPlan, lm) -> str | None:
     """The attention implementation the loaded model runs (in-process hf models only)."""
     if not plan.model.in_process_hf:
         return None
-    from evalkit.backends.attention import implementation
+    from evalkit.engines.transformers.attention import implementation
 
     return implementation(getattr(lm, "model", None))
 
@@ -178,7 +178,7 @@ def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) ->
     ResultsKept when it finished but its results wait in a spool file. `cfg.kv_cache`
     names one policy here; `runner.sweep` splits a comma list into one config each.
     """
-    from evalkit.backends import kvcache
+    from evalkit.engines import kvpolicy as kvcache
 
     if len(kvcache.parse_list(cfg.kv_cache)) != 1:  # the list's own reading, as runner.sweep splits it
         raise BadInput("execute runs one --kv-cache policy; runner.sweep.execute_sweep runs a list")

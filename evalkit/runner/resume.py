@@ -77,7 +77,7 @@ def resume(db, ref: str, *, on_start: Callable[[str], None] | None = None) -> Ru
     now has the fingerprint the journal recorded (model file, quant, template, KV policy,
     seed, prompts, versions). Raises BadInput naming what is wrong otherwise.
     """
-    from evalkit.backends import models
+    from evalkit.engines import resolve as models
 
     run_id, row, ident, kept = _stored(db, ref)
     if kept:  # finished, its results waiting in a spool file: a writer brings them in

@@ -7,7 +7,7 @@ gets the variant ("NAME-VARIANT") or the policy ("NAME (POLICY)") appended. Chec
 of them before any model is loaded or anything is written (the group sizes against the
 model's layer widths too), then executing them one after another: one model load per
 variant, whose policies share it (`execute_all`), so `--quant A,B --kv-cache P,Q` stores
-A/P, A/Q, B/P, B/Q. Does not: resolve one policy (`models.resolve` does, once, into the
+A/P, A/Q, B/P, B/Q. Does not: resolve one policy (`engines.resolve` does, once, into the
 `ModelPlan`), run one config (`execute_all` does) or compare the runs (`evalkit compare
 BASELINE CAND ...` does).
 """
@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from evalkit.backends import kvcache, quant
+from evalkit.engines import kvpolicy
+from evalkit.engines.transformers import quant
 from evalkit.errors import BadInput, RunFailed
 from evalkit.runner.config import RunConfig, RunPlan, check_text, plan_run
 from evalkit.runner.execute import RunResult, execute_all
@@ -40,7 +41,7 @@ def sweep_configs(cfg: RunConfig) -> list[RunConfig]:
     >>> [c.kv_cache for c in sweep_configs(RunConfig(tasks=["firsttoken"], kv_cache="full, Window:256"))]
     ['full', 'window:256']
     """
-    policies = kvcache.parse_list(cfg.kv_cache)
+    policies = kvpolicy.parse_list(cfg.kv_cache)
     if len(policies) == 1:
         return [cfg]
     return [dataclasses.replace(cfg, kv_cache=p.spec, name=f"{cfg.name.strip()} ({p.spec})" if cfg.name else None)

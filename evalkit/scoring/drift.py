@@ -15,7 +15,7 @@ Owns, on plain numpy values:
   bootstrap CI over prompts;
 - `format_summary`: the summary as llama.cpp's lines.
 
-Does not: run a model (`backends.teacher`), read or write the DB (`store.drift`).
+Does not: run a model (`engines.transformers.teacher`), read or write the DB (`store.drift`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ of plain values (what each means: `evalkit.scoring.registry`);
 or a backend's `FirstStepResult`) into per-sample metric values, once, in the task's
 `process_results`; and `stored_fields`, what a samples row keeps of the response.
 Does not: run models (distribution-level values arrive already computed by a
-backend, see `evalkit.backends`), aggregate (lm-eval takes means), or store anything.
+engine, see `evalkit.engines`), aggregate (lm-eval takes means), or store anything.
 """
 
 from __future__ import annotations

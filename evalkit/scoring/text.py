@@ -3,7 +3,7 @@
 Owns: the docs/metrics.md §1.1 normalisation (NFKC, casefold, whitespace and leading
 punctuation stripped) and the rule deciding whether a response *begins with*
 an accepted start. Does not: look at tokens or probabilities (see
-`backends.engine`), or know which starts are accepted (the task data does).
+`engines.firststep`), or know which starts are accepted (the task data does).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Owns: what a first step may hold (`check_values`), one check for each shape an engine hands back:
 `check_result` (a `FirstStepResult`: the server, vLLM and llama.cpp engines call it on every result),
-`check_first_step` (anything shaped like `engine.FirstStep`: `topk_ids`, `topk_logprobs`, `entropy`,
+`check_first_step` (anything shaped like `firststep.FirstStep`: `topk_ids`, `topk_logprobs`, `entropy`,
 `candidate_probs`; the transformers engine's one-line hook) and `check_logprobs` (raw per-token
 logprobs, such as a server's echoed prompt logprobs). A value that fails is `EngineOutput` (a
 `RunFailed`: the run fails, exit 1) with one line naming the engine, the prompt and the value; it is
@@ -44,7 +44,7 @@ def check_values(topk: Sequence[tuple[Any, float]], *, entropy: float | None = N
     >>> check_values([(5, 3.0)], source="the server at http://h/v1", prompt="Capital of France?")
     Traceback (most recent call last):
     ...
-    evalkit.backends.validate.EngineOutput: the server at http://h/v1 returned logprob 3 for token 5 of prompt 'Capital of France?': a logprob is at most 0
+    evalkit.engines.validate.EngineOutput: the server at http://h/v1 returned logprob 3 for token 5 of prompt 'Capital of France?': a logprob is at most 0
     """
     seen: set[Any] = set()
     mass = 0.0
@@ -77,7 +77,7 @@ def check_logprobs(values: Iterable[float | None], *, source: str, prompt: str, 
     >>> check_logprobs([-1.0, float("nan")], source="s", prompt="p")
     Traceback (most recent call last):
     ...
-    evalkit.backends.validate.EngineOutput: s returned prompt logprob nan at position 1 of prompt 'p': a logprob is a finite number <= 0
+    evalkit.engines.validate.EngineOutput: s returned prompt logprob nan at position 1 of prompt 'p': a logprob is a finite number <= 0
     """
     for i, value in enumerate(values):
         if value is None:
@@ -97,7 +97,7 @@ def check_result(result: FirstStepResult, *, source: str, prompt: str) -> FirstS
 
 
 def check_first_step(step: Any, *, source: str, prompt: str) -> Any:
-    """Check anything shaped like `engine.FirstStep` (`topk_ids`, `topk_logprobs`, `entropy`,
+    """Check anything shaped like `firststep.FirstStep` (`topk_ids`, `topk_logprobs`, `entropy`,
     `candidate_probs`); returns it unchanged. The transformers engine's hook, one line where each
     step is built: `validate.check_first_step(step, source="transformers", prompt=context)`."""
     ids = list(getattr(step, "topk_ids", []))

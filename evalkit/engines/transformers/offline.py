@@ -14,7 +14,7 @@ reads it, or `flash_attention_N` without its flash-attn package, which transform
 a hub kernel, `FLASH_ATTN_KERNEL_FALLBACK`) or that mean nothing without kernels
 (`kernel_config`, `allow_all_kernels`).
 Does not: stop a hub id in `pretrained=` / `tokenizer=` from being downloaded (the user named
-it; a local model runs with HF_HUB_OFFLINE=1, `models.load`), nor police remote code
+it; a local model runs with HF_HUB_OFFLINE=1, `engines.resolve.load`), nor police remote code
 (`trust_remote_code` stays off unless asked, `models.plan`).
 """
 

@@ -14,7 +14,8 @@ Owns, for a batch of already-templated prompts on a Hugging Face causal LM:
   nodes fed in the trie's own level forwards;
 - a greedy continuation from the same cache, with first-step interventions (banned
   first tokens, a sampled first token at a given temperature);
-- pure helpers on the results: `top_mass`, `topk_dict`, `first_unit_ids`.
+- the result (`FirstStep`), candidate and unit ids and the trie's tolerance rule are every engine's:
+  `evalkit.engines.firststep`.
 
 None of the batching moves a number beyond float reassociation: `tests/test_engine_equivalence.py`
 holds every field to the pre-speed-work engine (`tests/reference_engine.py`) within 1e-4 nats.
@@ -34,37 +35,27 @@ import inspect
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from evalkit.backends.kvcache import FULL, KVPolicy, new_cache
-from evalkit.backends.models import BATCH_TOKENS
-from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
-
-_SEED_STRIDE = 1_000_003
-
-
-@dataclass
-class FirstStep:
-    """What one prompt's first step looked like, and what the model went on to say."""
-
-    context_ids: list[int]  # prompt tokens (no padding)
-    topk_ids: list[int]  # k most likely first tokens, descending
-    topk_logprobs: list[float]  # natural-log probabilities, same order
-    entropy: float  # full-vocabulary entropy in nats
-    logprobs: torch.Tensor  # (V,) float32 log-softmax of the first step
-    candidate_probs: dict[str, float] = field(default_factory=dict)  # candidate -> P(response starts with it)
-    candidate_tokens: dict[str, list[int]] = field(default_factory=dict)  # candidate -> its tokens in context
-    unscored_mass: float = 0.0  # bound on how much any sum of candidate_probs falls short (<= tolerance)
-    candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
-    unit_positions: int = 0  # first-unit nodes forwarded that the trie did not already feed
-    response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded
-    answer_ids: list[int] = field(default_factory=list)  # the longer continuation asked for (answer_tokens), eos excluded
-    units: dict[int, str] = field(default_factory=dict)  # top token id -> its first unit (unit_ranks)
-    first_token_id: int = -1  # the token chosen at step 1 (== response_ids[0] unless it was eos)
-    attention: Any = None  # attention.PromptAttention of the prefill, when asked for (`probe(attention=...)`)
+from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
+from evalkit.engines.firststep import (  # noqa: F401  (first_ids, top_mass, topk_dict: read off probe's results)
+    SEED_STRIDE,
+    UNIT_RANKS,
+    UNIT_TOKENS,
+    FirstStep,
+    _encode,
+    candidate_ids,
+    context_tail,
+    first_ids,
+    first_unit_ids,
+    tolerance_cut,
+    top_mass,
+    topk_dict,
+)
+from evalkit.engines.kvpolicy import FULL, KVPolicy
+from evalkit.engines.transformers.kvcache import new_cache
 
 
 # the share of a batch's time a progress bar gives its phases (a guide for the eye, not a measure)
@@ -125,7 +116,7 @@ def probe(
     (docs/metrics.md §1.0) each one starts, completed greedily where the token alone holds
     no whole character (`_Engine.complete_units`), so a figure can show 递 where the token
     decodes to "�".
-    `kv_policy` (`kvcache.KVPolicy`, default `full`) is applied to every forward pass —
+    `kv_policy` (`kvpolicy.KVPolicy`, default `full`) is applied to every forward pass —
     the prefill, the candidate trie and decoding — so every number read here is computed
     under it: evicted keys are masked out of every later query's attention (positions keep
     their original indices), rounded caches store and read rounded keys and values. `full`
@@ -201,97 +192,8 @@ def _batches(order: list[int], lengths: list[int], batch_size: int, batch_tokens
     return batches
 
 
-def candidate_ids(
-    tokenizer,
-    context: str,
-    candidate: str,
-    context_ids: list[int] | None = None,
-    add_special_tokens: bool = False,
-) -> list[int]:
-    """The candidate's tokens in its real context: ids(context + candidate) past ids(context).
-
-    When the joint tokenisation does not start with the context's own tokens (a merge
-    across the boundary), the candidate is tokenised alone instead.
-    """
-    if context_ids is None:
-        context_ids = _encode(tokenizer, context, add_special_tokens)
-    joint = _encode(tokenizer, context + candidate, add_special_tokens)
-    n = len(context_ids)
-    if len(joint) > n and joint[:n] == context_ids:
-        return joint[n:]
-    return _encode(tokenizer, candidate, False)
-
-
-def first_ids(tokenizer, context: str, strings: Iterable[str]) -> set[int]:
-    """The first token of each string tokenised in context (`candidate_ids`): the token a
-    strict, token-level hit must start with (docs/metrics.md §1.1 `ft_token_hit`)."""
-    return {ids[0] for s in strings if (ids := candidate_ids(tokenizer, context, s))}
-
-
-def top_mass(logprobs: torch.Tensor, k: int = 3, temperature: float = 1.0) -> float:
-    """Probability mass of the k most likely tokens of softmax(logits / temperature).
-
-    `logprobs` may be logits or log-probabilities: log_softmax(logits) / T renormalised
-    equals logits / T renormalised. Temperature 0 means argmax (mass 1).
-
-    >>> lp = torch.log(torch.tensor([0.5, 0.3, 0.1, 0.1]))
-    >>> round(top_mass(lp, k=3), 4)
-    0.9
-    >>> round(top_mass(lp, k=1, temperature=0.5), 4)  # 0.25 / (0.25 + 0.09 + 0.01 + 0.01)
-    0.6944
-    >>> top_mass(torch.tensor([]))
-    0.0
-    """
-    if logprobs.numel() == 0 or k <= 0:
-        return 0.0
-    if temperature <= 0:
-        return 1.0
-    probs = torch.softmax(logprobs.detach().float().reshape(-1) / temperature, dim=-1)
-    return float(torch.topk(probs, min(k, probs.numel())).values.sum())
-
-
-def topk_dict(step: FirstStep, k: int) -> dict[int, float]:
-    """The step's k most likely first tokens as `token_id -> logprob`, most likely first.
-
-    >>> s = FirstStep([5], [17, 4, 9], [-0.1, -2.3, -4.0], 0.5, torch.zeros(0))
-    >>> topk_dict(s, 2)
-    {17: -0.1, 4: -2.3}
-    >>> topk_dict(s, 0)
-    {}
-    """
-    if k <= 0:
-        return {}
-    return dict(zip(step.topk_ids[:k], step.topk_logprobs[:k]))
-
-
-def first_unit_ids(decode: Callable[[list[int]], str], ids: Sequence[int]) -> tuple[str, int]:
-    """The first unit (docs/metrics.md §1.0): shortest prefix of `ids` whose text is whole.
-
-    Whole: at least one non-whitespace character and no U+FFFD (a split UTF-8 character
-    or byte-fallback token decodes to one until its last byte arrives). Returns the
-    prefix's text, stripped, and its length in tokens; ("", len(ids)) if none qualifies.
-
-    >>> pieces = {1: b" ", 2: b"\\xe9", 3: b"\\x80\\x92", 4: b"x"}  # "递" = e9 80 92
-    >>> decode = lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", "replace")
-    >>> first_unit_ids(decode, [1, 2, 3, 4])
-    ('递', 3)
-    >>> first_unit_ids(decode, [1, 2])
-    ('', 2)
-    >>> first_unit_ids(decode, [])
-    ('', 0)
-    """
-    ids = list(ids)
-    for n in range(1, len(ids) + 1):
-        text = decode(ids[:n])
-        if "\ufffd" not in text and text.strip():
-            return text.strip(), n
-    return "", len(ids)
-
-
 # --- internals -------------------------------------------------------------------
 
-UNIT_RANKS = 10  # the likeliest first tokens whose first unit a run stores (first_token_topk.unit)
-UNIT_TOKENS = 4  # a first unit is completed over at most this many tokens (a UTF-8 character has <= 4 bytes)
 MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from this many on
 # the padded node positions one level forward of the candidate trie may hold: its logits are
 # positions x vocabulary floats (512 x 49152 x 4 bytes = 100 MB on the default model; 1024 took a
@@ -301,10 +203,6 @@ TRIE_POSITIONS = 512
 FORWARD_POSITIONS = 24  # what a forward costs before its first position, in positions (docs/performance.md)
 PAD_SHARE = 0.15  # a trie group may pad this share of its positions
 LSE_ROWS = 128  # node rows per logsumexp chunk (its temporary is rows x vocabulary floats: 25 MB)
-
-
-def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
 
 def _model_device(model) -> torch.device:
@@ -333,7 +231,7 @@ def _read_attention(requests, indices, offsets, length):
     """The prefill's attention capture for this batch (`attention.capture`), or a no-op when none is asked for."""
     if requests is None:
         return contextlib.nullcontext()
-    from evalkit.backends import attention
+    from evalkit.engines.transformers import attention
 
     return attention.capture([requests[i] or attention.Request() for i in indices], offsets, length)
 
@@ -561,11 +459,9 @@ class _Engine:
         ids = self.tail_ids.get(key)
         if ids is None:
             whole = candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
-            head_ids = _encode(self.tokenizer, tail, False)
-            joint = _encode(self.tokenizer, tail + candidate, False)
-            n = len(head_ids)
             # a merge across the boundary: the candidate is tokenised alone, whatever the context
-            ids = joint[n:] if len(joint) > n and joint[:n] == head_ids else whole
+            ids = context_tail(_encode(self.tokenizer, tail + candidate, False), _encode(self.tokenizer, tail, False))
+            ids = whole if ids is None else ids
             if ids != whole:  # checked once per key, on the first context with this tail
                 self.frame_cuts = False  # this tokenizer does not cut at its added tokens: never again
                 return whole
@@ -648,17 +544,7 @@ class _Engine:
                     continue  # parent left out, or node already queued
                 node_sum[node] = node_sum[parent] + child_lp[parent][node[-1]]
                 fresh.append(node)
-            fresh.sort(key=lambda n: (node_sum[n], n))
-            level = []
-            for j, node in enumerate(fresh):
-                if node in kept:
-                    level.append(node)
-                    continue
-                p = math.exp(node_sum[node])
-                if p > budget[r]:  # this one and every likelier one is scored
-                    level += fresh[j:]
-                    break
-                budget[r] -= p
+            level, budget[r] = tolerance_cut(fresh, node_sum, kept, budget[r])
             positions[r] += len(level)
             trie_done.update(level)
             return level
@@ -838,7 +724,7 @@ class _Engine:
         T = self.first_temperature
         if T is None or T <= 0:
             return int(torch.argmax(lp))
-        generator = torch.Generator().manual_seed(self.seed * _SEED_STRIDE + index)
+        generator = torch.Generator().manual_seed(self.seed * SEED_STRIDE + index)
         probs = torch.softmax(lp.float().cpu() / T, dim=-1)
         return int(torch.multinomial(probs, 1, generator=generator))
 

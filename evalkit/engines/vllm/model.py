@@ -49,8 +49,8 @@ from lm_eval.models.vllm_causallms import VLLM
 from tqdm import tqdm
 from vllm import SamplingParams
 
-from evalkit.backends import engine, validate
-from evalkit.backends.models import logprobs_k
+from evalkit.engines import firststep, validate
+from evalkit.engines.vllm.resolve import logprobs_k
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
 from evalkit.scoring.firsttoken import candidate_strings, unstable
@@ -103,7 +103,7 @@ def first_step_result(
     if ids and ids[-1] in eos_ids:  # vLLM keeps the eos that ended the completion; evalkit-hf does not
         ids = ids[:-1]
     top = step_topk(logprobs[0] if logprobs else None, k)
-    unit, _ = engine.first_unit_ids(lambda xs: decode(xs, True), ids)
+    unit, _ = firststep.first_unit_ids(lambda xs: decode(xs, True), ids)
     metrics: dict[str, float] = {}
     if len(top) >= 3 and temperature == 1.0:
         top3 = sum(math.exp(lp) for _, lp in top[:3])
@@ -218,4 +218,4 @@ class EvalkitVLLM(VLLM):
         """First tokens of the doc's accepted starts tokenised after this context (None: no answers)."""
         if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
             return None
-        return engine.first_ids(self.tokenizer, context, candidate_strings(doc["answers"]))
+        return firststep.first_ids(self.tokenizer, context, candidate_strings(doc["answers"]))

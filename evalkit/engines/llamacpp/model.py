@@ -1,6 +1,6 @@
 """lm-eval model type `evalkit-llamacpp` (`--model llamacpp`): a GGUF run natively by llama.cpp.
 
-Owns: the bridge between lm-eval requests and `llamacpp_engine.LlamaCppEngine` — per greedy
+Owns: the bridge between lm-eval requests and `llamacpp.firststep.LlamaCppEngine` — per greedy
 request the same `FirstStepResult` `evalkit-hf` returns (text, first token, first unit,
 top-k, full-vocabulary entropy, top1_prob, top3_mass@T, unstable, ft_hit_prob, ft_token_hit,
 opener_mass, prior_drift against a content-free prior computed by this engine, the answer
@@ -8,9 +8,9 @@ continuation, the first units of the top tokens), `loglikelihood` and
 `loglikelihood_rolling` (so lm-eval's own tasks run on it), sampled generation for the
 sampled protocol, and what the run row records of the GGUF (`quant_detail`: its own
 quantization type, bits per weight, the llama.cpp build). `probe` is the engine-level
-counterpart of `engine.probe`.
+counterpart of `transformers.firststep.probe`.
 Does not: score text (the task's `process_results` does), store, or refuse run options
-(`models.resolve` refuses --quant, --attention and the KV policies llama.cpp cannot run,
+(`engines.resolve` refuses --quant, --attention and the KV policies llama.cpp cannot run,
 before anything loads).
 
 How the numbers are computed: the prompt is prefilled once into the KV cache; its last
@@ -20,7 +20,7 @@ real context, form a token trie whose proper prefixes are evaluated over the cac
 (`LlamaCppEngine.tree`: a batch whose tokens carry several sequences), so `ft_hit_prob` and
 `opener_mass` are sums of products of teacher-forced conditional probabilities. With
 `tolerance` 0 the whole trie is one batch and exact; the default (evalkit-hf's, 1e-4) leaves out
-the least likely opener prefixes level by level, as `engine.probe` does: the accepted answers are
+the least likely opener prefixes level by level, as `transformers.firststep.probe` does: the accepted answers are
 always exact, opener_mass falls short by at most the tolerance.
 """
 
@@ -37,9 +37,10 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from evalkit.backends import engine as hf_engine
-from evalkit.backends import kvcache, validate
-from evalkit.backends.llamacpp_engine import DEFAULT_KV, SEQ_MAX, LlamaCppEngine, log_softmax
+from evalkit.engines import firststep as shared
+from evalkit.engines import kvpolicy, validate
+from evalkit.engines.llamacpp.firststep import DEFAULT_KV, SEQ_MAX, LlamaCppEngine, log_softmax
+from evalkit.engines.llamacpp.resolve import llamacpp_refusal
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_BATCH_SIZE,
@@ -56,16 +57,15 @@ from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.text import drop_covered
 
 CONTENT_FREE = ("N/A", "", "…", "无")  # as evalkit-hf's content-free prior (Zhao et al. 2021)
-_SEED_STRIDE = 1_000_003
 
 
-def kv_type(policy: kvcache.KVPolicy) -> str:
+def kv_type(policy: kvpolicy.KVPolicy) -> str:
     """llama.cpp's cache type for a policy: `ggml:TYPE` names one, `full` is f32 (nothing rounded)."""
     if policy.kind == "ggml":
         return policy.cache_type
     if policy.is_full:
         return "f32"
-    raise BadInput(f"--kv-cache {policy.spec}: {kvcache.llamacpp_refusal(policy)}")
+    raise BadInput(f"--kv-cache {policy.spec}: {llamacpp_refusal(policy)}")
 
 
 # --- the first step on llama.cpp ------------------------------------------------------------
@@ -73,12 +73,9 @@ def kv_type(policy: kvcache.KVPolicy) -> str:
 
 def candidate_ids(eng: LlamaCppEngine, context: str, candidate: str, context_ids: list[int]) -> list[int]:
     """The candidate's tokens in its real context: ids(context + candidate) past ids(context);
-    tokenised alone when the joint tokenisation merges across the boundary (as `engine.candidate_ids`)."""
-    joint = eng.tokenize(context + candidate)
-    n = len(context_ids)
-    if len(joint) > n and joint[:n] == context_ids:
-        return joint[n:]
-    return eng.tokenize(candidate, special=False)
+    tokenised alone when the joint tokenisation merges across the boundary (`firststep.candidate_ids`' rule)."""
+    tail = shared.context_tail(eng.tokenize(context + candidate), context_ids)
+    return tail if tail is not None else eng.tokenize(candidate, special=False)
 
 
 def _lse(logits: np.ndarray) -> float:
@@ -92,10 +89,10 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
           first_temperature: float | None = None, banned_first_ids=frozenset(), seed: int = 0,
           answer_tokens: Sequence[int] | None = None, unit_ranks: int = 0, tolerance: float = 0.0,
           exact_candidates: list[list[str]] | None = None,
-          batch_size: int = DEFAULT_BATCH_SIZE) -> list[hf_engine.FirstStep]:
-    """`engine.probe`'s results for each context, computed by llama.cpp (see the module docstring).
+          batch_size: int = DEFAULT_BATCH_SIZE) -> list[shared.FirstStep]:
+    """`transformers.firststep.probe`'s results for each context, computed by llama.cpp (see the module docstring).
 
-    Same meaning of every argument as `engine.probe` (`tolerance`, `exact_candidates`: the
+    Same meaning of every argument as `transformers.firststep.probe` (`tolerance`, `exact_candidates`: the
     prefixes left out of the candidate trie, `_candidate_probs`). Up to `batch_size` prompts share
     the KV cache, each in its own sequence (at most half the context's cells in all): one prefill
     for all of them, then each prompt's trie over its own cached prompt, then their greedy
@@ -112,7 +109,7 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
     for i, ids in enumerate(ids_all):
         if not ids:
             raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
-    out: list[hf_engine.FirstStep] = []
+    out: list[shared.FirstStep] = []
     for rows in _batches([len(ids) for ids in ids_all], batch_size, eng.n_ctx // 2):
         lps = [log_softmax(x) for x in eng.prefill_batch([ids_all[i] for i in rows])]
         steps = []
@@ -121,7 +118,7 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
             k = max(0, min(top_k, lp.shape[0]))
             top = np.argsort(-lp, kind="stable")[:k]
             p = np.exp(lp)
-            step = hf_engine.FirstStep(
+            step = shared.FirstStep(
                 context_ids=list(ids), topk_ids=[int(t) for t in top], topk_logprobs=[float(lp[t]) for t in top],
                 entropy=float(-(p * lp).sum()), logprobs=_as_tensor(lp),
             )
@@ -185,7 +182,7 @@ def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens:
 
     tolerance 0: the trie's proper prefixes in one batch over the cached prompt (exact). tolerance > 0:
     one batch per trie level, and before each level the least likely new prefixes are left out while
-    their probabilities add up to at most what is left of `tolerance` — `engine.probe`'s rule, so the
+    their probabilities add up to at most what is left of `tolerance` — `transformers.firststep.probe`'s rule, so the
     two engines leave out the same share; the prefixes of `exact` candidates never are. Every leaf of
     the whole trie has its sequence from the start (`LlamaCppEngine.levels`), so each level feeds only
     its own prefixes; a trie with more leaves than sequences re-feeds each level's ancestors instead.
@@ -221,17 +218,7 @@ def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens:
                     row = lp if depth == 1 else logits[parent].astype(np.float64) - _lse(logits[parent])
                     log_p[node] = (log_p[parent] if depth > 1 else 0.0) + float(row[node[-1]])
                     fresh.append(node)
-                fresh.sort(key=lambda n: (log_p[n], n))
-                level = []
-                for j, node in enumerate(fresh):
-                    if node in kept:
-                        level.append(node)
-                        continue
-                    p = math.exp(log_p[node])
-                    if p > budget:  # this one and every likelier one is scored
-                        level += fresh[j:]
-                        break
-                    budget -= p
+                level, budget = shared.tolerance_cut(fresh, log_p, kept, budget)
                 level = list(dict.fromkeys(level))
                 if not level:
                     break
@@ -258,17 +245,17 @@ def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens:
 def complete_units(eng: LlamaCppEngine, n_prompt: int, top_ids: list[int], seq: int = 0,
                    n_base: int = 1) -> dict[int, str]:
     """{token: its first unit} for the likeliest first tokens: the token's own text where it holds a
-    whole character, else the first unit of its greedy continuation (at most `engine.UNIT_TOKENS`
+    whole character, else the first unit of its greedy continuation (at most `firststep.UNIT_TOKENS`
     tokens, read off trees over the cached prompt); "" when none is whole by then."""
     out: dict[int, str] = {}
     open_: list[tuple[int, ...]] = []
     for t in top_ids:
-        unit, _ = hf_engine.first_unit_ids(eng.decode, [t])
+        unit, _ = shared.first_unit_ids(eng.decode, [t])
         if unit:
             out[t] = unit
         else:
             open_.append((t,))
-    for _ in range(1, hf_engine.UNIT_TOKENS):
+    for _ in range(1, shared.UNIT_TOKENS):
         if not open_:
             break
         nodes = {path[:d] for path in open_ for d in range(1, len(path) + 1)}
@@ -276,7 +263,7 @@ def complete_units(eng: LlamaCppEngine, n_prompt: int, top_ids: list[int], seq: 
         nxt = []
         for path in open_:
             child = (*path, int(np.argmax(logits[path])))
-            unit, _ = hf_engine.first_unit_ids(eng.decode, list(child))
+            unit, _ = shared.first_unit_ids(eng.decode, list(child))
             if unit or child[-1] in eng.eog:
                 out[path[0]] = unit
             else:
@@ -299,7 +286,7 @@ def first_token(lp: np.ndarray, banned, temperature: float | None, seed: int, in
         return int(np.argmax(lp))
     import torch
 
-    generator = torch.Generator().manual_seed(seed * _SEED_STRIDE + index)
+    generator = torch.Generator().manual_seed(seed * shared.SEED_STRIDE + index)
     probs = torch.softmax(torch.from_numpy(lp).double() / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))
 
@@ -405,12 +392,12 @@ class EvalkitLlamaCpp(TemplateLM):
                  temperature: float = DEFAULT_TEMPERATURE, first_temperature: float | None = None,
                  ban_openers: bool = False,
                  probe_seed: int = 0, answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
-                 tolerance: float = DEFAULT_TOLERANCE, kv_cache: str | kvcache.KVPolicy | None = None,
+                 tolerance: float = DEFAULT_TOLERANCE, kv_cache: str | kvpolicy.KVPolicy | None = None,
                  batch_size: int | str | None = DEFAULT_BATCH_SIZE, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
                  device: str | None = None,
                  prompt_batch: int = 1) -> None:
         super().__init__()
-        policy = kvcache.as_policy(kv_cache, f"ggml:{DEFAULT_KV}")  # the plan's, or plain lm-eval's text
+        policy = kvpolicy.as_policy(kv_cache, f"ggml:{DEFAULT_KV}")  # the plan's, or plain lm-eval's text
         cache = kv_type(policy)  # refused before the model loads
         if device not in (None, "cpu") and not str(device).startswith("cpu"):
             raise BadInput(f"--model llamacpp runs on the CPU in this build (got --device {device})")
@@ -461,7 +448,7 @@ class EvalkitLlamaCpp(TemplateLM):
             "source": f"GGUF file {self.eng.path.rsplit('/', 1)[-1]}",
         }
 
-    def set_kv_policy(self, policy: kvcache.KVPolicy) -> None:
+    def set_kv_policy(self, policy: kvpolicy.KVPolicy) -> None:
         """Run every later request under `policy` (a `--kv-cache` sweep reuses the loaded model)."""
         self.eng.set_kv_type(kv_type(policy))
         self.kv_policy = policy
@@ -624,7 +611,7 @@ class EvalkitLlamaCpp(TemplateLM):
                         banned_first_ids=self._banned_first_ids(contexts[0]),
                         seed=self.probe_seed + 7919 * start,
                         answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
-                        unit_ranks=hf_engine.UNIT_RANKS, tolerance=self.tolerance,
+                        unit_ranks=shared.UNIT_RANKS, tolerance=self.tolerance,
                         exact_candidates=[c[:n] for c, n in cands], batch_size=self.prompt_batch,
                     )
                     return [self._result(ctx, doc, cand, n_answer, step, until)
@@ -698,15 +685,15 @@ class EvalkitLlamaCpp(TemplateLM):
             self._priors[frame] = content_free_prior(self.eng, frame, self.top_k)
         return self._priors[frame]
 
-    def _result(self, context, doc, cands, n_answer, step: hf_engine.FirstStep, until) -> FirstStepResult:
+    def _result(self, context, doc, cands, n_answer, step: shared.FirstStep, until) -> FirstStepResult:
         text = self.tok_decode(step.response_ids)
         for s in until:
             if s and s in text:
                 text = text.split(s, 1)[0]
-        unit, _ = hf_engine.first_unit_ids(self.tok_decode, step.response_ids)
+        unit, _ = shared.first_unit_ids(self.tok_decode, step.response_ids)
         topk = [(int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp))
                 for t, lp in zip(step.topk_ids, step.topk_logprobs)]
-        top3 = hf_engine.top_mass(step.logprobs, 3, self.temperature)
+        top3 = shared.top_mass(step.logprobs, 3, self.temperature)
         metrics: dict[str, float] = {
             "top1_prob": math.exp(step.topk_logprobs[0]),
             "top3_mass": top3,

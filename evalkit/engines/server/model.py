@@ -40,7 +40,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from evalkit.backends import engine as hf_engine
+from evalkit.engines import firststep
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_MAX_GEN_TOKS,
@@ -52,7 +52,7 @@ from evalkit.defaults import (
     MIN_TOP_K,
 )
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
-from evalkit.backends import validate
+from evalkit.engines import validate
 from evalkit.errors import BadInput, RunFailed
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import answer_strings, candidate_strings, unstable
@@ -201,7 +201,7 @@ def read_json(raw: bytes, url: str) -> Any:
     >>> read_json(b'{"top": {"a": -1, "a": -2}}', "u")
     Traceback (most recent call last):
     ...
-    evalkit.backends.server.ServerError: u: the server's JSON gives the key 'a' twice in one object
+    evalkit.engines.server.model.ServerError: u: the server's JSON gives the key 'a' twice in one object
     """
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -240,8 +240,8 @@ def load_tokenizer(path: str):
     """The run's tokenizer: a .gguf file read vocabulary-only by llama.cpp (`GGUFTokenizer`), or a
     transformers tokenizer folder."""
     if path.endswith(".gguf"):
-        from evalkit.backends.llamacpp import GGUFTokenizer
-        from evalkit.backends.llamacpp_engine import LlamaCppEngine
+        from evalkit.engines.llamacpp.model import GGUFTokenizer
+        from evalkit.engines.llamacpp.firststep import LlamaCppEngine
 
         return GGUFTokenizer(LlamaCppEngine(path, vocab_only=True))
     from transformers import AutoTokenizer
@@ -447,7 +447,7 @@ class EvalkitServer(LM):
         if answers_full:  # the response as it would have stopped: at a stop string or max_gen_toks
             text = _cut(_first_tokens(self.tokenizer, full, max_new), until)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        unit, _ = hf_engine.first_unit_ids(lambda xs: self.tokenizer.decode(xs, skip_special_tokens=True), ids)
+        unit, _ = firststep.first_unit_ids(lambda xs: self.tokenizer.decode(xs, skip_special_tokens=True), ids)
         metrics: dict[str, float] = {}
         if top:
             metrics["top1_prob"] = math.exp(top[0][2])
@@ -457,7 +457,7 @@ class EvalkitServer(LM):
         if doc_kind(doc) == FIRSTTOKEN and doc.get("answers"):
             starts = candidate_strings(doc["answers"])
             if top:
-                metrics["ft_token_hit"] = 1.0 if top[0][0] in hf_engine.first_ids(self.tokenizer, context, starts) else 0.0
+                metrics["ft_token_hit"] = 1.0 if top[0][0] in firststep.first_ids(self.tokenizer, context, starts) else 0.0
             hit = self._ft_hit_prob(context, starts, top)
             if hit is not None:
                 metrics["ft_hit_prob"] = hit
@@ -579,7 +579,7 @@ def completion(answer: Any, url: str) -> dict[str, Any]:
     >>> completion({"choices": []}, "http://h/v1/completions")
     Traceback (most recent call last):
     ...
-    evalkit.backends.server.ServerError: http://h/v1/completions: the server answered {"choices": []}, not an OpenAI completion ({"choices": [{"text": ...}]})
+    evalkit.engines.server.model.ServerError: http://h/v1/completions: the server answered {"choices": []}, not an OpenAI completion ({"choices": [{"text": ...}]})
     """
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

@@ -12,7 +12,7 @@ Owns, for a Hugging Face causal LM (or the llama.cpp engine):
 - `corpus_chunks` / `corpus_pass`: a text scored as `llama-perplexity --kl-divergence` scores it
   (chunks of n_ctx tokens, BOS first, the second half of each chunk).
 
-Does not: generate (the base's tokens come from its greedy run, `engine.probe`), apply a KV-cache
+Does not: generate (the base's tokens come from its greedy run, `firststep.probe`), apply a KV-cache
 policy (the pass runs the full cache: drift compares models, not cache policies), store anything
 or compute statistics beyond one position (`scoring.drift`).
 """
@@ -25,9 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evalkit.backends.engine import _batches, _model_device
-from evalkit.backends.models import BATCH_TOKENS
-from evalkit.defaults import DEFAULT_BATCH_SIZE
+from evalkit.engines.transformers.firststep import _batches, _model_device
+from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE
 from evalkit.scoring import drift
 
 
@@ -86,7 +85,7 @@ def teacher_force(model, items: Sequence[Forced], *, batch_size: int = DEFAULT_B
 
 
 def sequence_force(eng, items: Sequence[Forced]) -> Iterator[tuple[int, torch.Tensor]]:
-    """`teacher_force` through the llama.cpp engine (`llamacpp_engine.LlamaCppEngine`): one prefill of
+    """`teacher_force` through the llama.cpp engine (`llamacpp.firststep.LlamaCppEngine`): one prefill of
     context + target[:-1] per item (`sequence_logits`), the distributions of the target's positions.
     The token ids must be the engine's own (the same GGUF vocabulary as the base's)."""
     for i, it in enumerate(items):

@@ -9,7 +9,7 @@ dtype a run records for it; the transformers `quantization_config` of the varian
 quantize as the model loads (`load_config`, and `requantize` for a model already loaded
 from a GGUF file, which transformers will not quantize on load); applying the others to
 a loaded model (`apply`); and what was applied, for the run row (`describe`).
-Does not: load models (`models.load` and `backends.hf` do, calling these around the load).
+Does not: load models (`engines.resolve.load` and `transformers.model` do, calling these around the load).
 
 How a variant reaches the weights (`Quant.how`):
 - `cast`: torch casts (q4_1 as loaded, fp32, bf16) and torch's dynamic int8;

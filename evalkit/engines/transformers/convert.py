@@ -12,7 +12,7 @@ and renamed when complete, so two processes converting at once never see half a 
 `cached_args`, which swaps a GGUF's model args for the converted folder, and reading a
 GGUF's header (`gguf_model_type`: the `gguf` package's own parser) to refuse a file that is
 not a GGUF transformers can load before anything is written. Does not: load the model for a
-run (`models.load` does, through lm-eval's HFLM).
+run (`engines.resolve.load` does, through lm-eval's HFLM).
 
 Every use checks the folder against what was written. The conversion records, before its
 DONE marker, a manifest (`evalkit-manifest.json`: each file's name, size, mtime_ns and
@@ -41,6 +41,7 @@ from typing import Any
 
 from evalkit import envvars
 from evalkit.errors import BadInput
+from evalkit.engines.plan import sha256
 from evalkit.paths import file_sha256
 
 DONE = "evalkit-converted.txt"  # written last: the folder is complete
@@ -64,17 +65,6 @@ def gguf_path(args: dict[str, Any]) -> Path | None:
         return None
     path = Path(gguf) if Path(gguf).is_absolute() else Path(pretrained) / gguf
     return path if path.is_file() else None
-
-
-def sha256(path: Path) -> str:
-    """The file's sha256, read once per process while the file is unchanged."""
-    st = path.stat()
-    return _sha256(str(path.resolve()), st.st_size, st.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=16)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    return file_sha256(Path(path))
 
 
 def gguf_model_type(path: Path) -> str:

@@ -1,6 +1,6 @@
 """lm-eval model type `evalkit-hf`: HFLM whose generate_until also returns the first step.
 
-Owns: the bridge between lm-eval requests and `engine.probe` — per request it
+Owns: the bridge between lm-eval requests and `firststep.probe` — per request it
 returns a `FirstStepResult` (text, first token, top-k, entropy and the
 distribution-level metrics) instead of a bare string; lm-eval passes it through
 `resps` to the task's `process_results` and the logged samples. The content-free
@@ -30,11 +30,12 @@ from lm_eval.models.huggingface import HFLM
 from tqdm import tqdm
 
 from evalkit import envvars
-from evalkit.backends import attention as attn
-from evalkit.backends import engine, kvcache, offline, validate
-from evalkit.backends import quant as quantization
-from evalkit.backends.convert import cached_args
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
+from evalkit.engines import kvpolicy, validate
+from evalkit.engines.transformers import attention as attn
+from evalkit.engines.transformers import firststep, kvcache, offline
+from evalkit.engines.transformers import quant as quantization
+from evalkit.engines.transformers.convert import cached_args
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_BATCH_SIZE,
@@ -54,20 +55,20 @@ CONTENT_FREE = ("N/A", "", "…", "无")
 
 
 def content_free_prior(model, tokenizer, frame: str, top_k: int,
-                       kv_policy: kvcache.KVPolicy | None = None) -> dict[int, float]:
+                       kv_policy: kvpolicy.KVPolicy | None = None) -> dict[int, float]:
     """The content-free prior (docs/metrics.md §1.3) of a prompt frame (the context with its prompt
     replaced by "\x00"): the mean first-step distribution over CONTENT_FREE inputs put in
     the frame, as its top-k `token_id -> probability`, under the run's KV-cache policy."""
     # under a template with no text around the prompt, "" leaves nothing to condition on
     contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
-    steps = engine.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts),
+    steps = firststep.probe(model, tokenizer, contexts, top_k=top_k, max_new_tokens=0, batch_size=len(contexts),
                          kv_policy=kv_policy)
     mean = torch.stack([s.logprobs.exp() for s in steps]).mean(0)
     top = torch.topk(mean, top_k)
     return dict(zip(top.indices.tolist(), top.values.tolist()))
 
 
-def candidate_metrics(tokenizer, context: str, step: engine.FirstStep, answers: list[str], openers: list[str],
+def candidate_metrics(tokenizer, context: str, step: firststep.FirstStep, answers: list[str], openers: list[str],
                       prior: dict[int, float] | None, full: list[str] | None = None) -> dict[str, float]:
     """ft_hit_prob, ft_token_hit, opener_mass, (with checkable answers `full`) answer_prob and (with a
     prior) prior_drift of one probed prompt.
@@ -118,7 +119,7 @@ class EvalkitHFLM(HFLM):
     tolerance: per prompt, the least likely token prefixes of the lexicon openers'
     trie whose probabilities add up to at most this are not teacher-forced, so
     opener_mass falls short of exact by at most `tolerance` (a bound, not an
-    estimate; 0 is exact; see `engine.probe`). The accepted answers are always
+    estimate; 0 is exact; see `firststep.probe`). The accepted answers are always
     scored exactly: ft_hit_prob is exact. kv_cache: the KV-cache policy
     (the plan's `KVPolicy`, or its text from plain lm-eval; default full) every probe runs
     under, the content-free prior's included.
@@ -140,14 +141,14 @@ class EvalkitHFLM(HFLM):
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
         answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
-        kv_cache: str | kvcache.KVPolicy | None = None,  # the plan's policy, or plain lm-eval's text
+        kv_cache: str | kvpolicy.KVPolicy | None = None,  # the plan's policy, or plain lm-eval's text
         device: str | None = None,
         attention: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs = offline.guard(kwargs)  # no hub kernel fetched at load or forward time unless asked
-        policy = kvcache.as_policy(kv_cache)  # refused before the weights load
-        kvcache.check_available(policy)
+        policy = kvpolicy.as_policy(kv_cache)  # refused before the weights load
+        kvpolicy.check_available(policy)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if envvars.world_size() > 1 and envvars.launched() and str(device).startswith("cpu"):
@@ -199,7 +200,7 @@ class EvalkitHFLM(HFLM):
         if accelerator is not None and accelerator.num_processes > 1:
             self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
 
-    def set_kv_policy(self, policy: kvcache.KVPolicy) -> None:
+    def set_kv_policy(self, policy: kvpolicy.KVPolicy) -> None:
         """Run every later probe under `policy` (a sweep reuses one loaded model for several)."""
         if policy.rounds:
             kvcache.new_cache(policy, self._model, [])  # a backend that cannot load fails here, with one line
@@ -253,7 +254,7 @@ class EvalkitHFLM(HFLM):
         ids = set()
         for entry in self.lexicon.entries:
             for text in (entry, " " + entry):
-                toks = engine.candidate_ids(self.tokenizer, context, text)
+                toks = firststep.candidate_ids(self.tokenizer, context, text)
                 if toks:
                     ids.add(toks[0])
         return frozenset(ids)
@@ -320,7 +321,7 @@ class EvalkitHFLM(HFLM):
                 def probe(start=start, contexts=contexts, docs=docs, cands=cands, moved=moved):
                     self.prompts_computed += len(contexts)
                     reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
-                    steps = engine.probe(
+                    steps = firststep.probe(
                         self.model, self.tokenizer, contexts, [c for c, _ in cands],
                         top_k=self.top_k, max_new_tokens=max_new, stop=until, batch_size=bs,
                         first_temperature=self.first_temperature, banned_first_ids=self._banned_first_ids(contexts[0]),
@@ -328,7 +329,7 @@ class EvalkitHFLM(HFLM):
                         tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
                         attention=reads,
                         answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
-                        kv_policy=self.kv_policy, unit_ranks=engine.UNIT_RANKS, progress=moved,
+                        kv_policy=self.kv_policy, unit_ranks=firststep.UNIT_RANKS, progress=moved,
                     )
                     return [self._result(ctx, doc, cand, n_answer, step, until)
                             for ctx, doc, (cand, n_answer), step in zip(contexts, docs, cands, steps)]
@@ -379,19 +380,19 @@ class EvalkitHFLM(HFLM):
             layers[name] = read.span_by_layer(name)
         return metrics, layers
 
-    def _result(self, context, doc, cands, n_answer, step: engine.FirstStep, until) -> FirstStepResult:
+    def _result(self, context, doc, cands, n_answer, step: firststep.FirstStep, until) -> FirstStepResult:
         text = self.tok_decode(step.response_ids, skip_special_tokens=True)
         for stop in until:
             if stop and stop in text:
                 text = text.split(stop, 1)[0]
-        unit, _ = engine.first_unit_ids(
+        unit, _ = firststep.first_unit_ids(
             lambda ids: self.tok_decode(ids, skip_special_tokens=True), step.response_ids
         )
         topk = [
             (int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp))
             for t, lp in zip(step.topk_ids, step.topk_logprobs)
         ]
-        top3 = engine.top_mass(step.logprobs, 3, self.temperature)
+        top3 = firststep.top_mass(step.logprobs, 3, self.temperature)
         metrics: dict[str, float] = {
             "top1_prob": math.exp(step.topk_logprobs[0]),
             "top3_mass": top3,

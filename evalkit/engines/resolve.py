@@ -1,0 +1,91 @@
+"""Which model a run evaluates, resolved once: `resolve(...) -> ModelPlan`, then `load(plan)`.
+
+Owns: the order of resolution every engine shares (the model type known to lm-eval and its
+package installed, `--kv-cache` parsed once), handing the request to its engine's resolver
+through the registry (`EngineRecord.resolver`; `OTHER_RESOLVER` for lm-eval model types evalkit
+does not wrap), and loading a plan the same way for `evalkit run` and `evalkit inspect`
+(`model_class`, `load`). Does not: know any engine's model args or refusals (each engine's
+`resolve` does) or run the model (the engines do).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+from evalkit.defaults import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MODEL,
+    DEFAULT_SEED,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+)
+from evalkit.engines import OTHER_RESOLVER, engine_for, kvpolicy, load_resolver
+from evalkit.engines.plan import (  # noqa: F401  (fingerprint: read as resolve.fingerprint by the runner)
+    ModelPlan,
+    ModelRequest,
+    fingerprint,
+    is_local,
+)
+from evalkit.errors import BadInput
+
+
+def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, quant_name: str | None = None,
+            device: str | None = None, top_k: int = DEFAULT_TOP_K, temperature: float = DEFAULT_TEMPERATURE,
+            first_temperature: float | None = None, ban_openers: bool = False, seed: int = DEFAULT_SEED,
+            kv_cache: str | None = None, attention: bool = False) -> ModelPlan:
+    """Check a model request and resolve it into a `ModelPlan`; nothing is loaded.
+
+    Raises BadInput for an unknown model type or a missing engine package here, and, from the
+    engine's resolver, for malformed or contradictory model args, a missing local model path,
+    local model files that do not read, a model arg nothing takes, or a `--quant`,
+    `--kv-cache`, `--attention` or first-step option the engine cannot honour (`kv_cache` is
+    one policy, `kvpolicy.parse`). With an hf model type and no model named in `model_args`,
+    the plan is the embedded SmolLM2, with the other model args applied to it.
+    """
+    from evalkit.engines import catalog
+
+    if not catalog.is_model_type(model_type):
+        raise BadInput(f"unknown model type {model_type!r} (lm-eval has no model registered under that name)")
+    catalog.check_installed(model_type)
+    record = engine_for(model_type)
+    policy = kvpolicy.parse(kv_cache) if kv_cache else None  # the one parse of one --kv-cache policy
+    ask = ModelRequest(model_type=model_type, model_args=model_args, quant_name=quant_name, device=device,
+                       top_k=top_k, temperature=temperature, first_temperature=first_temperature,
+                       ban_openers=ban_openers, seed=seed, kv_policy=policy, attention=attention)
+    resolver = record.resolve_with() if record is not None else load_resolver(OTHER_RESOLVER)
+    return resolver(record, ask)
+
+
+def model_class(name: str):
+    """The lm-eval model class for `--model NAME`; `hf`, `vllm`, `llamacpp` and `server` get evalkit's engines."""
+    from lm_eval.api.registry import get_model
+
+    from evalkit.engines.catalog import check_installed
+
+    check_installed(name)
+    record = engine_for(name)
+    if record is not None:
+        importlib.import_module(record.module)  # registers the model type (imports torch / vllm)
+        name = record.name
+    try:
+        return get_model(name)
+    except (ValueError, KeyError) as exc:
+        raise BadInput(f"unknown model type {name!r} (lm-eval has no model registered under that name)") from exc
+    except ImportError as exc:
+        raise BadInput(f"model type {name!r} needs a package that is not installed: {exc}") from exc
+
+
+def load(plan: ModelPlan, *, batch_size: int = DEFAULT_BATCH_SIZE):
+    """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`)."""
+    from evalkit.progress import phases
+
+    if is_local(plan.args):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    variant = f" ({plan.quant})" if plan.quant else ""
+    with phases(f"loading {plan.label}{variant}", ["loading the model"]) as step:
+        step("loading the model")
+        return model_class(plan.model_type).create_from_arg_obj(
+            {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
+        )
