@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from evalkit.release.decide import RunData
+from evalkit.scoring import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,8 +38,9 @@ def synthetic(n=150, noise=0.02, seed=0):
             p, q, o = rng.uniform(0.05, 0.8), rng.uniform(0.05, 0.8), rng.uniform(0.0, 0.05)
             hit = float(rng.random() < 0.6)
             b = {"ft_hit": hit, "ft_hit_prob": p, "answer_hit": hit, "answer_prob": q, "opener_rate": 0.0,
-                 "opener_mass": o}
+                 "opener_mass": o, "js_div": 0.0}  # the baseline's distance from itself
             c = {m: (v * (1 + rng.uniform(-noise, noise)) if m.endswith(("prob", "mass")) else v) for m, v in b.items()}
+            c["js_div"] = rng.uniform(0.001, 0.006)  # a benign pair's first-token distance (bits)
             if rng.random() < 0.01:
                 c["ft_hit"] = 1.0 - c["ft_hit"]
             base[(task, str(i))], cand[(task, str(i))] = b, c
@@ -70,7 +72,12 @@ def test_planted_drops_are_noisy_with_the_mean_asked_for(bench, k):
     own = np.array([cand.samples[(key[0], key[1].split("#")[0])]["answer_prob"] for key in planted.samples])
     ratios = c / own
     assert ratios.std() > 0.1  # noisy, not an exact scaling
-    assert c.mean() / own.mean() == pytest.approx(1 - k * 0.10, abs=0.05)
+    margin = registry.METRICS["answer_prob"].margin.value
+    assert c.mean() / own.mean() == pytest.approx(1 - k * margin, abs=0.05)
+    js = np.array([planted.samples[key]["js_div"] for key in planted.samples])
+    own_js = np.array([cand.samples[(key[0], key[1].split("#")[0])]["js_div"] for key in planted.samples])
+    assert (js - own_js).std() > 0.001  # noisy, not one step for every prompt
+    assert (js - own_js).mean() == pytest.approx(k * registry.METRICS["js_div"].margin.value, rel=0.1)
     hits = np.array([planted.samples[key]["ft_hit"] for key in planted.samples])
     own_hits = np.array([cand.samples[(key[0], key[1].split("#")[0])]["ft_hit"] for key in planted.samples])
     assert own_hits.mean() - hits.mean() == pytest.approx(k * 0.05, abs=0.03)
