@@ -188,7 +188,7 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
     Metric("js_div", "pair", False, "Jensen-Shannon divergence of the two first-token distributions",
            unit="bits", aggregation="mean over shared prompts",
            margin=Margin("delta", 0.02, "a distance on a fixed 0-1 scale (bits): benign changes of the default model "
-                         "measure 0.002-0.006 (bf16, int8 weight-only, the same GGUF on llama.cpp), a broken one "
+                         "measure 0.002-0.008 (bf16, int8 weight-only, the same GGUF on llama.cpp), a broken one "
                          "(int8-dynamic) 0.085-0.095; it catches a candidate that changes much in no one direction, "
                          "which a drop of a mean cannot see")),
     Metric("flip_rate", "pair", False, "share of shared prompts whose most likely first token differs",
