@@ -90,6 +90,21 @@ def first_ids(tokenizer, context: str, strings: Iterable[str]) -> set[int]:
     return {ids[0] for s in strings if (ids := candidate_ids(tokenizer, context, s))}
 
 
+def opener_variants(entries: Iterable[str]) -> list[str]:
+    """Each opener of the lexicon as written and after a space: the strings whose first tokens
+    `--ban-openers` masks at the first step, on every engine."""
+    return [text for entry in entries for text in (entry, " " + entry)]
+
+
+def prompt_frame(context: str, doc: Mapping) -> str | None:
+    """The template frame a context was built in: the context with its prompt replaced by NUL, the
+    key of its content-free prior; None where the doc's prompt is not in the context exactly once."""
+    prompt = doc.get("prompt")
+    if not isinstance(prompt, str) or not prompt or context.count(prompt) != 1:
+        return None
+    return context.replace(prompt, "\x00")
+
+
 def top_mass(logprobs: torch.Tensor, k: int = 3, temperature: float = 1.0) -> float:
     """Probability mass of the k most likely tokens of softmax(logits / temperature).
 

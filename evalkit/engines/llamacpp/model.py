@@ -668,19 +668,13 @@ class EvalkitLlamaCpp(TemplateLM):
         if not self.ban_openers:
             return frozenset()
         ids = self.eng.tokenize(context)
-        found = set()
-        for entry in self.lexicon.entries:
-            for text in (entry, " " + entry):
-                toks = candidate_ids(self.eng, context, text, ids)
-                if toks:
-                    found.add(toks[0])
-        return frozenset(found)
+        return frozenset(toks[0] for text in shared.opener_variants(self.lexicon.entries)
+                         if (toks := candidate_ids(self.eng, context, text, ids)))
 
     def _prior(self, context: str, doc: dict) -> dict[int, float] | None:
-        prompt = doc.get("prompt")
-        if not isinstance(prompt, str) or not prompt or context.count(prompt) != 1:
+        frame = shared.prompt_frame(context, doc)
+        if frame is None:
             return None
-        frame = context.replace(prompt, "\x00")
         if frame not in self._priors:
             self._priors[frame] = content_free_prior(self.eng, frame, self.top_k)
         return self._priors[frame]

@@ -521,10 +521,9 @@ class EvalkitServer(LM):
         """The content-free prior from the same server (K >= 50 only), per prompt frame."""
         if self.k < MIN_TOP_K:
             return None
-        prompt = doc.get("prompt")
-        if not isinstance(prompt, str) or not prompt or context.count(prompt) != 1:
+        frame = firststep.prompt_frame(context, doc)
+        if frame is None:
             return None
-        frame = context.replace(prompt, "\x00")
         if frame not in self._priors:
             sums: dict[int, float] = {}
             contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]

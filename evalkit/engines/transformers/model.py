@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from evalkit import envvars
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
+from evalkit.engines import firststep as shared
 from evalkit.engines import kvpolicy, validate
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
@@ -251,20 +252,13 @@ class EvalkitHFLM(HFLM):
         """First tokens of every opener, tokenised after this context, with and without a space."""
         if not self.ban_openers:
             return frozenset()
-        ids = set()
-        for entry in self.lexicon.entries:
-            for text in (entry, " " + entry):
-                toks = firststep.candidate_ids(self.tokenizer, context, text)
-                if toks:
-                    ids.add(toks[0])
-        return frozenset(ids)
+        return frozenset(shared.first_ids(self.tokenizer, context, shared.opener_variants(self.lexicon.entries)))
 
     def _prior(self, context: str, doc: dict) -> dict[int, float] | None:
         """Content-free prior (top-k dict) for the frame this context was built in."""
-        prompt = doc.get("prompt")
-        if not isinstance(prompt, str) or not prompt or context.count(prompt) != 1:
+        frame = shared.prompt_frame(context, doc)
+        if frame is None:
             return None
-        frame = context.replace(prompt, "\x00")
         if frame not in self._priors:
             self._priors[frame] = content_free_prior(self.model, self.tokenizer, frame, self.top_k, self.kv_policy)
         return self._priors[frame]
