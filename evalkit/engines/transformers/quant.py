@@ -416,14 +416,17 @@ class quiet_imports:
     """A context in which libraries import without their import-time warnings on stderr: torchao
     warns that its CUDA extensions (built for another Python) do not load, and torch that
     torchao registers enums as pytree constants. Whatever imports them (transformers may,
-    while it loads a model) does so quietly."""
+    while it loads a model) does so quietly. `also` names more loggers to hold at ERROR."""
 
     NAMES = ("torchao", "torch.utils._pytree")
+
+    def __init__(self, also: tuple[str, ...] = ()):
+        self.names = self.NAMES + also
 
     def __enter__(self):
         import logging
 
-        self._loggers = [logging.getLogger(n) for n in self.NAMES]
+        self._loggers = [logging.getLogger(n) for n in self.names]
         self._levels = [lg.level for lg in self._loggers]
         for lg in self._loggers:
             lg.setLevel(logging.ERROR)

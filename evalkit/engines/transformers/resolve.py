@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import logging
 import math
 import os
 import re
@@ -195,10 +194,9 @@ def _config_source(args: dict[str, Any]) -> dict[str, Any] | None:
     """The file `model_config` reads for `args` (stamped), None where it would refuse or read none."""
     from evalkit.engines.transformers import convert
 
-    path = Path(os.path.expanduser(str(args.get("pretrained")))) / str(args.get("subfolder") or "")
+    path, gguf = _local_paths(args)
     try:
-        if args.get("gguf_file"):
-            gguf = Path(args["gguf_file"]) if Path(args["gguf_file"]).is_absolute() else path / args["gguf_file"]
+        if gguf is not None:
             folder = convert.cached_folder(gguf)
             done = folder / convert.DONE if folder is not None else None
             return {"gguf": memo.file_stamp(gguf), "converted": memo.file_stamp(done) if done and done.is_file()
@@ -208,20 +206,22 @@ def _config_source(args: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
 
+def _local_paths(args: dict[str, Any]) -> tuple[Path, Path | None]:
+    """The local model folder `args` name (pretrained + subfolder), and its GGUF file when one is named."""
+    path = Path(os.path.expanduser(str(args.get("pretrained")))) / str(args.get("subfolder") or "")
+    gguf = args.get("gguf_file")
+    return path, (None if not gguf else Path(gguf) if Path(gguf).is_absolute() else path / gguf)
+
+
 def _config_names(args: dict[str, Any]) -> set[str]:
     """Every name `hasattr(config, name)` finds on the model's config: its attributes, its class's,
     and the aliases of its `attribute_map` (transformers' configs answer no other names)."""
     config = model_config(args)
     names = set(dir(config)) | set(getattr(config, "attribute_map", None) or {})
-    logger = logging.getLogger("transformers")  # reading deprecated properties logs a warning each
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return {n for n in names if hasattr(config, n)}
-    finally:
-        logger.setLevel(level)
+    # reading a deprecated property logs a warning each time
+    with quant.quiet_imports(also=("transformers",)), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {n for n in names if hasattr(config, n)}
 
 
 def model_config(args: dict[str, Any]):
@@ -231,13 +231,11 @@ def model_config(args: dict[str, Any]):
     transformers does not know, or one that is not a causal LM."""
     from evalkit.engines.transformers import convert
 
-    pretrained = args.get("pretrained")
     if not is_local(args):
         return None
-    path = Path(os.path.expanduser(str(pretrained))) / str(args.get("subfolder") or "")
+    path, gguf = _local_paths(args)
     trust = bool(args.get("trust_remote_code"))
-    if args.get("gguf_file"):
-        gguf = Path(args["gguf_file"]) if Path(args["gguf_file"]).is_absolute() else path / args["gguf_file"]
+    if gguf is not None:
         if not gguf.is_file():
             raise BadInput(f"GGUF file not found: {gguf}")
         folder = convert.cached_folder(gguf)
