@@ -335,14 +335,9 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     for version, migration in enumerate(MIGRATIONS, start=1):
         if migration.__name__ in done:
             continue
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with in_transaction(con):
             migration(con)
             con.execute("INSERT INTO schema_version VALUES (?, ?, ?)", [version, migration.__name__, now()])
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
         ran.append(migration.__name__)
     return ran
 

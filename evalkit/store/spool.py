@@ -40,7 +40,7 @@ import duckdb
 from evalkit.errors import BadInput
 from evalkit.paths import file_sha256, read_input
 from evalkit.store import rows
-from evalkit.store.db import db_path, inspect_con, migrate, open_writer
+from evalkit.store.db import db_path, in_transaction, inspect_con, migrate, open_writer
 
 SUFFIX = ".duckdb"
 MANIFEST = ".spool.json"  # beside RUN.duckdb: RUN.duckdb.spool.json
@@ -318,17 +318,12 @@ def _ingest_file(con: duckdb.DuckDBPyConnection, path: Path, run_id: str) -> Non
         done = con.execute("SELECT status FROM main.runs WHERE id = ?", [run_id]).fetchall()
         if done and done[0][0] == "done":
             raise BadInput(f"{path} would replace run {run_id}, which is already done; a kept run never does")
-        con.execute("BEGIN TRANSACTION")
-        try:
+        with in_transaction(con):
             for table in ("runs", *rows.RESULT_TABLES):
                 key = "id" if table == "runs" else "run_id"
                 con.execute(f"DELETE FROM main.{table} WHERE {key} = ?", [run_id])
                 cols = ", ".join(rows.RUN_COLUMNS if table == "runs" else rows.RESULT_TABLES[table])
                 con.execute(f"INSERT INTO main.{table} ({cols}) SELECT {cols} FROM {alias}.main.{table}")
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
     finally:
         con.execute(f"DETACH {alias}")
 
@@ -400,9 +395,8 @@ def ingest(db, paths: Iterable[str | os.PathLike] = ()) -> list[str]:
             raise BadInput(f"{path} is not an evalkit spool file of this DB (no manifest {manifest_of(path).name} "
                            "beside it); it is left as it is")
     with open_writer(target) as con:
-        con.execute("BEGIN TRANSACTION")
-        bind_file(con, target)  # a copy is re-keyed first: it never takes the kept runs of the file it copies
-        con.execute("COMMIT")
+        with in_transaction(con):
+            bind_file(con, target)  # a copy is re-keyed first: it never takes the kept runs of the file it copies
         ids = ingest_pending(con, target, files or None)
         rows.mark_abandoned(con)
     return ids
