@@ -92,17 +92,6 @@ def run_variants(db: str, limit: int | None) -> dict[str, str]:
     return ids
 
 
-def with_distance(db: str | None, base: RunData, other: RunData) -> RunData:
-    """`other` with its per-prompt first-token distance from `base` (js_div), as `evalkit gate` adds it."""
-    if db is None:  # a --pairs-json file holds no top-k
-        return other
-    from evalkit.release.db import with_distances
-    from evalkit.store.db import open_reader
-
-    with open_reader(db) as con:
-        return with_distances(con, other, base)[0]
-
-
 def load(db: str | None, ref: str, pairs: dict | None = None) -> RunData:
     """A stored run (a ref in the DB), or a variant of a --pairs-json file (bench/answer_prob_pairs.py)."""
     if pairs is not None:
@@ -317,14 +306,16 @@ def main(argv: list[str] | None = None) -> int:
         benign_refs = {r: r for r in args.benign.split(",") if r}
         worse_refs = {r: r for r in args.worse.split(",") if r}
     base = load(args.db, baseline, pairs)
-    benign = {label: with_distance(args.db, base, load(args.db, ref, pairs)) for label, ref in benign_refs.items()}
-    worse = {label: with_distance(args.db, base, load(args.db, ref, pairs)) for label, ref in worse_refs.items()}
-    if args.db is not None:  # the baseline's distance from itself: 0 on every prompt
+    benign = {label: load(args.db, ref, pairs) for label, ref in benign_refs.items()}
+    worse = {label: load(args.db, ref, pairs) for label, ref in worse_refs.items()}
+    if args.db is not None:  # each candidate's first-token distance from the baseline, as `evalkit gate` adds it
         from evalkit.release.db import with_distances
         from evalkit.store.db import open_reader
 
         with open_reader(args.db) as con:
-            base = with_distances(con, base, base)[1]
+            benign = {label: with_distances(con, run, base)[0] for label, run in benign.items()}
+            worse = {label: with_distances(con, run, base)[0] for label, run in worse.items()}
+            base = with_distances(con, base, base)[1]  # the baseline's distance from itself: 0 on every prompt
     sizes = [None if s == "all" else int(s) for s in args.n.split(",")]
     ks = [float(k) for k in args.k.split(",")]
     start = time.perf_counter()
