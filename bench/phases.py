@@ -28,11 +28,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -91,32 +93,66 @@ class Meter:
         cls.forward = forward
 
 
-def instrument(path: str) -> tuple[Meter, list]:
-    """Patch the engine module `path` runs with (probe's callers read `engine.probe` at call time)."""
+class ReferenceProber:
+    """`firststep.Prober`'s interface over the reference engine: each submission probed whole at once
+    (prefill, trie, units and its own decode), as the engine did before the speed work."""
+
+    def __init__(self, model, tokenizer, **settings):
+        self.model, self.tokenizer, self.settings = model, tokenizer, settings
+        self.done: list = []
+
+    def submit(self, key, contexts, candidates=None, *, seed=0, banned_first_ids=frozenset(), progress=None,
+               **per_prompt):
+        from tests import reference_engine
+
+        steps = reference_engine.probe(self.model, self.tokenizer, contexts, candidates, seed=seed,
+                                       banned_first_ids=banned_first_ids, progress=progress,
+                                       **self.settings, **per_prompt)
+        self.done.append((key, steps))
+
+    def ready(self):
+        out, self.done = self.done, []
+        return out
+
+    def finish(self):
+        return self.ready()
+
+
+def instrument(path: str) -> tuple[Meter, list, Any]:
+    """Patch the engine module `path` runs with (the model reads `firststep.Prober` at call time);
+    returns the meter, the list the probed steps are recorded in, and the patch's undo."""
     from evalkit.engines.transformers import firststep as engine
     from tests import reference_engine
 
     meter = Meter()
     steps: list = []
+    saved = engine.Prober
     if path == "before":
-        cls, probe = reference_engine._Engine, reference_engine.probe
+        cls, prober = reference_engine._Engine, ReferenceProber
         meter.wrap(cls, "run_batch", "prefill")  # what run_batch does outside the phases below
         meter.wrap(cls, "candidate_probs", "trie")
         meter.wrap(cls, "complete_units", "units")
+        meter.wrap(cls, "generate", "decode")
     else:
-        cls, probe = engine._Engine, engine._NEW_PROBE
+        cls, prober = engine._Engine, saved
         meter.wrap(cls, "run_batch", "prefill")
         meter.wrap(cls, "score_nodes", "trie")  # the first units ride in the trie's level forwards
-    meter.wrap(cls, "generate", "decode")
+        meter.wrap(engine._Decoder, "step", "decode")
     meter.count_forward(cls)
 
-    def recording(*args, **kwargs):
-        out = probe(*args, **kwargs)
-        steps.extend(out)
-        return out
+    class Recording(prober):  # type: ignore[misc, valid-type]
+        def ready(self):
+            out = super().ready()
+            for _, s in out:
+                steps.extend(s)
+            return out
 
-    engine.probe = recording
-    return meter, steps
+    engine.Prober = Recording
+
+    def undo():
+        engine.Prober = saved
+
+    return meter, steps, undo
 
 
 def needed(steps) -> dict[str, float]:
@@ -134,23 +170,22 @@ def needed(steps) -> dict[str, float]:
 
 def run_path(path: str, args, db: Path) -> dict:
     import evalkit
-    from evalkit.engines.transformers import firststep as engine
 
-    saved = engine.probe
-    meter, steps = instrument(path)
+    meter, steps, undo = instrument(path)
     w0, c0 = time.perf_counter(), time.process_time()
     try:
         batch = 8 if path == "before" else args.batch_size
         options = {"batch_size": batch} if batch else {}
         run = evalkit.run(tasks=args.tasks, db=db, limit=args.limit, device=args.device, **options)
     finally:
-        engine.probe = saved
+        undo()
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     meter.wall["load"] = run.load_s
     accounted = sum(meter.wall[p] for p in ("prefill", "trie", "units", "decode"))
     meter.wall["other"] = wall - run.load_s - accounted
     meter.cpu["other"] = cpu - sum(meter.cpu[p] for p in ("prefill", "trie", "units", "decode"))
-    return {"run": run, "wall": wall, "cpu": cpu, "meter": meter, "needed": needed(steps), "db": db}
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return {"run": run, "wall": wall, "cpu": cpu, "meter": meter, "needed": needed(steps), "db": db, "peak_rss": peak}
 
 
 def report(path: str, r: dict) -> None:
@@ -166,6 +201,7 @@ def report(path: str, r: dict) -> None:
         print(f"  {p:<8} {m.wall[p]:8.1f} {m.wall[p] / r['wall']:6.1%} {m.cpu.get(p, 0.0):8.1f} {fed} {want}")
     total_fed = sum(m.fed[p] for p in need)
     print(f"  positions per prompt: {total_fed / prompts:.1f} computed, {sum(need.values()) / prompts:.1f} needed")
+    print(f"  peak RSS of this process so far: {r['peak_rss'] / 2**30:.2f} GB")
 
 
 def differences(before: dict, after: dict) -> None:
@@ -204,9 +240,6 @@ def main() -> int:
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if not paths or any(p not in ("before", "after") for p in paths):
         ap.error("--paths takes before, after or both")
-    from evalkit.engines.transformers import firststep as engine
-
-    engine._NEW_PROBE = engine.probe  # the after path's probe, kept while the before path patches it
     results = {}
     with tempfile.TemporaryDirectory(prefix="evalkit-phases-") as tmp:
         for path in paths:

@@ -1,8 +1,9 @@
 """`python -m tests.kill_cli ARGS`: the evalkit CLI that kills itself at a chosen point of a run.
 
 For the resume tests: a crash at an exact place, not a race. KILL_AT=N sends the process
-KILL_SIG (default SIGKILL) when the run's journal is about to compute its batch N+1 (N
-batches are in the journal, 0: only its header); KILL_AT=store sends it when the finished
+KILL_SIG (default SIGKILL) once the run's journal holds N batches (0: only its header) and is
+asked for a batch it does not hold (about to compute it) or given another to keep: exactly N
+batches are in the journal, whatever the order in which the decoder finishes them; KILL_AT=store sends it when the finished
 run is about to be written to the DB (every batch is in the journal).
 """
 
@@ -21,17 +22,24 @@ if __name__ == "__main__":
 
         runs.finish_run = finish_run
     else:
-        batch = journal.Journal.batch
+        held, record = journal.Journal.held, journal.Journal.record
 
-        def killing_batch(self, parts, compute):
+        def kill_past(self, parts):
             if len(self.batches) >= int(at) and journal.key_of(parts) not in self.batches:
                 os.kill(os.getpid(), sig)
                 import time
 
                 time.sleep(30)  # a caught signal ends the process from its handler
-            return batch(self, parts, compute)
 
-        journal.Journal.batch = killing_batch
+        def killing_held(self, parts):
+            kill_past(self, parts)
+            return held(self, parts)
+
+        def killing_record(self, parts, results):
+            kill_past(self, parts)
+            return record(self, parts, results)
+
+        journal.Journal.held, journal.Journal.record = killing_held, killing_record
     from evalkit.cli import main
 
     main()

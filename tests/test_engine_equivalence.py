@@ -123,3 +123,87 @@ def test_a_tokenizer_that_merges_across_its_added_tokens_drops_the_shortcut(tiny
     ids = tokenizer(context, add_special_tokens=False)["input_ids"]
     got = [eng.in_context(context, ids, c) for c in ["land", "n't", " it"]]
     assert got == [engine.candidate_ids(tokenizer, context, c, ids) for c in ["land", "n't", " it"]]
+
+
+@pytest.mark.parametrize("policy", ["full", "window:8", "fp8"])
+def test_batches_submitted_apart_are_decoded_together_with_the_same_tokens(tiny, contexts, policy, monkeypatch):
+    """A Prober's batches are prefilled and scored one at a time; their continuing rows join the rows of
+    earlier batches still going (left-padded to one cache width) and share decode steps, except under a
+    rounded cache (fp8), whose rows are finished before the next batch's join. Every response and answer
+    is the reference engine's for that batch alone, and a batch is handed back only once all of it is done."""
+    model, tokenizer = tiny
+    stepped: list[set[int]] = []  # per decode step: the batches whose rows it fed
+    step = engine._Decoder.step
+
+    def spy(self):
+        stepped.append({id(row.going) for row in self.rows})
+        return step(self)
+
+    monkeypatch.setattr(engine._Decoder, "step", spy)
+    settings = dict(top_k=20, max_new_tokens=6, stop=["\n\n"], batch_size=4, kv_policy=parse(policy))
+    chunks = [contexts[i:i + 4] for i in range(0, len(contexts), 4)]
+    answers = [[12 if (k + i) % 2 else 0 for i in range(len(chunk))] for k, chunk in enumerate(chunks)]
+    prober = engine.Prober(model, tokenizer, **settings)
+    handed: dict[int, list[tuple[list[int], list[int]]]] = {}
+
+    def keep(done):
+        for k, steps in done:  # copied now: a batch handed back early would show unfinished rows
+            handed[k] = [(list(s.response_ids), list(s.answer_ids)) for s in steps]
+
+    for k, chunk in enumerate(chunks):
+        prober.submit(k, chunk, answer_tokens=answers[k], seed=k)
+        keep(prober.ready())
+    keep(prober.finish())
+    assert sorted(handed) == list(range(len(chunks)))
+    for k, chunk in enumerate(chunks):
+        old = reference_engine.probe(model, tokenizer, chunk, answer_tokens=answers[k], seed=k, **settings)
+        assert handed[k] == [(s.response_ids, s.answer_ids) for s in old]
+    together = max(len(batches) for batches in stepped)
+    assert together == 1 if policy == "fp8" else together >= 2
+
+
+def test_a_probe_with_nothing_to_continue_never_decodes(tiny, contexts, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(engine._Decoder, "step", lambda self: pytest.fail("a decode step ran"))
+    steps = engine.probe(model, tokenizer, contexts, max_new_tokens=0, batch_size=3)
+    assert all(s.response_ids == [] and s.first_token_id >= 0 for s in steps)
+
+
+@pytest.mark.parametrize("policy", ["full", "sinkwindow:2:8"])
+def test_a_merged_decode_step_gives_each_row_the_logits_it_gets_alone(tiny, contexts, policy, monkeypatch):
+    """The decoder's merge itself, at the logits: two batches of different prompt widths stepped
+    together give every row the next-token logits it gets stepped with its own batch only, before and
+    after the wider batch's rows end and the columns only they read are cut off (the tiny model's greedy
+    tokens alone would not notice a row reading another's padding)."""
+    model, tokenizer = tiny
+    seen: list[torch.Tensor] = []
+    forward = engine._Engine.forward
+
+    def keeping(self, *args, **kwargs):
+        logits, cache = forward(self, *args, **kwargs)
+        seen.append(logits[:, -1, :].clone())
+        return logits, cache
+
+    def queued(eng, chunk, limit):
+        ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in chunk]
+        steps, state = eng.run_batch(list(range(len(chunk))), chunk, ids, [[] for _ in chunk], None, [0] * len(chunk))
+        return [engine._Row(s, i, set(), limit, False, False) for i, s in enumerate(steps)], state
+
+    def stepped(*chunks):
+        eng = engine._Engine(model, tokenizer, 5, 8, (), None, frozenset(), 0, False, kv_policy=parse(policy))
+        decoder = engine._Decoder(eng)
+        with torch.inference_mode():
+            for chunk, limit in chunks:
+                decoder.admit(*queued(eng, chunk, limit))
+            monkeypatch.setattr(engine._Engine, "forward", keeping)
+            seen.clear()
+            decoder.run(0)
+            monkeypatch.setattr(engine._Engine, "forward", forward)
+        return [s.clone() for s in seen]
+
+    a, b = (contexts[3:5], 2), (contexts[:3], 4)  # the long English prompt in a: a is the wider
+    together, alone_a, alone_b = stepped(a, b), stepped(a), stepped(b)
+    assert len(alone_a) == 1 and len(together) == len(alone_b) == 3  # a's rows end after one step
+    assert torch.allclose(together[0], torch.cat([alone_a[0], alone_b[0]]), atol=REASSOCIATION)
+    for t, alone in zip(together[1:], alone_b[1:]):
+        assert torch.allclose(t, alone, atol=REASSOCIATION)

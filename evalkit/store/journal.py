@@ -192,12 +192,24 @@ class Journal:
     def batch(self, parts: Any, compute: Callable[[], Sequence[FirstStepResult]]) -> list[FirstStepResult]:
         """The responses of the batch `parts` defines: replayed from the journal when it holds them,
         else computed and appended."""
-        key = key_of(parts)
-        held = self.batches.get(key)
+        held = self.held(parts)
         if held is not None:
-            self.replayed += 1
-            return [decode(d) for d in held]
+            return held
         results = list(compute())
+        self.record(parts, results)
+        return results
+
+    def held(self, parts: Any) -> list[FirstStepResult] | None:
+        """The responses the journal holds for the batch `parts` defines (counted as replayed), or None."""
+        held = self.batches.get(key_of(parts))
+        if held is None:
+            return None
+        self.replayed += 1
+        return [decode(d) for d in held]
+
+    def record(self, parts: Any, results: Sequence[FirstStepResult]) -> None:
+        """Append the responses computed for the batch `parts` defines (once its last one is done)."""
+        key = key_of(parts)
         self.computed += 1
         if self._writable():
             encoded = [encode(r) for r in results]
@@ -206,7 +218,6 @@ class Journal:
             if self._append({"key": key, "results": encoded, "sig": sig}):
                 self.last_sig = sig
                 self.batches[key] = encoded
-        return results
 
     def _append(self, line: dict[str, Any]) -> bool:
         """Append one line and flush it to disk; on a write error stop journaling, with one warning."""

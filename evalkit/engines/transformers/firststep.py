@@ -13,7 +13,8 @@ Owns, for a batch of already-templated prompts on a Hugging Face causal LM:
 - the first unit of each likely first token (a split UTF-8 character completed greedily), its
   nodes fed in the trie's own level forwards;
 - a greedy continuation from the same cache, with first-step interventions (banned
-  first tokens, a sampled first token at a given temperature);
+  first tokens, a sampled first token at a given temperature); the continuations of every batch
+  a `Prober` is handed are stepped together (`_Decoder`), new rows joining as earlier ones end;
 - the result (`FirstStep`), candidate and unit ids and the trie's tolerance rule are every engine's:
   `evalkit.engines.firststep`.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import inspect
 import math
@@ -130,48 +132,114 @@ def probe(
     `progress(phase, fraction)` is told, as the work goes, what runs now ("prefill", "candidate trie",
     "decode 12/48") and the share of all `contexts` done, in [0, 1]: a bar moves within a batch.
     """
-    if candidates is not None and len(candidates) != len(contexts):
-        raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
-    if exact_candidates is not None and len(exact_candidates) != len(contexts):
-        raise ValueError(f"{len(exact_candidates)} exact candidate lists for {len(contexts)} contexts")
-    if attention is not None and len(attention) != len(contexts):
-        raise ValueError(f"{len(attention)} attention requests for {len(contexts)} contexts")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if batch_tokens < 1:
-        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
-    if not 0 <= tolerance < 1:
-        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
-    if answer_tokens is not None and len(answer_tokens) != len(contexts):
-        raise ValueError(f"{len(answer_tokens)} answer lengths for {len(contexts)} contexts")
-    if not contexts:
-        return []
-    context_ids = [_encode(tokenizer, c, add_special_tokens) for c in contexts]
-    for i, ids in enumerate(context_ids):
-        if not ids:
-            raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
-    engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                     banned_first_ids, seed, add_special_tokens, tolerance, kv_policy, unit_ranks, attention)
-    # longest first, so a batch holds prompts of similar length (little padding)
-    order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
-    results: list[FirstStep | None] = [None] * len(contexts)
-    done = 0
-    with torch.inference_mode():
-        for rows in _batches(order, [len(ids) for ids in context_ids], batch_size, batch_tokens):
-            if progress is not None:
-                engine.progress = functools.partial(_tell, progress, done, len(rows), len(contexts))
-            done += len(rows)
-            steps = engine.run_batch(
-                rows,
-                [contexts[i] for i in rows],
-                [context_ids[i] for i in rows],
-                [list(candidates[i]) if candidates is not None else [] for i in rows],
-                [set(exact_candidates[i]) if exact_candidates is not None else set() for i in rows],
-                [int(answer_tokens[i]) if answer_tokens is not None else 0 for i in rows],
-            )
-            for i, step in zip(rows, steps):
-                results[i] = step
-    return results  # type: ignore[return-value]  # every row was filled
+    prober = Prober(model, tokenizer, top_k=top_k, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
+                    first_temperature=first_temperature, add_special_tokens=add_special_tokens, tolerance=tolerance,
+                    kv_policy=kv_policy, unit_ranks=unit_ranks, batch_tokens=batch_tokens)
+    prober.submit(None, contexts, candidates, exact_candidates=exact_candidates, attention=attention,
+                  answer_tokens=answer_tokens, seed=seed, banned_first_ids=banned_first_ids, progress=progress)
+    ((_, steps),) = prober.finish()
+    return steps
+
+
+class Prober:
+    """`probe` over batches handed in one at a time, their continuations decoded together.
+
+    Each `submit`ted list of prompts is prefilled, read and scored at once (`_batches`, `_Engine.run_batch`:
+    the same forwards `probe` has always run, so the same numbers); only its continuation waits. The rows
+    that go on past their first token join one decoder for every submission (`_Decoder`), which steps
+    them together and takes the next batch's rows in while earlier ones are still going: a decode step
+    serves between one batch's worth of rows and two, instead of one batch's remainder shrinking to a
+    row or two. A row's greedy tokens are its own whatever it is stepped with (float reassociation
+    aside, `tests/test_engine_equivalence.py`).
+
+    `ready()` hands back the submissions whose every row has finished, as (key, steps in the order of
+    their contexts); `finish()` decodes what is left and hands back the rest. `probe` is one
+    `submit` and `finish`. The settings given here hold for every submission.
+    """
+
+    def __init__(self, model, tokenizer, *, top_k: int = DEFAULT_TOP_K, max_new_tokens: int = 32,
+                 stop: Sequence[str] = (), batch_size: int = DEFAULT_BATCH_SIZE,
+                 first_temperature: float | None = None, add_special_tokens: bool = False,
+                 tolerance: float = 0.0, kv_policy: KVPolicy | None = None, unit_ranks: int = 0,
+                 batch_tokens: int = BATCH_TOKENS) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+        if not 0 <= tolerance < 1:
+            raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.batch_tokens = batch_size, batch_tokens
+        self.add_special_tokens = add_special_tokens
+        self.engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature, frozenset(), 0,
+                              add_special_tokens, tolerance, kv_policy, unit_ranks, None)
+        # rows are stepped while more than a batch's worth go, so a step feeds one to two batches' rows
+        # (bench/phases.py: a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8)
+        self.keep = batch_size if self.engine.policy_merges else 0
+        self.decoder = _Decoder(self.engine)
+        self.open: dict[int, tuple[Any, list[FirstStep], set[int]]] = {}  # submission -> (key, steps, rows going)
+        self.order = 0
+
+    def submit(self, key: Any, contexts: list[str], candidates: list[list[str]] | None = None, *,
+               exact_candidates: list[list[str]] | None = None, attention: list[Any] | None = None,
+               answer_tokens: Sequence[int] | None = None, seed: int = 0,
+               banned_first_ids: set[int] | frozenset = frozenset(),
+               progress: Callable[[str, float], None] | None = None) -> None:
+        """Prefill, read and score `contexts` now (arguments as `probe`'s), and queue their continuations."""
+        if candidates is not None and len(candidates) != len(contexts):
+            raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
+        if exact_candidates is not None and len(exact_candidates) != len(contexts):
+            raise ValueError(f"{len(exact_candidates)} exact candidate lists for {len(contexts)} contexts")
+        if attention is not None and len(attention) != len(contexts):
+            raise ValueError(f"{len(attention)} attention requests for {len(contexts)} contexts")
+        if answer_tokens is not None and len(answer_tokens) != len(contexts):
+            raise ValueError(f"{len(answer_tokens)} answer lengths for {len(contexts)} contexts")
+        context_ids = [_encode(self.tokenizer, c, self.add_special_tokens) for c in contexts]
+        for i, ids in enumerate(context_ids):
+            if not ids:
+                raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
+        engine = self.engine
+        engine.seed, engine.attention = seed, attention
+        engine.banned = sorted(int(i) for i in banned_first_ids)
+        number, self.order = self.order, self.order + 1
+        steps: list[FirstStep | None] = [None] * len(contexts)
+        going: set[int] = set()
+        self.open[number] = (key, steps, going)  # type: ignore[assignment]  # every slot is filled below
+        # longest first, so a batch holds prompts of similar length (little padding)
+        order = sorted(range(len(contexts)), key=lambda i: (-len(context_ids[i]), i))
+        done = 0
+        with torch.inference_mode():
+            for rows in _batches(order, [len(ids) for ids in context_ids], self.batch_size, self.batch_tokens):
+                if progress is not None:
+                    engine.progress = functools.partial(_tell, progress, done, len(rows), len(contexts))
+                done += len(rows)
+                batch_steps, state = engine.run_batch(
+                    rows,
+                    [contexts[i] for i in rows],
+                    [context_ids[i] for i in rows],
+                    [list(candidates[i]) if candidates is not None else [] for i in rows],
+                    [set(exact_candidates[i]) if exact_candidates is not None else set() for i in rows],
+                    [int(answer_tokens[i]) if answer_tokens is not None else 0 for i in rows],
+                )
+                for i, step in zip(rows, batch_steps):
+                    steps[i] = step
+                if state is not None:
+                    self.decoder.admit([_Row(step, i, going, *limit)
+                                        for i, step, limit in zip(rows, batch_steps, state.limits)], state)
+                    self.decoder.run(self.keep)
+
+    def ready(self) -> list[tuple[Any, list[FirstStep]]]:
+        """The submissions whose every row has finished, oldest first, each handed back once."""
+        out = [(number, key, steps) for number, (key, steps, going) in self.open.items() if not going]
+        for number, _, _ in out:
+            del self.open[number]
+        return [(key, steps) for _, key, steps in out]
+
+    def finish(self) -> list[tuple[Any, list[FirstStep]]]:
+        """Decode every row still going, and hand back every submission not handed back yet."""
+        with torch.inference_mode():
+            self.decoder.run(0)
+        return self.ready()
 
 
 def _tell(progress: Callable[[str, float], None], before: int, rows: int, total: int, phase: str,
@@ -322,8 +390,11 @@ class _Engine:
             new_cache = getattr(out, "past_key_values", None)
         return out.logits, new_cache
 
-    def run_batch(self, indices, contexts, ids_list, cand_lists, exact_sets=None, answer_lens=None) -> list[FirstStep]:
-        """Prefill one batch together; `indices` are the prompts' places in `contexts` (seeds)."""
+    def run_batch(self, indices, contexts, ids_list, cand_lists, exact_sets=None,
+                  answer_lens=None) -> tuple[list[FirstStep], _Queued | None]:
+        """Prefill one batch together and read its first step; `indices` are the prompts' places in
+        `contexts` (seeds). Returns the steps, and their continuation for `_Decoder.admit` (None when
+        nothing is generated)."""
         B = len(ids_list)
         with _read_attention(self.attention, indices, self.pads(ids_list), max(len(ids) for ids in ids_list)) as seen:
             logprobs, cache, mask, position_ids = self.prefill(ids_list)
@@ -361,23 +432,16 @@ class _Engine:
                 if self.unit_ranks:
                     step.units = units[r]
 
-        first = torch.tensor([self.first_token(logprobs[r], indices[r]) for r in range(B)])
+        first = [self.first_token(logprobs[r], indices[r]) for r in range(B)]
         for r in range(B):
-            steps[r].first_token_id = int(first[r])
-        self.progress("decode", FIRST_STEP_SHARE)
-        answer_lens = list(answer_lens or [0] * B)
-        if self.max_new_tokens > 0 or any(answer_lens):
-            limits = [max(self.max_new_tokens, n) for n in answer_lens]
-            responses = self.generate(first.to(self.device), cache, mask, position_ids[:, -1], limits,
-                                      [n == 0 for n in answer_lens], position_ids)
-            for r in range(B):
-                if answer_lens[r]:
-                    steps[r].answer_ids = responses[r]
-                    steps[r].response_ids = self.response_prefix(responses[r])
-                else:
-                    steps[r].response_ids = responses[r]
+            steps[r].first_token_id = first[r]
         self.progress("batch done", 1.0)
-        return steps
+        answer_lens = list(answer_lens or [0] * B)
+        if self.max_new_tokens <= 0 and not any(answer_lens):
+            return steps, None
+        # each row's (token limit, stops at the stop strings, continued to answer the question)
+        limits = [(max(self.max_new_tokens, n), n == 0, n > 0) for n in answer_lens]
+        return steps, _Queued(first, cache, mask, position_ids, limits)
 
     @staticmethod
     def pads(ids_list) -> list[int]:
@@ -442,6 +506,12 @@ class _Engine:
         """(B, Q, K) bool -> (B, 1, Q, K) additive float mask."""
         neg = torch.finfo(self.float_dtype).min
         return torch.zeros(allow.shape, dtype=self.float_dtype, device=allow.device).masked_fill(~allow, neg).unsqueeze(1)
+
+    @property
+    def policy_merges(self) -> bool:
+        """Whether rows of different batches may share decode steps (`_Decoder`): not under a rounded
+        cache, whose layers keep per-row residuals of their own."""
+        return not self.policy.rounds
 
     def in_context(self, context: str, context_ids: list[int], candidate: str) -> list[int]:
         """`candidate_ids(context, candidate)`, computed once per template frame where the tokenizer allows.
@@ -728,47 +798,6 @@ class _Engine:
         probs = torch.softmax(lp.float().cpu() / T, dim=-1)
         return int(torch.multinomial(probs, 1, generator=generator))
 
-    def generate(self, first: torch.Tensor, cache, mask, last_pos, limits: list[int],
-                 stops: list[bool], key_pos=None) -> list[list[int]]:
-        """Greedy continuation of each row after its step-1 token, row r up to `limits[r]` tokens
-        (and its stop strings, where `stops[r]`); rows finish independently.
-
-        Mutates `cache` (finished rows are dropped from it with `batch_select_indices`).
-        `key_pos` (B, P): the position of each prompt column, read when the policy evicts.
-        """
-        evicts = self.policy.evicts
-        B = first.shape[0]
-        responses: list[list[int]] = [[] for _ in range(B)]
-        rows = list(range(B))  # batch row of each cache row
-        tokens = first  # (len(rows),) last token of each cache row
-
-        def accept(r: int, token: int) -> bool:
-            return self.accept(responses[r], token, limits[r], stops[r])
-
-        going = [accept(r, int(t)) for r, t in zip(rows, tokens.tolist())]
-        longest, steps = max(limits), 1
-        while any(going):
-            steps += 1
-            self.progress(f"decode {steps}/{longest}",
-                          FIRST_STEP_SHARE + (1 - FIRST_STEP_SHARE) * min(1.0, steps / max(longest, 1)))
-            if not all(going):
-                keep = torch.tensor([j for j, g in enumerate(going) if g], dtype=torch.long, device=self.device)
-                cache.batch_select_indices(keep)
-                rows = [rows[j] for j in keep.tolist()]
-                mask, last_pos, tokens = mask[keep], last_pos[keep], tokens[keep]
-                if evicts:
-                    key_pos = key_pos[keep]
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-            last_pos = last_pos + 1
-            attn = mask
-            if evicts:
-                key_pos = torch.cat([key_pos, last_pos.unsqueeze(-1)], dim=-1)
-                attn = self.policy_mask(last_pos.unsqueeze(-1), key_pos, mask)
-            logits, cache = self.forward(tokens.unsqueeze(-1), attn, last_pos.unsqueeze(-1), cache, last_only=True)
-            tokens = torch.argmax(logits[:, -1, :], dim=-1)
-            going = [accept(r, int(t)) for r, t in zip(rows, tokens.tolist())]
-        return responses
-
     def accept(self, response: list[int], token: int, limit: int, stop: bool = True) -> bool:
         """Append `token` to `response` unless it is eos; True while the row goes on."""
         if token in self.eos:
@@ -787,3 +816,149 @@ class _Engine:
             if self.stopped(ids[:k]):
                 return ids[:k]
         return ids[: self.max_new_tokens]
+
+
+@dataclasses.dataclass
+class _Queued:
+    """A batch's rows after their first step, waiting to be continued (`_Decoder.admit`)."""
+
+    first: list[int]  # each row's first token
+    cache: Any  # the prompts' KV cache, (rows, ..., P, ...)
+    mask: torch.Tensor  # (rows, P) 1 where a column holds a real token
+    position_ids: torch.Tensor  # (rows, P) each column's position
+    limits: list[tuple[int, bool, bool]]  # per row: (token limit, stop at the stop strings, answer continuation)
+
+
+class _Row:
+    """One prompt's continuation: the tokens so far, where it stops, and the result it fills."""
+
+    __slots__ = ("step", "index", "going", "limit", "stop", "answer", "tokens")
+
+    def __init__(self, step: FirstStep, index: int, going: set[int], limit: int, stop: bool, answer: bool) -> None:
+        self.step, self.index, self.going = step, index, going
+        self.limit, self.stop, self.answer = limit, stop, answer
+        self.tokens: list[int] = []
+
+
+def _plain(cache) -> bool:
+    """Whether every layer of `cache` is a plain growing layer, whose rows may be padded and merged."""
+    from transformers.cache_utils import DynamicLayer
+
+    return getattr(cache, "evalkit_state", None) is None and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def _pad_left(t: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """`t` with `n` zero columns put before dimension `dim`'s first."""
+    if n == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = n
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class _Decoder:
+    """Greedy continuations of rows from any number of batches, one forward a step for all of them.
+
+    A batch's rows join with their prompt cache after their first step. Where both caches are plain
+    (`_plain`, and the policy allows: `_Engine.policy_merges`) the rows join those already going: the
+    shorter side is left-padded with masked columns, and since every row has its own positions, key
+    mask and cache rows, a row reads only its own keys whatever it is batched with. Columns that are
+    padding for every row are cut off as rows leave. Where caches cannot merge, the rows going are
+    finished first. A row finished fills its `FirstStep` (`response_ids`, and `answer_ids` for an
+    answer continuation) and leaves its submission's set of rows going."""
+
+    def __init__(self, engine: _Engine) -> None:
+        self.engine = engine
+        self.rows: list[_Row] = []
+        self.cache: Any = None
+        self.mask = self.last_pos = self.tokens = torch.empty(0)
+        self.key_pos: torch.Tensor | None = None
+
+    def admit(self, rows: list[_Row], queued: _Queued) -> None:
+        """Take in a batch's rows (`rows[j]` is row j of `queued`); those that end at their first token
+        finish at once."""
+        eng = self.engine
+        keep = [j for j, (row, token) in enumerate(zip(rows, queued.first)) if self.accept(row, token)]
+        if not keep:
+            return
+        cache, mask, positions = queued.cache, queued.mask, queued.position_ids
+        if len(keep) < len(rows):
+            index = torch.tensor(keep, dtype=torch.long, device=eng.device)
+            cache.batch_select_indices(index)
+            mask, positions = mask[index], positions[index]
+        tokens = torch.tensor([queued.first[j] for j in keep], dtype=torch.long, device=eng.device)
+        last_pos = positions[:, -1]
+        key_pos = positions if eng.policy.evicts else None  # each key column's position, read by the policy
+        for j in keep:
+            rows[j].going.add(rows[j].index)
+        if self.rows and not (eng.policy_merges and _plain(self.cache) and _plain(cache)):
+            self.run(0)
+        if not self.rows:
+            self.cache, self.mask, self.last_pos, self.key_pos, self.tokens = cache, mask, last_pos, key_pos, tokens
+            self.rows = [rows[j] for j in keep]
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        old, new = width - self.mask.shape[1], width - mask.shape[1]
+        for mine, theirs in zip(self.cache.layers, cache.layers):
+            mine.keys = torch.cat([_pad_left(mine.keys, old, -2), _pad_left(theirs.keys, new, -2)])
+            mine.values = torch.cat([_pad_left(mine.values, old, -2), _pad_left(theirs.values, new, -2)])
+        self.mask = torch.cat([_pad_left(self.mask, old, 1), _pad_left(mask, new, 1)])
+        if key_pos is not None and self.key_pos is not None:
+            self.key_pos = torch.cat([_pad_left(self.key_pos, old, 1), _pad_left(key_pos, new, 1)])
+        self.last_pos = torch.cat([self.last_pos, last_pos])
+        self.tokens = torch.cat([self.tokens, tokens])
+        self.rows += [rows[j] for j in keep]
+
+    def run(self, keep: int) -> None:
+        """Step while more than `keep` rows are going."""
+        while len(self.rows) > keep:
+            self.step()
+
+    def step(self) -> None:
+        """Feed every row its last token and append its greedy next one; rows that end leave."""
+        eng = self.engine
+        eng.progress(f"decode ({len(self.rows)} rows)", 1.0)
+        self.mask = torch.cat([self.mask, self.mask.new_ones((self.mask.shape[0], 1))], dim=-1)
+        self.last_pos = self.last_pos + 1
+        attn = self.mask
+        if self.key_pos is not None:  # each row reads the keys the policy keeps at its position
+            self.key_pos = torch.cat([self.key_pos, self.last_pos.unsqueeze(-1)], dim=-1)
+            attn = eng.policy_mask(self.last_pos.unsqueeze(-1), self.key_pos, self.mask)
+        logits, self.cache = eng.forward(self.tokens.unsqueeze(-1), attn, self.last_pos.unsqueeze(-1), self.cache,
+                                         last_only=True)
+        tokens = torch.argmax(logits[:, -1, :], dim=-1)
+        going = [self.accept(row, token) for row, token in zip(self.rows, tokens.tolist())]
+        if all(going):
+            self.tokens = tokens
+            return
+        keep = [j for j, g in enumerate(going) if g]
+        self.rows = [self.rows[j] for j in keep]
+        if not keep:
+            self.cache = None
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=eng.device)
+        self.cache.batch_select_indices(index)
+        self.mask, self.last_pos, self.tokens = self.mask[index], self.last_pos[index], tokens[index]
+        if self.key_pos is not None:
+            self.key_pos = self.key_pos[index]
+        if _plain(self.cache):  # columns no row reads any more
+            cut = int(self.mask.any(0).int().argmax())
+            if cut:
+                for layer in self.cache.layers:
+                    layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
+                self.mask = self.mask[:, cut:]
+                if self.key_pos is not None:
+                    self.key_pos = self.key_pos[:, cut:]
+
+    def accept(self, row: _Row, token: int) -> bool:
+        """Append `token` to the row; True while it goes on, else fill its result and let it go."""
+        eng = self.engine
+        if eng.accept(row.tokens, token, row.limit, row.stop):
+            return True
+        if row.answer:
+            row.step.answer_ids = row.tokens
+            row.step.response_ids = eng.response_prefix(row.tokens)
+        else:
+            row.step.response_ids = row.tokens
+        row.going.discard(row.index)
+        return False

@@ -290,53 +290,67 @@ class EvalkitHFLM(HFLM):
         bar = tqdm(total=len(requests), desc="first-token probe", unit="prompt", bar_format=BAR_FORMAT,
                    disable=disable_tqdm or self.rank != 0)
         keep_ticking(bar)  # its clock moves while a phase says nothing (ends when the bar closes)
-        finished, n_batches, batch_no = 0, sum(-(-len(g) // self._bs()) for g in groups.values()), 0
+        first_done, n_batches, batch_no = 0, sum(-(-len(g) // self._bs()) for g in groups.values()), 0
         bs = self._bs()
+
+        def finished(pending: list) -> None:
+            """Store the batches whose every continuation has ended (journaled as a whole batch)."""
+            for (chunk, key, contexts, docs, cands), steps in pending:
+                results = [self._result(ctx, doc, cand, n_answer, step, until_of[key[0]])
+                           for ctx, doc, (cand, n_answer), step in zip(contexts, docs, cands, steps)]
+                if self.journal is not None:
+                    self.journal.record(key, results)
+                for i, result in zip(chunk, results):
+                    out[i] = result
+
+        until_of: dict[str, list[str]] = {}
         for group, idxs in groups.items():
-            # prompts continued to answer_max_tokens share batches (a batch decodes as long as its longest
-            # continuation), and similar lengths share a batch (little padding)
+            # prompts continued to answer_max_tokens share batches, and similar lengths share a batch
+            # (little padding)
             idxs.sort(key=lambda i: (not (requests[i].doc or {}).get("answers_full"), -len(requests[i].args[0])))
             gen = requests[idxs[0]].args[1]
             until = gen.get("until") or []
-            until = [until] if isinstance(until, str) else list(until)
+            until = until_of[group] = [until] if isinstance(until, str) else list(until)
             max_new = int(gen.get("max_gen_toks", self.max_gen_toks))
+            # every batch of the group is prefilled and scored on its own; their continuations are
+            # decoded together, each batch's results kept once its last row has ended
+            prober = firststep.Prober(self.model, self.tokenizer, top_k=self.top_k, max_new_tokens=max_new,
+                                      stop=until, batch_size=bs, first_temperature=self.first_temperature,
+                                      tolerance=self.tolerance, kv_policy=self.kv_policy,
+                                      unit_ranks=firststep.UNIT_RANKS)
             for start in range(0, len(idxs), bs):
                 chunk = idxs[start : start + bs]
                 contexts = [requests[i].args[0] for i in chunk]
                 docs = [requests[i].doc or {} for i in chunk]
                 cands = [self._candidates(d) for d in docs]
-
                 batch_no += 1
-
-                def moved(phase: str, share: float, base=finished, n=len(chunk), label=f"batch {batch_no}/{n_batches}"):
-                    bar.n = base + share * n  # the bar moves within a batch, so its ETA does
-                    bar.set_postfix_str(f"{label} {phase}")
-
-                def probe(start=start, contexts=contexts, docs=docs, cands=cands, moved=moved):
-                    self.prompts_computed += len(contexts)
-                    reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
-                    steps = firststep.probe(
-                        self.model, self.tokenizer, contexts, [c for c, _ in cands],
-                        top_k=self.top_k, max_new_tokens=max_new, stop=until, batch_size=bs,
-                        first_temperature=self.first_temperature, banned_first_ids=self._banned_first_ids(contexts[0]),
-                        seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
-                        tolerance=self.tolerance, exact_candidates=[c[:n] for c, n in cands],
-                        attention=reads,
-                        answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
-                        kv_policy=self.kv_policy, unit_ranks=firststep.UNIT_RANKS, progress=moved,
-                    )
-                    return [self._result(ctx, doc, cand, n_answer, step, until)
-                            for ctx, doc, (cand, n_answer), step in zip(contexts, docs, cands, steps)]
-
                 # a batch is defined by its place in the request list and its prompts: a resumed run
                 # forms the same batches, and replays those its journal holds
-                results = (self.journal.batch([group, start, contexts, [c for c, _ in cands]], probe)
-                           if self.journal is not None else probe())
-                for i, result in zip(chunk, results):
-                    out[i] = result
-                finished += len(chunk)
-                bar.n = finished
+                key = [group, start, contexts, [c for c, _ in cands]]
+                held = self.journal.held(key) if self.journal is not None else None
+                if held is not None:
+                    for i, result in zip(chunk, held):
+                        out[i] = result
+                else:
+                    def moved(phase: str, share: float, base=first_done, n=len(chunk),
+                              label=f"batch {batch_no}/{n_batches}"):
+                        bar.n = base + share * n  # the bar moves within a batch, so its ETA does
+                        bar.set_postfix_str(f"{label} {phase}")
+
+                    self.prompts_computed += len(contexts)
+                    reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
+                    prober.submit(
+                        (chunk, key, contexts, docs, cands), contexts, [c for c, _ in cands],
+                        exact_candidates=[c[:n] for c, n in cands], attention=reads,
+                        answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
+                        seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
+                        banned_first_ids=self._banned_first_ids(contexts[0]), progress=moved,
+                    )
+                    finished(prober.ready())
+                first_done += len(chunk)
+                bar.n = first_done
                 bar.refresh()
+            finished(prober.finish())
         bar.close()
         return out
 
