@@ -207,3 +207,40 @@ def test_a_merged_decode_step_gives_each_row_the_logits_it_gets_alone(tiny, cont
     assert torch.allclose(together[0], torch.cat([alone_a[0], alone_b[0]]), atol=REASSOCIATION)
     for t, alone in zip(together[1:], alone_b[1:]):
         assert torch.allclose(t, alone, atol=REASSOCIATION)
+
+
+def test_the_trie_reads_the_same_with_the_head_applied_apart_or_whole(tiny, contexts, monkeypatch):
+    """Where the head is applied apart (`head_split`: only real node positions, LSE_ROWS at a time) and
+    where the model's whole forward gives every position's logits, the trie reads the same numbers."""
+    model, tokenizer = tiny
+    assert engine.head_split(model) is not None  # the tiny Llama's logits are its head's
+    cands = [["Recursion", "Paris", "递归", "巴黎"] + load_lexicon().entries for _ in contexts]
+    kwargs = dict(candidates=cands, top_k=20, max_new_tokens=0, batch_size=6, tolerance=1e-4,
+                  unit_ranks=engine.UNIT_RANKS)
+    apart = engine.probe(model, tokenizer, contexts, **kwargs)
+    monkeypatch.setitem(engine._SPLITS, model, None)
+    whole = engine.probe(model, tokenizer, contexts, **kwargs)
+    assert_same(apart, whole)
+
+
+def test_a_model_that_changes_its_logits_after_the_head_keeps_the_whole_forward(tiny):
+    """A scale or soft cap after the head fails `head_split`'s check: no split, the whole forward."""
+    model, _ = tiny
+
+    class Capped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def get_decoder(self):
+            return self.inner.get_decoder()
+
+        def get_output_embeddings(self):
+            return self.inner.get_output_embeddings()
+
+        def forward(self, **kwargs):
+            out = self.inner(**kwargs)
+            out.logits = out.logits * 0.0625  # Cohere-style logit scale
+            return out
+
+    assert engine.head_split(Capped(model)) is None

@@ -36,6 +36,7 @@ import functools
 import inspect
 import math
 import os
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -263,14 +264,47 @@ def _batches(order: list[int], lengths: list[int], batch_size: int, batch_tokens
 # --- internals -------------------------------------------------------------------
 
 MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from this many on
-# the padded node positions one level forward of the candidate trie may hold: its logits are
-# positions x vocabulary floats (512 x 49152 x 4 bytes = 100 MB on the default model; 1024 took a
-# default run of 64 prompts to 1.98 GB RSS, against the 2 GB budget); a forward of 512 positions
-# costs some 60x its fixed cost, so smaller groups cost next to nothing
-TRIE_POSITIONS = 512
+# the padded node positions one level forward of the candidate trie may hold. Where the model's head is
+# applied apart (`head_split`), a level holds positions x hidden floats and its logits exist LSE_ROWS
+# node rows at a time: 2048 positions of the default model's trie peak below where 512 did whole.
+# Otherwise its logits are positions x vocabulary floats (512 x 49152 x 4 bytes = 100 MB on the default
+# model; 1024 took a default run of 64 prompts to 1.98 GB RSS, against the 2 GB budget)
+TRIE_POSITIONS = 2048
+TRIE_POSITIONS_WHOLE = 512
 FORWARD_POSITIONS = 24  # what a forward costs before its first position, in positions (docs/performance.md)
 PAD_SHARE = 0.15  # a trie group may pad this share of its positions
-LSE_ROWS = 128  # node rows per logsumexp chunk (its temporary is rows x vocabulary floats: 25 MB)
+LSE_ROWS = 128  # node rows whose logits exist at once (rows x vocabulary floats: 25 MB)
+SPLIT_TOLERANCE = 1e-4  # how near the head applied apart must come to the model's own logits (`head_split`)
+_SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (decoder, head, cache kw) | None
+
+
+def head_split(model) -> tuple[Any, Any, str] | None:
+    """(decoder, head, the decoder's cache keyword) when the model's logits are its output head applied to
+    its decoder's last hidden state, else None; decided once per model, by running both on a short input.
+
+    The trie reads each node's whole log-softmax, but only the node positions that are real need the head:
+    applied apart, to LSE_ROWS of them at a time, it skips the padding and never holds a (positions x
+    vocabulary) tensor. A model that changes its logits after the head (a soft cap, a scale) fails the
+    check and keeps the whole forward."""
+    if model in _SPLITS:
+        return _SPLITS[model]
+    found = None
+    try:
+        decoder, head = model.get_decoder(), model.get_output_embeddings()
+    except (AttributeError, NotImplementedError, TypeError):
+        decoder = head = None
+    if decoder is not None and head is not None and decoder is not model:
+        device = _model_device(model)
+        ids = torch.tensor([[1, 2, 3]], dtype=torch.long, device=device)
+        with torch.inference_mode():
+            whole = model(input_ids=ids, use_cache=False).logits
+            apart = head(decoder(input_ids=ids, use_cache=False).last_hidden_state)
+        if whole.shape == apart.shape and torch.allclose(whole.float(), apart.float(), atol=SPLIT_TOLERANCE,
+                                                         rtol=SPLIT_TOLERANCE):
+            params = inspect.signature(decoder.forward).parameters
+            found = (decoder, head, "cache" if "cache" in params else "past_key_values")
+    _SPLITS[model] = found
+    return found
 
 
 def _model_device(model) -> torch.device:
@@ -311,16 +345,6 @@ def _rows_of(cache, rows: torch.Tensor):
     sub.layers = [copy.copy(layer) for layer in cache.layers]
     sub.batch_select_indices(rows)
     return sub
-
-
-def _logsumexp_rows(logits: torch.Tensor) -> torch.Tensor:
-    """logsumexp over the last axis of (B, Q, V) logits in float32, LSE_ROWS rows at a time: (B, Q)."""
-    B, Q, V = logits.shape
-    flat = logits.reshape(B * Q, V)
-    out = torch.empty(B * Q, dtype=torch.float32, device=logits.device)
-    for i in range(0, B * Q, LSE_ROWS):
-        out[i:i + LSE_ROWS] = torch.logsumexp(flat[i:i + LSE_ROWS].float(), dim=-1)
-    return out.reshape(B, Q)
 
 
 def _truncate_cache(cache, length: int) -> None:
@@ -367,14 +391,31 @@ class _Engine:
         # transformers 5 renamed `past_key_values` to `cache` (old name deprecated)
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
         self.keep_kw = "logits_to_keep" in params
+        self._split: tuple[Any, Any, str] | None | bool = False  # `head_split`, looked up at the first trie level
         # (text after the context's last added token, candidate) -> the candidate's tokens there (`in_context`)
         self.tail_ids: dict[tuple[str, str], list[int]] = {}
         self.frame_cuts = True  # False once this tokenizer is seen not to cut its input at added tokens
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self.added_tokens = [str(getattr(t, "content", t)) for t in decoder.values() if str(getattr(t, "content", t))]
 
-    def forward(self, input_ids, attention_mask, position_ids, cache=None, last_only=False):
-        """Model forward with a cache kept: (logits, cache)."""
+    @property
+    def split(self) -> tuple[Any, Any, str] | None:
+        if self._split is False:
+            self._split = head_split(self.model)
+        return self._split  # type: ignore[return-value]
+
+    @property
+    def trie_positions(self) -> int:
+        return TRIE_POSITIONS if self.split is not None else TRIE_POSITIONS_WHOLE
+
+    def forward(self, input_ids, attention_mask, position_ids, cache=None, last_only=False, hidden=False):
+        """Model forward with a cache kept: (logits, cache); with `hidden`, (the decoder's last hidden states,
+        cache), the head left to the caller (`head_split`, which must have found one)."""
+        if hidden:
+            decoder, _, cache_kw = self.split  # type: ignore[misc]
+            out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=True, **{cache_kw: cache})
+            return out.last_hidden_state, out.past_key_values
         kwargs = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -657,7 +698,7 @@ class _Engine:
         deeper levels are alike too). A forward costs about FORWARD_POSITIONS positions before it computes
         any (the weights are read from memory once a forward), so a row joins the group before it while
         the padding that adds stays under that, or under PAD_SHARE of the group's positions; a group
-        holds at most TRIE_POSITIONS padded positions a level."""
+        holds at most `trie_positions` padded positions a level."""
         B = len(first_level)
         if self.policy.rounds:  # a rounded cache is never copied: one group
             return [list(range(B))]
@@ -669,7 +710,7 @@ class _Engine:
             if g is not None:
                 padded = (len(g) + 1) * width[r]
                 padding = padded - sum(width[i] for i in g) - width[r]
-                if padded <= TRIE_POSITIONS and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
+                if padded <= self.trie_positions and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
                     g.append(r)
                     continue
             groups.append([r])
@@ -703,22 +744,10 @@ class _Engine:
                     feed.append(nodes + extra)
                 if not any(feed):
                     break
-                logits, used = self.forward_nodes(feed, depth, slot, used, sub, sub_mask, n_real)
-                lse = _logsumexp_rows(logits)  # (b, Q)
+                out, used = self.forward_nodes(feed, depth, slot, used, sub, sub_mask, n_real)
                 open_now = {n for r in rows for n in opened[r]}
                 reads = [(j, q, node) for j, nodes in enumerate(feed) for q, node in enumerate(nodes)]
-                # the next tokens the trie reads off each node, gathered at once
-                pairs = [(j, q, node, t) for j, q, node in reads for t in wanted.get(node, ())]
-                if pairs:
-                    jj, qq, tt = (torch.tensor([p[i] for p in pairs], device=logits.device) for i in (0, 1, 3))
-                    vals = (logits[jj, qq, tt].float() - lse[jj, qq]).tolist()
-                    for (_, _, node, t), v in zip(pairs, vals):
-                        child_lp.setdefault(node, {})[t] = v
-                units_read = [(j, q, node) for j, q, node in reads if node in open_now]
-                greedy: list[int] = []
-                if units_read:
-                    jj, qq = (torch.tensor([u[i] for u in units_read], device=logits.device) for i in (0, 1))
-                    greedy = torch.argmax(logits[jj, qq], dim=-1).tolist()
+                units_read, greedy = self.read_nodes(out, reads, wanted, open_now, child_lp)
                 nxt: dict[int, list[tuple[int, ...]]] = {r: [] for r in rows}
                 for (_, _, node), token in zip(units_read, greedy):
                     child = (*node, int(token))
@@ -734,8 +763,34 @@ class _Engine:
             if whole and used:
                 _truncate_cache(cache, P)
 
+    def read_nodes(self, out, reads, wanted, units_open, child_lp) -> tuple[list[tuple[int, int, Any]], list[int]]:
+        """Read one trie level's forward, LSE_ROWS node positions at a time: each read node's log-probability
+        of every next token the trie wants off it (into `child_lp`), and the greedy next token of each node
+        in `units_open`. `out` is the level's logits, or its last hidden states where the head is applied
+        here (`head_split`): only `reads`' positions, never the padding, pay for the head.
+        Returns (the reads in `units_open`, their greedy tokens)."""
+        split = self.split
+        units_read: list[tuple[int, int, Any]] = []
+        greedy: list[int] = []
+        for begin in range(0, len(reads), LSE_ROWS):
+            chunk = reads[begin:begin + LSE_ROWS]
+            jj, qq = (torch.tensor([r[i] for r in chunk], device=out.device) for i in (0, 1))
+            logits = (split[1](out[jj, qq]) if split is not None else out[jj, qq]).float()  # (n, V)
+            lse = torch.logsumexp(logits, dim=-1)
+            pairs = [(i, t) for i, (_, _, node) in enumerate(chunk) for t in wanted.get(node, ())]
+            if pairs:
+                ii, tt = (torch.tensor([p[k] for p in pairs], device=out.device) for k in (0, 1))
+                for (i, t), v in zip(pairs, (logits[ii, tt] - lse[ii]).tolist()):
+                    child_lp.setdefault(chunk[i][2], {})[t] = v
+            opened = [i for i, (_, _, node) in enumerate(chunk) if node in units_open]
+            if opened:
+                units_read += [chunk[i] for i in opened]
+                greedy += torch.argmax(logits[torch.tensor(opened, device=out.device)], dim=-1).tolist()
+        return units_read, greedy
+
     def forward_nodes(self, level, depth: int, slot: dict, used: int, cache, mask, n_real):
-        """Forward one level of token trees packed after the prompts: (logits (B, Q, V), columns used).
+        """Forward one level of token trees packed after the prompts: (logits (B, Q, V), or the last hidden
+        states (B, Q, H) where the head is applied apart (`head_split`); columns used).
 
         `level[r]` holds row r's nodes `(row, t0, ..., t{depth-1})`, each fed its last token at
         position n_real + depth - 1 and attending to its prompt and its ancestors (whose
@@ -775,8 +830,9 @@ class _Engine:
             prompt_pos = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
             allow[:, :, :P] &= self.policy.visible(pos[:, :, None], prompt_pos[:, None, :])
         attn = self.additive(allow.to(self.device))  # the float mask is made where the model runs
-        logits, _ = self.forward(inp.to(self.device), attn, pos.to(self.device), cache=cache)
-        return logits, used + Q  # (B, Q, V)
+        out, _ = self.forward(inp.to(self.device), attn, pos.to(self.device), cache=cache,
+                              hidden=self.split is not None)
+        return out, used + Q
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
