@@ -1,12 +1,13 @@
-"""Names that cost seconds of imports to learn, remembered on disk for as long as what they came from.
+"""Names that cost seconds of imports or parsing to learn, remembered on disk for as long as what they came from.
 
 `--model-args` is checked before the model loads (SPEC §4: within 2 s), but the keys an hf model
 takes come from importing lm-eval, transformers and torch (about 5 CPU-seconds): the parameters of
 HFLM and `from_pretrained`, and the attributes of the model's config. They change only when those
 packages, evalkit's own model class, or the model's config file change, so `names` computes them
 once per such identity and keeps them in the cache folder (`EVALKIT_CACHE`); with the cache off it
-computes them every time. A file that does not read as what was written is recomputed and replaced,
-never trusted. Does not: decide anything about the names (the caller does, the same way either way).
+computes them every time. `counts` keeps a GGUF's tensor types the same way (the run row's
+`gguf_tensor_types`: parsing the file's metadata costs about 2 CPU-seconds a load), keyed by the
+file's stamp. A file that does not read as what was written is recomputed and replaced, never trusted. Does not: decide anything about the names (the caller does, the same way either way).
 """
 
 from __future__ import annotations
@@ -49,21 +50,38 @@ def module_stamp(module: str) -> dict[str, Any] | None:
 
 def names(kind: str, identity: dict[str, Any], compute: Callable[[], Iterable[str]]) -> frozenset[str]:
     """`compute()`'s names, from the cache folder when they were computed for this very identity."""
+    kept = _remembered(kind, identity, lambda: sorted(compute()),
+                       lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v))
+    return frozenset(kept)
+
+
+def counts(kind: str, identity: dict[str, Any], compute: Callable[[], dict[str, int] | None]) -> dict[str, int] | None:
+    """`compute()`'s {name: count}, from the cache folder when they were computed for this very identity;
+    None (nothing to tell) is not kept."""
+    return _remembered(kind, identity, compute,
+                       lambda v: isinstance(v, dict) and all(isinstance(k, str) and type(n) is int for k, n in v.items()))
+
+
+def _remembered(kind: str, identity: dict[str, Any], compute: Callable[[], Any], valid: Callable[[Any], bool]) -> Any:
+    """`compute()`'s JSON value, kept under the cache folder's `names/` keyed by `identity`; a kept file
+    that does not read as what was written for this identity, or whose value is not `valid`, is
+    recomputed and replaced."""
     folder = envvars.cache()
     if folder is None:
-        return frozenset(compute())
+        return compute()
     identity = {"format": FORMAT, "evalkit": __version__, "kind": kind, **identity}
     text = json.dumps(identity, sort_keys=True, default=str)
     path = folder / "names" / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
     kept = _read(path, identity)
-    if kept is not None:
+    if kept is not None and valid(kept):
         return kept
-    found = frozenset(compute())
-    _write(path, {"identity": json.loads(text), "names": sorted(found)})
+    found = compute()
+    if found is not None:
+        _write(path, {"identity": json.loads(text), "names": found})
     return found
 
 
-def _read(path: Path, identity: dict[str, Any]) -> frozenset[str] | None:
+def _read(path: Path, identity: dict[str, Any]) -> Any:
     try:
         if path.stat().st_size > MAX_BYTES:
             return None
@@ -72,10 +90,7 @@ def _read(path: Path, identity: dict[str, Any]) -> frozenset[str] | None:
         return None
     if not isinstance(data, dict) or data.get("identity") != json.loads(json.dumps(identity, default=str)):
         return None
-    kept = data.get("names")
-    if not isinstance(kept, list) or not all(isinstance(n, str) for n in kept):
-        return None
-    return frozenset(kept)
+    return data.get("names")
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

@@ -1,8 +1,9 @@
 """The first-step engine against its reference: the pre-speed-work engine (`tests/reference_engine.py`).
 
 The engine now prefills a batch's shared head once, scores each batch's candidate trie in groups of
-rows with like node counts (each on its own copy of the prompt cache), feeds the first-unit nodes in
-the trie's own level forwards, and tokenises candidates once per template frame. None of that may
+rows with like node counts (each on its own copy of the prompt cache, the output head applied apart to
+the real node positions only), feeds the first-unit nodes in the trie's own level forwards, tokenises
+candidates once per template frame, and steps the continuations of several batches together. None of that may
 change a number beyond float reassociation. Stated tolerance (docs/performance.md): log-probabilities
 within REASSOCIATION (absolute, nats), candidate probabilities within REASSOCIATION relative; token
 choices (top-k order, greedy responses, first units, which trie prefixes the tolerance leaves out)

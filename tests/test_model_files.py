@@ -264,3 +264,27 @@ def test_a_remembered_refusal_imports_neither_torch_nor_transformers(tiny_model_
     assert "refused unknown --model-args key 'foo'" in first.stdout, first.stderr
     assert "heavy ['lm_eval', 'torch', 'transformers']" in first.stdout
     assert "refused unknown --model-args key 'foo'" in again.stdout and "heavy []" in again.stdout, again.stdout
+
+
+def test_a_gguf_s_tensor_types_are_read_once_per_file(tmp_path, monkeypatch):
+    """The run row's gguf_tensor_types parse the whole GGUF; they are kept for the file as it is: read
+    back the next time, read again once the file changes or the kept list does not read."""
+    import os
+
+    from evalkit.engines.transformers import quant
+
+    monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "m.gguf", "llama")
+    parsed: list[str] = []
+    parse = quant._gguf_tensor_types
+    monkeypatch.setattr(quant, "_gguf_tensor_types", lambda p: parsed.append(str(p)) or parse(p))
+    assert quant.gguf_tensor_types(path) == {"F32": 1}
+    assert quant.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 1  # read back, not parsed
+    (kept,) = (tmp_path / "cache" / "names").glob("gguf-tensor-types-*.json")
+    kept.write_text(kept.read_text().replace('"F32": 1', '"F32": "many"'), encoding="utf-8")
+    assert quant.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 2  # not a count: parsed again
+    os.utime(path, ns=(0, 12345))
+    assert quant.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 3  # another stamp: parsed again
+    monkeypatch.setenv("EVALKIT_CACHE", "none")
+    assert quant.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 4
+    assert quant.gguf_tensor_types(tmp_path / "missing.gguf") is None

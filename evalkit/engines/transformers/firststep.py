@@ -265,11 +265,13 @@ def _batches(order: list[int], lengths: list[int], batch_size: int, batch_tokens
 
 MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from this many on
 # the padded node positions one level forward of the candidate trie may hold. Where the model's head is
-# applied apart (`head_split`), a level holds positions x hidden floats and its logits exist LSE_ROWS
-# node rows at a time: 2048 positions of the default model's trie peak below where 512 did whole.
-# Otherwise its logits are positions x vocabulary floats (512 x 49152 x 4 bytes = 100 MB on the default
-# model; 1024 took a default run of 64 prompts to 1.98 GB RSS, against the 2 GB budget)
-TRIE_POSITIONS = 2048
+# applied apart (`head_split`), a level's logits exist LSE_ROWS node rows at a time, and what bounds a
+# group is the KV cache its levels append to (rows x (prompt + every level's width) positions): on the
+# whole firsttoken suite, with the decoder's rows beside it, 1024 peaked at 1.88 GB RSS in 174.6 s and
+# 2048 at 2.16 GB in 183.0 s (one whole-suite run each). Otherwise a level's logits are positions x vocabulary
+# floats (512 x 49152 x 4 bytes = 100 MB on the default model; 1024 took a default run of 64 prompts
+# to 1.98 GB RSS, against the 2 GB budget)
+TRIE_POSITIONS = 1024
 TRIE_POSITIONS_WHOLE = 512
 FORWARD_POSITIONS = 24  # what a forward costs before its first position, in positions (docs/performance.md)
 PAD_SHARE = 0.15  # a trie group may pad this share of its positions

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalkit import memo
 from evalkit.errors import BadInput
 from evalkit.install import install_hint
 from evalkit.kinds import QuantMethod
@@ -611,7 +612,17 @@ def describe(model, name: str | None, *, gguf_file: str | None = None) -> dict[s
 
 
 def gguf_tensor_types(path) -> dict[str, int] | None:
-    """{GGUF tensor type: count} of a GGUF file (which weights were Q4_1 before any variant)."""
+    """{GGUF tensor type: count} of a GGUF file (which weights were Q4_1 before any variant), remembered
+    for the file as it is (`memo.counts`: reading it parses the whole vocabulary, seconds a load)."""
+    try:
+        stamp = memo.file_stamp(path)
+    except OSError:
+        return None
+    return memo.counts("gguf-tensor-types", {"file": stamp, "gguf": memo.package_version("gguf")},
+                       lambda: _gguf_tensor_types(path))
+
+
+def _gguf_tensor_types(path) -> dict[str, int] | None:
     try:
         from gguf import GGUFReader
 
