@@ -131,7 +131,7 @@ def probe(
     nothing else changes.
 
     `progress(phase, fraction)` is told, as the work goes, what runs now ("prefill", "candidate trie",
-    "decode 12/48") and the share of all `contexts` done, in [0, 1]: a bar moves within a batch.
+    "decode (40 rows)") and the share of all `contexts` done, in [0, 1]: a bar moves within a batch.
     """
     prober = Prober(model, tokenizer, top_k=top_k, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
                     first_temperature=first_temperature, add_special_tokens=add_special_tokens, tolerance=tolerance,
