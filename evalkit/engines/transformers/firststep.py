@@ -175,8 +175,9 @@ class Prober:
         self.engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature, frozenset(), 0,
                               add_special_tokens, tolerance, kv_policy, unit_ranks, None)
         # rows are stepped while more than a batch's worth go, so a step feeds one to two batches' rows
-        # (bench/phases.py: a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8)
-        self.keep = batch_size if self.engine.policy_merges else 0
+        # (a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8); batch size 1
+        # keeps its meaning, one prompt in every forward (the arithmetic of a single request)
+        self.keep = batch_size if self.engine.policy_merges and batch_size > 1 else 0
         self.decoder = _Decoder(self.engine)
         self.open: dict[int, tuple[Any, list[FirstStep], set[int]]] = {}  # submission -> (key, steps, rows going)
         self.order = 0

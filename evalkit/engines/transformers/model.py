@@ -1,8 +1,9 @@
 """lm-eval model type `evalkit-hf`: HFLM whose generate_until also returns the first step.
 
-Owns: the bridge between lm-eval requests and `firststep.probe` — per request it
-returns a `FirstStepResult` (text, first token, top-k, entropy and the
-distribution-level metrics) instead of a bare string; lm-eval passes it through
+Owns: the bridge between lm-eval requests and `firststep.Prober` — each batch of requests is
+handed to the prober, whose continuations run together across batches, and kept (and journaled) once
+its last continuation ends; per request it returns a `FirstStepResult` (text, first token, top-k,
+entropy and the distribution-level metrics) instead of a bare string; lm-eval passes it through
 `resps` to the task's `process_results` and the logged samples. The content-free
 prior is computed once per prompt frame inside the same run. Also applies
 `--quant` after loading, and under `--attention` switches the model to eager attention
