@@ -7,7 +7,8 @@ packages, evalkit's own model class, or the model's config file change, so `name
 once per such identity and keeps them in the cache folder (`EVALKIT_CACHE`); with the cache off it
 computes them every time. `counts` keeps a GGUF's tensor types the same way (the run row's
 `gguf_tensor_types`: parsing the file's metadata costs about 2 CPU-seconds a load), keyed by the
-file's stamp. A file that does not read as what was written is recomputed and replaced, never trusted. Does not: decide anything about the names (the caller does, the same way either way).
+file's stamp. A file that does not read as what was written is recomputed and replaced, never
+trusted. Does not: decide anything about the names (the caller does, the same way either way).
 """
 
 from __future__ import annotations
