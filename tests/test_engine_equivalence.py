@@ -245,3 +245,30 @@ def test_a_model_that_changes_its_logits_after_the_head_keeps_the_whole_forward(
             return out
 
     assert engine.head_split(Capped(model)) is None
+
+
+def test_rows_still_decoding_count_against_the_next_batch_s_positions(tiny, contexts, monkeypatch):
+    """`batch_tokens` bounds what the cache holds: before a batch is prefilled, the rows still decoding
+    are stepped until their columns and the batch's padded positions fit it together (long prompts'
+    continuations finish before the next batch of them comes in), and the tokens are the reference's."""
+    model, tokenizer = tiny
+    longest = max(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in contexts)
+    budget = 3 * longest  # room for 3 prompts at most, batches of up to 3
+    held: list[int] = []
+    run_batch = engine._Engine.run_batch
+
+    def watching(self, indices, *args, **kwargs):
+        decoder = prober.decoder
+        held.append((len(decoder.rows) * decoder.mask.shape[1] if decoder.rows else 0)
+                    + len(indices) * max(len(ids) for ids in args[1]))
+        return run_batch(self, indices, *args, **kwargs)
+
+    monkeypatch.setattr(engine._Engine, "run_batch", watching)
+    settings = dict(top_k=20, max_new_tokens=6, stop=["\n\n"], batch_size=3)
+    answers = [12] * len(contexts)
+    prober = engine.Prober(model, tokenizer, batch_tokens=budget, **settings)
+    prober.submit(0, contexts, answer_tokens=answers)
+    ((_, steps),) = prober.finish()
+    assert len(held) > 2 and max(held) <= budget
+    old = reference_engine.probe(model, tokenizer, contexts, answer_tokens=answers, batch_tokens=budget, **settings)
+    assert [(s.response_ids, s.answer_ids) for s in steps] == [(s.response_ids, s.answer_ids) for s in old]

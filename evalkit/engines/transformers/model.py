@@ -351,7 +351,9 @@ class EvalkitHFLM(HFLM):
                 first_done += len(chunk)
                 bar.n = first_done
                 bar.refresh()
-            finished(prober.finish())
+            finished(prober.finish(lambda phase, share: bar.set_postfix_str(f"finishing: {phase}")))
+            bar.n = first_done
+            bar.refresh()
         bar.close()
         return out
 
