@@ -174,10 +174,11 @@ class Prober:
         self.add_special_tokens = add_special_tokens
         self.engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature, frozenset(), 0,
                               add_special_tokens, tolerance, kv_policy, unit_ranks, None)
-        # rows are stepped while more than a batch's worth go, so a step feeds one to two batches' rows
-        # (a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8); batch size 1
-        # keeps its meaning, one prompt in every forward (the arithmetic of a single request)
-        self.keep = batch_size if self.engine.policy_merges and batch_size > 1 else 0
+        # rows are stepped while more than three quarters of a batch go, so a step feeds 24 to 56 rows at
+        # batch size 32 (a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8; a whole
+        # batch kept took the suite's peak to 2.02 GB); batch size 1 keeps its meaning, one prompt in every
+        # forward (the arithmetic of a single request)
+        self.keep = batch_size * 3 // 4 if self.engine.policy_merges and batch_size > 1 else 0
         self.decoder = _Decoder(self.engine)
         self.open: dict[int, tuple[Any, list[FirstStep], set[int]]] = {}  # submission -> (key, steps, rows going)
         self.order = 0
@@ -275,11 +276,11 @@ MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from t
 # the padded node positions one level forward of the candidate trie may hold. Where the model's head is
 # applied apart (`head_split`), a level's logits exist LSE_ROWS node rows at a time, and what bounds a
 # group is the KV cache its levels append to (rows x (prompt + every level's width) positions): on the
-# whole firsttoken suite, with the decoder's rows beside it, 1024 peaked at 1.88 GB RSS in 174.6 s and
-# 2048 at 2.16 GB in 183.0 s (one whole-suite run each). Otherwise a level's logits are positions x vocabulary
-# floats (512 x 49152 x 4 bytes = 100 MB on the default model; 1024 took a default run of 64 prompts
-# to 1.98 GB RSS, against the 2 GB budget)
-TRIE_POSITIONS = 1024
+# whole firsttoken suite, with the decoder's rows beside it, 2048 peaked at 2.16 GiB RSS and 1024 at
+# 1.88 GiB (2.02 GB, over the 2 GB budget), so levels stay at 512. Otherwise a level's logits are
+# positions x vocabulary floats (512 x 49152 x 4 bytes = 100 MB on the default model; 1024 took a
+# default run of 64 prompts to 1.98 GB RSS)
+TRIE_POSITIONS = 512
 TRIE_POSITIONS_WHOLE = 512
 FORWARD_POSITIONS = 24  # what a forward costs before its first position, in positions (docs/performance.md)
 PAD_SHARE = 0.15  # a trie group may pad this share of its positions
