@@ -169,9 +169,7 @@ class Prober:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
         if not 0 <= tolerance < 1:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
-        self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.batch_tokens = batch_size, batch_tokens
-        self.add_special_tokens = add_special_tokens
         self.engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature, frozenset(), 0,
                               add_special_tokens, tolerance, kv_policy, unit_ranks, None)
         # rows are stepped while more than three quarters of a batch go, so a step feeds 24 to 56 rows at
@@ -197,11 +195,11 @@ class Prober:
             raise ValueError(f"{len(attention)} attention requests for {len(contexts)} contexts")
         if answer_tokens is not None and len(answer_tokens) != len(contexts):
             raise ValueError(f"{len(answer_tokens)} answer lengths for {len(contexts)} contexts")
-        context_ids = [_encode(self.tokenizer, c, self.add_special_tokens) for c in contexts]
+        engine = self.engine
+        context_ids = [_encode(engine.tokenizer, c, engine.add_special_tokens) for c in contexts]
         for i, ids in enumerate(context_ids):
             if not ids:
                 raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
-        engine = self.engine
         engine.seed, engine.attention = seed, attention
         engine.banned = sorted(int(i) for i in banned_first_ids)
         number, self.order = self.order, self.order + 1
@@ -277,11 +275,10 @@ MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from t
 # applied apart (`head_split`), a level's logits exist LSE_ROWS node rows at a time, and what bounds a
 # group is the KV cache its levels append to (rows x (prompt + every level's width) positions): on the
 # whole firsttoken suite, with the decoder's rows beside it, 2048 peaked at 2.16 GiB RSS and 1024 at
-# 1.88 GiB (2.02 GB, over the 2 GB budget), so levels stay at 512. Otherwise a level's logits are
+# 1.88 GiB (2.02 GB, over the 2 GB budget). Where the whole forward runs, a level's logits are
 # positions x vocabulary floats (512 x 49152 x 4 bytes = 100 MB on the default model; 1024 took a
-# default run of 64 prompts to 1.98 GB RSS)
+# default run of 64 prompts to 1.98 GB RSS). 512 either way
 TRIE_POSITIONS = 512
-TRIE_POSITIONS_WHOLE = 512
 FORWARD_POSITIONS = 24  # what a forward costs before its first position, in positions (docs/performance.md)
 PAD_SHARE = 0.15  # a trie group may pad this share of its positions
 LSE_ROWS = 128  # node rows whose logits exist at once (rows x vocabulary floats: 25 MB)
@@ -418,10 +415,6 @@ class _Engine:
         if self._split is False:
             self._split = head_split(self.model)
         return self._split  # type: ignore[return-value]
-
-    @property
-    def trie_positions(self) -> int:
-        return TRIE_POSITIONS if self.split is not None else TRIE_POSITIONS_WHOLE
 
     def forward(self, input_ids, attention_mask, position_ids, cache=None, last_only=False, hidden_only=False):
         """Model forward with a cache kept: (logits, cache); with `hidden_only`, (the decoder's last hidden
@@ -714,7 +707,7 @@ class _Engine:
         deeper levels are alike too). A forward costs about FORWARD_POSITIONS positions before it computes
         any (the weights are read from memory once a forward), so a row joins the group before it while
         the padding that adds stays under that, or under PAD_SHARE of the group's positions; a group
-        holds at most `trie_positions` padded positions a level."""
+        holds at most TRIE_POSITIONS padded positions a level."""
         B = len(first_level)
         if self.policy.rounds:  # a rounded cache is never copied: one group
             return [list(range(B))]
@@ -726,7 +719,7 @@ class _Engine:
             if g is not None:
                 padded = (len(g) + 1) * width[r]
                 padding = padded - sum(width[i] for i in g) - width[r]
-                if padded <= self.trie_positions and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
+                if padded <= TRIE_POSITIONS and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
                     g.append(r)
                     continue
             groups.append([r])
