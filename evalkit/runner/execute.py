@@ -128,6 +128,12 @@ def _unavailable(lm: Any) -> str | None:
     return json.dumps(found, sort_keys=True) if isinstance(found, dict) and found else None
 
 
+def _tokenizer(lm: Any) -> dict[str, str | None]:
+    """The tokenizer identity the engine computed at load (`engines.tokenizer_id`); NULL when it gave none."""
+    tid = getattr(lm, "tokenizer_id", None)
+    return {"tokenizer_hash": getattr(tid, "hash", None), "tokenizer_source": getattr(tid, "source", None)}
+
+
 def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
     """The `runs` row of a run as it starts (`lm`: the loaded model, which says what `--quant` applied
     and which attention implementation it runs)."""
@@ -164,6 +170,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "attn_implementation": attn_implementation(plan, lm),
         "engine": model.engine,
         "unavailable": _unavailable(lm),
+        **_tokenizer(lm),
         **_versions(),
         **rows.this_process(),
     }
