@@ -30,7 +30,7 @@ import difflib
 from dataclasses import asdict, dataclass
 
 from evalkit.defaults import MIDDLE_BAND, SINK_EPSILON, SINK_TOKENS, UNSTABLE_BELOW
-from evalkit.kinds import METRIC_LEVELS, Aggregation, MarginKind, MetricLevel, MetricUnit
+from evalkit.kinds import METRIC_LEVELS, RULE_SETS, Aggregation, MarginKind, MetricLevel, MetricUnit
 
 LEVELS = METRIC_LEVELS  # kinds.MetricLevel, in this order
 
@@ -203,13 +203,25 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
 
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
 
-# the metrics the gate's default rules check, each under its registered margin
-HEADLINE_METRICS = ("ft_hit", "ft_hit_prob", "answer_hit", "answer_prob", "opener_rate", "opener_mass",
-                    "needle_recall", "js_div")
+# the quality metrics: what "no worse" means (the gate's `upgrade` rules, non-inferiority only)
+QUALITY_METRICS = ("ft_hit", "ft_hit_prob", "answer_hit", "answer_prob", "opener_rate", "opener_mass",
+                   "needle_recall")
+# the metrics the gate's default rules (`same`) check, each under its registered margin: quality, and
+# the first-token distribution staying where it was (an equivalence check)
+HEADLINE_METRICS = QUALITY_METRICS + ("js_div",)
+# the gate's shipped rule sets (kinds.RuleSet; docs/gate.md): each metric under its registered margin
+RULE_SET_METRICS: dict[str, tuple[str, ...]] = {"same": HEADLINE_METRICS, "upgrade": QUALITY_METRICS}
+RULE_SET_QUESTIONS: dict[str, str] = {
+    "same": "is the candidate the same model, cheaper? (quality no worse and the first-token distribution "
+            "unchanged: a quantization, a cast, a KV-cache policy)",
+    "upgrade": "is the candidate no worse? (quality only, no equivalence check: a new model, a fine-tune, "
+               "another template)",
+}
 # pair metrics the gate checks per prompt: the candidate's distance from the baseline on each shared prompt
 # (`release.db.with_distances`, from both runs' stored top-k); the baseline's own distance is 0
 DISTANCE_METRICS = ("js_div",)
 assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric without a default margin"
+assert tuple(RULE_SET_METRICS) == RULE_SETS == tuple(RULE_SET_QUESTIONS), "a rule set without its metrics or question"
 assert all(METRICS[t].per_sample and not METRICS[t].binary for m in METRICS.values() if (t := m.twin)), "a bad twin"
 _FAMILIES = {m.family: m for m in _METRICS if m.family}
 
