@@ -55,7 +55,7 @@ class DriftRow:
     top5_overlap: float  # mean |top5_A ∩ top5_B| / 5
     js_div: float  # mean JSD₂(p_A ‖ p_B) over the stored top-k plus a rest bucket
     flip_rate: float  # share of prompts whose rank-0 token (first-character event) differs
-    space: EventSpace = "token id"  # what the distributions are over (docs/metrics.md §1.5)
+    space: EventSpace = "token_id"  # what the distributions are over (docs/metrics.md §1.5)
     k: int | None = None  # the K both top-k lists were cut to; None: not cut (same K)
 
 
@@ -290,7 +290,7 @@ class Pairing:
     run_a: str
     run_b: str
     relation: textspace.Relation  # same tokenizer or not, and how that was decided
-    space: EventSpace  # "token id" (one tokenizer) or "first character" (two)
+    space: EventSpace  # "token_id" (one tokenizer) or "first_char" (two)
     k: int | None  # the K both lists were cut to; None: the runs' K agree (or one is unknown)
     missing: tuple[str, ...]  # the runs with no top-k on the shared prompts
     prompts: dict[tuple[str, str], dict[str, float]]  # (task, doc_id) -> prompt_drift's values
@@ -316,7 +316,7 @@ def pair_topk(con, a: str, b: str) -> Pairing:
     relation = textspace.tokenizer_relation(tok[a], tok[b]) if a != b else textspace.Relation(True, "one run")
     missing = tuple(r for r in dict.fromkeys((a, b)) if not sides[r])
     k = textspace.cut(*(_stored_k(facts.get(r, (None,) * 3)[2], sides[r]) for r in (a, b)))
-    space: EventSpace = "token id" if relation.same else "first character"
+    space: EventSpace = "token_id" if relation.same else "first_char"
     prompts: dict[tuple[str, str], dict[str, float]] = {}
     if not missing:
         for key in topk_a.keys() & topk_b.keys():

@@ -46,7 +46,7 @@ Engine = Literal["transformers", "llama.cpp", "openai-server", "vllm"]
 TokenizerKind = Literal["tokenizer.json", "slow tokenizer", "GGUF vocabulary"]
 # how two runs' first-token distributions are compared (docs/metrics.md §1.5): by token id (one
 # tokenizer), or by the first non-whitespace character each token adds (two tokenizers)
-EventSpace = Literal["token id", "first character"]
+EventSpace = Literal["token_id", "first_char"]
 KVQuantBackend = Literal["quanto", "hqq"]  # the library of a quantized:BACKEND:BITS cache
 # how a `--quant` variant reaches the weights: cast after loading | quantized while loading |
 # quantized after loading | a checkpoint already quantized (backends/quant.py)

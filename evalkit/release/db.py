@@ -192,7 +192,7 @@ def rules_lines(rules, differ: str | None, pairing) -> list[str]:
         lines.append(f"The runs differ in {differ}; the shipped sets: --rules same (the same model, cheaper) "
                      "or --rules upgrade (no worse).")
     if pairing is not None and not pairing.missing and any(r.metric == "js_div" for r in rules.regressions):
-        how = ("by token id (one tokenizer)" if pairing.space == "token id" else
+        how = ("by token id (one tokenizer)" if pairing.space == "token_id" else
                f"on the first non-whitespace character each token adds ({pairing.relation.why})")
         cut = f"; top-k lists cut to the shorter K = {pairing.k}" if pairing.k is not None else ""
         lines.append(f"js_div compares the runs' stored first-token top-k {how}{cut}.")

@@ -182,7 +182,10 @@ def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
     and its top-k mass."""
     chosen = _rows(con, f"""
         WITH top1 AS (
-            SELECT run_id, task, doc_id, arg_min(token_id, rank) AS token_id,
+            -- across tokenizers an id means different texts: the top-1 tokens are told apart by text
+            SELECT run_id, task, doc_id,
+                   CASE WHEN (SELECT count(DISTINCT tokenizer_hash) FROM runs WHERE id IN {IDS}) > 1
+                        THEN arg_min(token, rank) ELSE CAST(arg_min(token_id, rank) AS VARCHAR) END AS token_id,
                    exp(arg_min(logprob, rank)) AS p
             FROM first_token_topk WHERE run_id IN {IDS}
             GROUP BY run_id, task, doc_id
@@ -199,7 +202,7 @@ def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
         WHERE n_runs = (SELECT max(n_runs) FROM per_prompt)
         ORDER BY is_first_token DESC, n_top1 DESC, p_spread DESC, p_top1, task, doc_id
         LIMIT ?
-    """, [run_ids, run_ids, limit])
+    """, [run_ids, run_ids, run_ids, limit])
     if not chosen:
         return []
     tasks = [c["task"] for c in chosen]
