@@ -307,15 +307,17 @@ def pair_topk(con, a: str, b: str) -> Pairing:
     """
     topk_a, topk_b = paired_topk(con, a, b)
     facts = dict((r[0], r[1:]) for r in con.execute(
-        "SELECT id, tokenizer_hash, model_fingerprint, top_k FROM runs WHERE id IN (?, ?)", [a, b]).fetchall())
+        "SELECT id, tokenizer_hash, model_fingerprint, top_k, tokenizer_source FROM runs WHERE id IN (?, ?)",
+        [a, b]).fetchall())
     n_shared = con.execute("SELECT count(*) FROM (SELECT task, doc_id FROM samples WHERE run_id = ? INTERSECT "
                            "SELECT task, doc_id FROM samples WHERE run_id = ?)", [a, b]).fetchone()[0]
     sides = {a: topk_a, b: topk_b}
-    tok = {r: textspace.RunTokenizer(r, facts.get(r, (None,) * 3)[0], facts.get(r, (None,) * 3)[1],
-                                     _texts(sides[r])) for r in (a, b)}
+    none = (None,) * 4
+    tok = {r: textspace.RunTokenizer(r, facts.get(r, none)[0], facts.get(r, none)[1], _texts(sides[r]),
+                                     facts.get(r, none)[3]) for r in (a, b)}
     relation = textspace.tokenizer_relation(tok[a], tok[b]) if a != b else textspace.Relation(True, "one run")
     missing = tuple(r for r in dict.fromkeys((a, b)) if not sides[r])
-    k = textspace.cut(*(_stored_k(facts.get(r, (None,) * 3)[2], sides[r]) for r in (a, b)))
+    k = textspace.cut(*(_stored_k(facts.get(r, none)[2], sides[r]) for r in (a, b)))
     space: EventSpace = "token_id" if relation.same else "first_char"
     prompts: dict[tuple[str, str], dict[str, float]] = {}
     if not missing:

@@ -297,11 +297,14 @@ def test_drift_by_position_refuses_another_tokenizer():
     from evalkit.engines.tokenizer_id import TokenizerId
     from evalkit.runner import drift
 
-    s = drift.Session(db=None, compare=True, keep=False, base_run_id="base-run", base_tokenizer="a" * 64)
+    s = drift.Session(db=None, compare=True, keep=False, base_run_id="base-run",
+                      base_tokenizer=("a" * 64, "hf x: tokenizer.json"))
     drift._ACTIVE.append(s)
     try:
-        drift.check_tokenizer(SimpleNamespace(tokenizer_id=TokenizerId("a" * 64, "x")))  # same: allowed
+        drift.check_tokenizer(SimpleNamespace(tokenizer_id=TokenizerId("a" * 64, "hf y: tokenizer.json")))  # same
+        # the same GGUF through llama.cpp: its vocabulary is hashed from another source, not refused
+        drift.check_tokenizer(SimpleNamespace(tokenizer_id=TokenizerId("c" * 64, "llamacpp m.gguf: GGUF vocabulary")))
         with pytest.raises(BadInput, match="needs the base's tokenizer"):
-            drift.check_tokenizer(SimpleNamespace(tokenizer_id=TokenizerId("b" * 64, "x")))
+            drift.check_tokenizer(SimpleNamespace(tokenizer_id=TokenizerId("b" * 64, "hf z: tokenizer.json")))
     finally:
         drift._ACTIVE.remove(s)

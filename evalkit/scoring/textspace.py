@@ -144,6 +144,12 @@ class RunTokenizer:
     hash: str | None
     fingerprint: str | None
     texts: Mapping[int, frozenset[str]]  # token id -> the texts stored for it
+    source: str | None = None  # runs.tokenizer_source: "<origin>: <what was hashed>"
+
+    @property
+    def kind(self) -> str | None:
+        """What the hash was computed from (`kinds.TokenizerKind`); hashes of two kinds are not comparable."""
+        return self.source.rsplit(": ", 1)[-1] if self.source else None
 
 
 @dataclass(frozen=True)
@@ -155,8 +161,9 @@ class Relation:
 def tokenizer_relation(a: RunTokenizer, b: RunTokenizer) -> Relation:
     """Whether runs A and B share a tokenizer.
 
-    Both hashes stored: the same hash, or not. Otherwise (a run stored before tokenizer
-    identities) the same non-null model fingerprint means the same tokenizer; failing that, the
+    Both hashes stored and computed from the same kind of source: the same hash, or not. Otherwise
+    (a run stored before tokenizer identities, or one tokenizer hashed from a tokenizer.json and
+    the other from a GGUF vocabulary) the same non-null model fingerprint means the same tokenizer; failing that, the
     stored top-k rows decide: the same tokenizer when at least one id appears in both runs, every
     id in both has the same text(s) in both, and every text that names one id in each run names
     the same id in both (a permuted vocabulary breaks that). No shared evidence: different.
@@ -170,9 +177,12 @@ def tokenizer_relation(a: RunTokenizer, b: RunTokenizer) -> Relation:
     if a.hash is not None and b.hash is not None:
         if a.hash == b.hash:
             return Relation(True, f"same tokenizer ({a.hash[:12]})")
-        return Relation(False, f"different tokenizers ({a.hash[:12]} in {a.run_id}, {b.hash[:12]} in {b.run_id})")
-    unknown = ", ".join(r.run_id for r in (a, b) if r.hash is None)
-    head = f"tokenizer unknown for run {unknown}"
+        if a.kind == b.kind:
+            return Relation(False, f"different tokenizers ({a.hash[:12]} in {a.run_id}, {b.hash[:12]} in {b.run_id})")
+        head = f"tokenizers hashed from different sources ({a.kind} in {a.run_id}, {b.kind} in {b.run_id})"
+    else:
+        unknown = ", ".join(r.run_id for r in (a, b) if r.hash is None)
+        head = f"tokenizer unknown for run {unknown}"
     if a.fingerprint is not None and a.fingerprint == b.fingerprint:
         return Relation(True, f"{head}: same model fingerprint, so the same tokenizer")
     shared = sorted(set(a.texts) & set(b.texts))
