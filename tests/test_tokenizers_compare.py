@@ -308,3 +308,12 @@ def test_drift_by_position_refuses_another_tokenizer():
             drift.check_tokenizer(SimpleNamespace(tokenizer_id=TokenizerId("b" * 64, "hf z: tokenizer.json")))
     finally:
         drift._ACTIVE.remove(s)
+
+
+def test_a_twin_equal_up_to_rounding_reads_exactly_zero():
+    lps = [math.log(p) for p in (0.5, 0.2, 0.1, 0.05)]
+    a = [textspace.TopToken(t, None, lp) for t, lp in zip((" Paris", " London", "中", "\n"), lps)]
+    # the twin's log-softmax summed in another order: every logprob one ulp off
+    b = [textspace.TopToken(t.text, None, math.nextafter(t.logprob, 0.0)) for t in a]
+    assert 0.0 < textspace.stats.jsd(textspace.merge(a), textspace.merge(b)) < 1e-12
+    assert textspace.prompt_drift_text(a, b)["js_div"] == 0.0

@@ -184,14 +184,17 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            aggregation="mean over pairs"),
     Metric("top5_mass", "pair", True, "mass of the 5 most likely first tokens of each run", unit="probability",
            aggregation="mean over shared prompts"),
-    Metric("top5_overlap", "pair", True, "|top-5 of A and top-5 of B| / 5", aggregation="mean over shared prompts"),
-    Metric("js_div", "pair", False, "Jensen-Shannon divergence of the two first-token distributions",
+    Metric("top5_overlap", "pair", True, "|top-5 of A and top-5 of B| / 5 (across tokenizers: of the top-5 "
+           "first-character events)", aggregation="mean over shared prompts"),
+    Metric("js_div", "pair", False, "Jensen-Shannon divergence of the two first-token distributions (by token id "
+           "on one tokenizer, over the first character each token adds across tokenizers)",
            unit="bits", aggregation="mean over shared prompts",
            margin=Margin("delta", 0.02, "a distance on a fixed 0-1 scale (bits): benign changes of the default model "
                          "measure 0.002-0.008 (bf16, int8 weight-only, the same GGUF on llama.cpp), a broken one "
                          "(int8-dynamic) 0.085-0.095; it catches a candidate that changes much in no one direction, "
                          "which a drop of a mean cannot see")),
-    Metric("flip_rate", "pair", False, "share of shared prompts whose most likely first token differs",
+    Metric("flip_rate", "pair", False, "share of shared prompts whose most likely first token (across "
+           "tokenizers: first-character event) differs",
            aggregation="mean over shared prompts"),
     Metric("drift_kld@0", "pair", False,
            "KL(base || run) in nats at the first response token, the run teacher-forcing the base's greedy "

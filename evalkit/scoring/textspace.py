@@ -33,6 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from evalkit.defaults import JSD_ROUNDING
 from evalkit.scoring import stats
 
 TOP_N = 5
@@ -102,7 +103,8 @@ def prompt_drift_text(a: Sequence[TopToken], b: Sequence[TopToken]) -> dict[str,
     `top5_mass_*`: the mass of each side's 5 likeliest tokens (a property of one run, as by id);
     `top5_overlap`: |top-5 events of A ∩ top-5 events of B| / min(5, events of A, events of B)
     (merging can leave fewer than 5 events); `js_div`: `stats.jsd` of the merged distributions
-    (base 2, union of events plus one rest bucket); `flipped`: the likeliest event differs.
+    (base 2, union of events plus one rest bucket), 0 below `JSD_ROUNDING` (float rounding of two
+    distributions equal up to their last bits); `flipped`: the likeliest event differs.
 
     >>> lp = math.log
     >>> a = [TopToken(" Paris", None, lp(0.6)), TopToken(" London", None, lp(0.2))]
@@ -118,7 +120,7 @@ def prompt_drift_text(a: Sequence[TopToken], b: Sequence[TopToken]) -> dict[str,
         "top5_mass_a": sum(math.exp(t.logprob) for t in a[:TOP_N]),
         "top5_mass_b": sum(math.exp(t.logprob) for t in b[:TOP_N]),
         "top5_overlap": len(set(ra[:TOP_N]) & set(rb[:TOP_N])) / n,
-        "js_div": stats.jsd(p, q),
+        "js_div": js if (js := stats.jsd(p, q)) >= JSD_ROUNDING else 0.0,
         "flipped": 1.0 if ra[0] != rb[0] else 0.0,
     }
 
