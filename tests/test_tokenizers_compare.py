@@ -317,3 +317,23 @@ def test_a_twin_equal_up_to_rounding_reads_exactly_zero():
     b = [textspace.TopToken(t.text, None, math.nextafter(t.logprob, 0.0)) for t in a]
     assert 0.0 < textspace.stats.jsd(textspace.merge(a), textspace.merge(b)) < 1e-12
     assert textspace.prompt_drift_text(a, b)["js_div"] == 0.0
+
+
+def test_unknown_tokenizers_with_one_model_fingerprint_compare_by_id():
+    d = distributions()
+    a = store("fp-a", d, fingerprint="same-weights")
+    b = store("fp-b", d, vocab=permutation(), fingerprint="same-weights", created="2025-01-02 00:00:00")
+    c = compare_runs(None, a, b)
+    assert c.drift[-1].space == "token_id" and "same model fingerprint" in c.tokenizers
+
+
+def test_show_and_compare_print_the_tokenizer(invoke):
+    d = distributions()
+    store("show-a", d, tokenizer="ab" * 32)
+    store("show-b", d, vocab=permutation(), tokenizer="cd" * 32, created="2025-01-02 00:00:00")
+    res = invoke("show", "show-a")
+    assert res.exit_code == 0 and "tokenizer_hash: " + "ab" * 32 in res.output
+    res = invoke("compare", "show-a", "show-b")
+    assert res.exit_code == 0, res.output
+    assert "A tokenizer  abababababab" in res.output and "first_char" in res.output
+    assert "tokenizer_hash abababababab -> cdcdcdcdcdcd" in res.output
