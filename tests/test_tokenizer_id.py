@@ -51,3 +51,35 @@ def test_a_tokenizer_json_round_trips_to_the_same_identity(tmp_path):
 def test_an_object_that_is_no_tokenizer_is_refused():
     with pytest.raises(TypeError, match="cannot identify"):
         identify(object(), "x")
+
+
+def test_a_run_stores_its_tokenizer_and_drift_refuses_another(tiny_model_dir, tmp_path, invoke):
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from evalkit.store.db import open_reader
+
+    db = tmp_path / "t.duckdb"
+    common = ["--tasks", "firsttoken_en", "--limit", "1", "--device", "cpu", "--db", db]
+    res = invoke("run", "--model-args", f"pretrained={tiny_model_dir}", "--keep-distributions", "--name", "base",
+                 *common)
+    assert res.exit_code == 0, res.output
+    with open_reader(db) as con:
+        stored = con.execute("SELECT tokenizer_hash, tokenizer_source FROM runs WHERE name = 'base'").fetchone()
+    assert stored[0] == identify(AutoTokenizer.from_pretrained(tiny_model_dir), "x").hash
+    assert stored[1] == f"transformers {tiny_model_dir}: tokenizer.json"
+
+    # the same weights under a tokenizer with two ids swapped: the base's ids would name other texts
+    other = tmp_path / "swapped"
+    shutil.copytree(tiny_model_dir, other)
+    data = json.loads((other / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[10:12]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    res = invoke("run", "--model-args", f"pretrained={other}", "--drift-base", "base", *common)
+    assert res.exit_code == 2 and "needs the base's tokenizer" in res.output
+    with open_reader(db) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # refused before its run row

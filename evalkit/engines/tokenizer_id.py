@@ -61,6 +61,15 @@ def identify(tokenizer: Any, origin: str) -> TokenizerId:
     raise TypeError(f"cannot identify a tokenizer of type {type(tokenizer).__name__}")
 
 
+def at_load(tokenizer: Any, origin: str) -> TokenizerId | None:
+    """What an engine records at load: `identify`, or None (the run's tokenizer then reads "unknown",
+    docs/metrics.md) for a tokenizer none of these kinds (a Mistral tokenizer under vLLM, a test fake)."""
+    try:
+        return identify(tokenizer, origin)
+    except TypeError:
+        return None
+
+
 def of_json(text: str, origin: str = "tokenizer.json") -> TokenizerId:
     """The identity of a fast tokenizer given as its tokenizer.json text.
 

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from evalkit import envvars
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.engines import firststep as shared
-from evalkit.engines import kvpolicy, validate
+from evalkit.engines import kvpolicy, tokenizer_id, validate
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
 from evalkit.engines.transformers import quant as quantization
@@ -171,6 +171,7 @@ class EvalkitHFLM(HFLM):
             super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
             self._model = quantization.apply(self._model, self.quant)  # type: ignore[has-type]
         self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=gguf_file)
+        self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"transformers {gguf_file or pretrained}")
         self._share_requests()
         self.prompts_computed = 0  # prompts this process probed or sampled (not replayed from a journal)
         self.attention = bool(attention)
