@@ -83,3 +83,15 @@ def test_a_run_stores_its_tokenizer_and_drift_refuses_another(tiny_model_dir, tm
     assert res.exit_code == 2 and "needs the base's tokenizer" in res.output
     with open_reader(db) as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # refused before its run row
+
+
+def test_a_gguf_vocabulary_through_llama_cpp(default_model_available):
+    pytest.importorskip("llama_cpp")
+    from evalkit.engines.llamacpp.firststep import LlamaCppEngine
+    from evalkit.engines.llamacpp.model import GGUFTokenizer
+    from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
+
+    path = str(default_model_dir() / DEFAULT_GGUF)
+    first = identify(GGUFTokenizer(LlamaCppEngine(path, vocab_only=True)), "llama.cpp m")
+    again = identify(GGUFTokenizer(LlamaCppEngine(path, vocab_only=True)), "llama.cpp m")
+    assert first == again and first.source == "llama.cpp m: GGUF vocabulary"
