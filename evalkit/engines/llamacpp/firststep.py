@@ -114,6 +114,9 @@ class LlamaCppEngine:
         context. `flash_attn`: llama.cpp's flash attention (see `set_kv_type`)."""
         import llama_cpp
 
+        from evalkit.paths import check_input_path
+
+        check_input_path(path, "GGUF file", "file")  # llama.cpp maps the file: a FIFO would hold it forever
         self.lib = llama_cpp
         _silence(llama_cpp)
         llama_cpp.llama_backend_init()

@@ -47,7 +47,8 @@ from typing import Any
 from evalkit import cachedir, envvars
 from evalkit.errors import BadInput
 from evalkit.engines.plan import sha256
-from evalkit.paths import file_sha256
+from evalkit.loaderrors import loading
+from evalkit.paths import check_input_path, file_sha256
 
 DONE = "evalkit-converted.txt"  # written last: the folder is complete
 MANIFEST = "evalkit-manifest.json"  # written before DONE: {"files": {name: {size, mtime_ns, sha256}}}
@@ -86,6 +87,7 @@ def _gguf_model_type(path: str, size: int, mtime_ns: int) -> str:
     from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
+    check_input_path(path, "GGUF file", "file")  # the reader maps the file: a FIFO or device is no GGUF
     try:
         architecture = GGUFReader(path).fields["general.architecture"].contents()
     except KeyError:
@@ -154,12 +156,14 @@ def convert(gguf: Path, folder: Path, trust_remote_code: bool = False) -> Path:
         # the first load of a GGUF here: ~45 s on 2 idle cores for the default model, minutes under load
         with phases(f"converting {gguf.name} once into the model cache", CONVERT_STEPS) as step:
             step(CONVERT_STEPS[0])
-            with _quiet_tensor_bar():
+            check_input_path(gguf, "GGUF file", "file")
+            with _quiet_tensor_bar(), loading("GGUF model", gguf):
                 model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                              trust_remote_code=trust_remote_code)
             step(CONVERT_STEPS[1])
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                      trust_remote_code=trust_remote_code)
+            with loading("GGUF tokenizer", gguf):
+                tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                          trust_remote_code=trust_remote_code)
             # transformers keeps a GGUF model marked as quantized (its quantizer refuses to save), though
             # its weights are plain dequantised tensors: unmark it so they save as they are
             model.hf_quantizer = None
