@@ -10,6 +10,7 @@ does not wrap), and loading a plan the same way for `evalkit run` and `evalkit i
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -31,6 +32,7 @@ from evalkit.engines.plan import (  # noqa: F401  (fingerprint: read as resolve.
     local_files,
     parse_model_args,
 )
+from evalkit import redact
 from evalkit.errors import BadInput
 from evalkit.loaderrors import loading
 
@@ -62,7 +64,7 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
     check_local_files(parse_model_args(model_args))  # before any resolver reads a file named there
     plan = resolver(record, ask)
     check_local_files(plan.args)
-    return plan
+    return dataclasses.replace(plan, label=redact.text(plan.label))  # shown in bars, stored in the row
 
 
 def model_class(name: str):
