@@ -334,6 +334,27 @@ def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Pat
 MAX_YAML_BYTES = 4 << 20  # a templates file or an opener lexicon: small files a person writes
 
 
+def shown(path: str | os.PathLike) -> str:
+    """A path as a message shows it: a byte that is not UTF-8 as `\\xNN`, never a lone surrogate.
+
+    >>> shown(os.fsdecode(b"/tmp/a\\xffb.duckdb"))
+    '/tmp/a\\\\xffb.duckdb'
+    """
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def utf8_path(path: str | os.PathLike, what: str) -> str:
+    """`path` as text DuckDB can take: BadInput (one line) when it holds a byte that is not UTF-8,
+    which DuckDB's own path handling cannot represent (it fails inside with std::bad_cast)."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"{what} {shown(path)} holds a byte that is not UTF-8; DuckDB opens only UTF-8 paths "
+                       "(rename it, or choose another path)") from None
+    return text
+
+
 def distrust(st: os.stat_result, private: bool = False) -> str | None:
     """Why a file or folder (its `os.lstat`) is not one evalkit may take as its own: not this user's,
     or writable by others (`private`: open to them at all); None when it may. The one rule of

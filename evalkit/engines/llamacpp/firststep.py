@@ -501,7 +501,7 @@ def _file_type_name(value: str | None) -> str:
     >>> _file_type_name("3"), _file_type_name("15"), _file_type_name(None)
     ('Q4_1', 'Q4_K_M', 'unknown')
     """
-    if value is None or not str(value).strip().isdigit():
+    if value is None or not (str(value).strip().isascii() and str(value).strip().isdigit()):
         return "unknown"
     from gguf import LlamaFileType
 
