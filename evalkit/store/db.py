@@ -34,8 +34,11 @@ MIGRATION_NAMES = [m.__name__ for m in MIGRATIONS]
 
 
 def db_path(path: str | os.PathLike | None = None) -> Path:
-    """The DB file to use: the argument, else $EVALKIT_DB, else reports/evalkit.duckdb."""
-    return Path(path) if path else envvars.db()
+    """The DB file to use: the argument, else $EVALKIT_DB, else reports/evalkit.duckdb; BadInput for a
+    path DuckDB cannot open (a byte that is not UTF-8, `paths.utf8_path`)."""
+    chosen = Path(path) if path else envvars.db()
+    utf8_path(chosen, "the DB path")
+    return chosen
 
 
 def now() -> dt.datetime:
