@@ -175,7 +175,7 @@ def test_a_fifo_yaml_in_an_include_path(invoke, tmp_path):
     inc = tmp_path / "inc"
     fifo(inc / "sub" / "t.yaml")
     one_line_exit_2(invoke, "run", "--model", "hf", "--tasks", "firsttoken", "--include-path", inc,
-                    "--db", tmp_path / "e.duckdb", expect="t.yaml: it is a FIFO")
+                    "--db", tmp_path / "e.duckdb", expect="t.yaml in it is a FIFO")
 
 
 def test_a_fifo_yaml_in_evalkit_tasks(invoke, tmp_path):
@@ -190,16 +190,25 @@ def test_a_fifo_yaml_in_evalkit_tasks(invoke, tmp_path):
     fifo(tasks / "zz.yaml")
     catalog._yaml_config.cache_clear()
     one_line_exit_2(invoke, "run", "--model", "hf", "--tasks", "firsttoken", "--db", tmp_path / "e.duckdb",
-                    env={"EVALKIT_TASKS": str(tasks)}, expect="zz.yaml: it is a FIFO")
+                    env={"EVALKIT_TASKS": str(tasks)}, expect="zz.yaml in it is a FIFO")
 
 
 def test_a_fifo_include_target(invoke, tmp_path):
     inc = tmp_path / "inc"
     inc.mkdir()
-    (inc / "t.yaml").write_text("task: mine\ninclude: base.yml\n", encoding="utf-8")
-    fifo(inc / "base.yml")
+    (inc / "t.yaml").write_text("task: mine\ninclude: ../outside/base.yml\n", encoding="utf-8")
+    fifo(tmp_path / "outside" / "base.yml")  # outside the include path: lm-eval reads it all the same
     one_line_exit_2(invoke, "run", "--model", "hf", "--tasks", "firsttoken", "--include-path", inc,
                     "--db", tmp_path / "e.duckdb", expect="base.yml: it is a FIFO")
+
+
+def test_a_fifo_module_beside_an_include_path_yaml(invoke, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "t.yaml").write_text("task: mine\nprocess_docs: !function utils.docs\n", encoding="utf-8")
+    fifo(inc / "utils.py")
+    one_line_exit_2(invoke, "run", "--model", "hf", "--tasks", "firsttoken", "--include-path", inc,
+                    "--db", tmp_path / "e.duckdb", expect="utils.py in it is a FIFO")
 
 
 def test_a_fifo_hf_gguf_file(invoke, tmp_path):

@@ -92,9 +92,13 @@ def yaml_files(folder: Path) -> list[Path]:
 
 def task_names(folders: Iterable[Path]) -> set[str]:
     """Every `task`, `group` and `tag` name declared in the YAML files under `folders`; BadInput
-    for one lm-eval could not read either (a FIFO, a device, a folder, over MAX_YAML_BYTES)."""
+    for one lm-eval could not read either (a FIFO, a device, a folder, over MAX_YAML_BYTES), and
+    for a FIFO, device or socket anywhere in the folders (lm-eval imports and reads files there
+    by name)."""
     names: set[str] = set()
     for folder in folders:
+        for here, _, _ in os.walk(folder):  # lm-eval also imports `!function` modules and reads data files here
+            check_input_path(here, "task folder", "folder")
         for path in yaml_files(folder):
             names |= _declared(path)
     return names
