@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalkit import redact
 from evalkit.compare import DIMENSIONS, quant_summary
 from evalkit.errors import BadInput
 from evalkit.labels import model_label
@@ -81,6 +82,7 @@ def read_report(con, refs: list[str], prompts: int) -> ReportData:
         WHERE r.id IN {IDS}
         ORDER BY r.created_at, r.id
     """, [ids, ids])
+    runs = [redact.value(r) for r in runs]  # a run stored before URLs were redacted shows none of its credentials
     _label_runs(runs)
     done = [r["id"] for r in runs if r["status"] == "done"]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import duckdb
 
-from evalkit import envvars
+from evalkit import envvars, redact
 from evalkit.engines import resolve as models
 from evalkit.errors import BadInput, DatabaseBusy, ResultsKept, RunFailed, StorageFault
 from evalkit.prompts.catalog import task_manager
@@ -139,7 +139,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
     and which attention implementation it runs)."""
     cfg, model = plan.cfg, plan.model
     detail = getattr(lm, "quant_detail", None)
-    return {
+    return redact.value({  # credentials in a URL (base_url=http://user:pass@...) are never stored
         "id": run_id,
         "created_at": now(),
         "status": "running",
@@ -173,7 +173,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         **_tokenizer(lm),
         **_versions(),
         **rows.this_process(),
-    }
+    })
 
 
 def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) -> RunResult:
@@ -243,7 +243,7 @@ def fingerprint(plan: RunPlan, row: dict[str, Any]) -> dict[str, Any]:
     config = json.loads(plan.cfg.to_json())
     for key in ("name", "db"):
         config.pop(key, None)
-    out = {"config": config, **{c: row.get(c) for c in FINGERPRINT_COLUMNS}}
+    out = redact.value({"config": config, **{c: row.get(c) for c in FINGERPRINT_COLUMNS}})
     if plan.cfg.prompts_file:
         out["prompts_sha256"] = file_sha256(Path(plan.cfg.prompts_file))
     return out

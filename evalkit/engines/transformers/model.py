@@ -359,7 +359,8 @@ class EvalkitHFLM(HFLM):
         return out
 
     def _bs(self) -> int:
-        return int(self.batch_size) if str(self.batch_size).isdigit() else DEFAULT_BATCH_SIZE
+        text = str(self.batch_size)
+        return int(text) if text.isascii() and text.isdigit() else DEFAULT_BATCH_SIZE
 
     def _candidates(self, doc: dict) -> tuple[list[str], int]:
         """Answer-start strings, then checkable answers (answer_prob), then lexicon openers; returns
