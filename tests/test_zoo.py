@@ -60,8 +60,11 @@ PROMPTS = [
 # the brute force runs in float64 on the model's float32 logits; evalkit's float32 log-softmax
 # and its batched, cached forwards differ from it by a few 1e-6 relative (measured by bench/zoo.py)
 EXACT_RTOL = 1e-4
-# llama.cpp's F32 kernels against transformers' on the same weights and tokens: log-probabilities
-LLAMACPP_ATOL = 1e-3
+# llama.cpp against transformers on the same F32 weights and tokens: log-probabilities within this.
+# llama.cpp keeps its KV cache in f16, and these models' logits are large (the final norm scaled
+# by 40), so its first-step log-probabilities sit up to 0.004 from transformers' (measured on
+# phi-3); the real SmolLM2 GGUF agrees to 1e-4 (tests/test_llamacpp.py)
+LLAMACPP_ATOL = 0.02
 CROSS_TOKENIZER = "cross-tokenizer comparison not merged yet"
 
 
@@ -249,6 +252,26 @@ def test_exact_metrics_equal_brute_force(zoo, zoo_run, zoo_db, family):
     assert all(v <= EXACT_RTOL for v in worst.values()), worst
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_twin_scores_what_its_base_scores(zoo_run, zoo_db, family):
+    """The twin is the base under another numbering of its tokens: its per-prompt text metrics are the
+    base's and its exact ones too, to float rounding (the vocabulary is summed in another order)."""
+    rows = {}
+    for which in ("base", "twin"):
+        run = zoo_run(family, which)
+        rows[which] = {d: (r, json.loads(m)) for d, r, m in
+                       query(zoo_db, "SELECT doc_id, response, metrics FROM samples WHERE run_id = ?", [run])}
+    assert rows["base"].keys() == rows["twin"].keys()
+    for doc_id, (response, base) in rows["base"].items():
+        twin_response, twin = rows["twin"][doc_id]
+        assert twin_response == response, doc_id
+        for metric in ("ft_hit", "opener_rate", "answer_hit", "ft_token_hit"):
+            assert twin.get(metric) == base.get(metric), (doc_id, metric)
+        for metric in ("ft_hit_prob", "answer_prob", "opener_mass", "top1_prob", "entropy"):
+            if metric in base:
+                assert twin[metric] == pytest.approx(base[metric], rel=EXACT_RTOL, abs=1e-9), (doc_id, metric)
+
+
 # ---- a twin against its base, two families against each other ---------------------------------
 
 
@@ -308,7 +331,9 @@ def test_the_upgrade_rules_decide_two_families_on_quality_alone(zoo_run, zoo_db,
 
 # ---- the llama.cpp engine on the same weights -------------------------------------------------
 
-LLAMACPP_FAMILIES = ("llama-spm", "llama-bpe", "phi-3")
+# two vocabularies whose GGUF holds exactly the tokens of transformers' tokenizer (Llama 3's gains a
+# token in transformers' conversion, so its model has one row more than llama.cpp's vocabulary)
+LLAMACPP_FAMILIES = ("llama-spm", "phi-3")
 
 
 @pytest.fixture(scope="module")
