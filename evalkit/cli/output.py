@@ -9,6 +9,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from evalkit.textsafe import term_line
+
 
 def _cell(value: Any) -> str:
     if value is None:
@@ -19,10 +21,11 @@ def _cell(value: Any) -> str:
         return ",".join(map(str, value))
     if isinstance(value, dt.datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
-    return str(value).replace("\n", "\\n")
+    return term_line(value)  # escape sequences and newlines shown, never obeyed
 
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 60) -> str:
+    columns = [term_line(c) for c in columns]
     cells = [[_cell(v)[:max_width] for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
