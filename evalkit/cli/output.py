@@ -92,5 +92,5 @@ def lead_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([
         "does the first token predict the answer? AUROC of each first-token signal against answer_hit "
         "(0.5 = chance), over the checkable prompts",
-        table(["task", "signal", "auroc", "95% CI", "n", "right", "why undefined"], body, max_width=70),
+        table(["task", "signal", "auroc", "95% CI", "n", "right", "why no value or interval"], body, max_width=70),
     ])
