@@ -97,8 +97,9 @@ def indicator_rows(run_id: str, task: str, category: str, samples: Sequence[dict
     for signal in SIGNALS:
         pairs = [(_oriented(signal, float(s[signal])), float(s["answer_hit"])) for s in checkable
                  if s.get(signal) is not None]
+        n_right = int(sum(y for _, y in pairs))
         row = {"run_id": run_id, "task": task, "category": category, "signal": signal, "auroc": None,
-               "ci_lo": None, "ci_hi": None, "n": len(pairs), "n_right": int(sum(y for _, y in pairs)),
+               "ci_lo": None, "ci_hi": None, "n": len(pairs), "n_right": n_right,
                "base_rate": (sum(labels_all) / len(labels_all)) if labels_all else None, "reason": None}
         if not pairs:
             row["reason"] = f"no {signal} values (a backend without logprobs, or no checkable prompts)"
@@ -109,7 +110,7 @@ def indicator_rows(run_id: str, task: str, category: str, samples: Sequence[dict
         else:
             scores, labels = [p for p, _ in pairs], [y for _, y in pairs]
             row["auroc"] = auroc(scores, labels)
-            row["reason"] = interval_need(row["n_right"], len(pairs) - row["n_right"])
+            row["reason"] = interval_need(n_right, len(pairs) - n_right)
             ci = None if row["reason"] else bootstrap_interval(scores, labels)
             if ci:
                 row["ci_lo"], row["ci_hi"] = ci
