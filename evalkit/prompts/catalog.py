@@ -19,6 +19,7 @@ import yaml
 
 from evalkit import envvars
 from evalkit.errors import BadInput
+from evalkit.paths import MAX_YAML_BYTES, read_input
 
 PROMPTS_TASK = "firsttoken_user"  # the task of `--prompts FILE`
 # the built-in first-token tasks' prompt files, under the tasks folder
@@ -54,10 +55,18 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
 
 
+def _load_yaml(path: str | Path) -> Any:
+    """A task YAML of evalkit's folder, `--include-path` or `EVALKIT_TASKS`, parsed. Read through
+    `paths.read_input` with the limit of every YAML a person writes (`MAX_YAML_BYTES`): a larger
+    file, a FIFO or a device is refused with one line (BadInput) before it is parsed, here and
+    before lm-eval, which would read every YAML of the folder too, ever sees it."""
+    return yaml.load(read_input(path, "task file", MAX_YAML_BYTES).decode("utf-8"), Loader=_Loader)  # noqa: S506
+
+
 def _declared(path: Path) -> set[str]:
     try:
-        cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        cfg = _load_yaml(path)
+    except (yaml.YAMLError, UnicodeDecodeError):
         return set()  # lm-eval reports broken files itself when it loads them
     if not isinstance(cfg, dict):
         return set()
@@ -97,7 +106,7 @@ def expand(names: Iterable[str]) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _yaml_config(path: str) -> dict[str, Any]:
-    cfg = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Loader)
+    cfg = _load_yaml(path)
     return cfg if isinstance(cfg, dict) else {}
 
 
