@@ -38,23 +38,27 @@ _ALWAYS = frozenset("\\`*[]|~@$#!")
 _LINE_START = frozenset("-+=:")
 
 
-def _acts(chars: str, i: int) -> bool:
-    """Whether ASCII mark ``chars[i]`` could act as markup where it stands (the text may start a line)."""
+def _acts(chars: str, i: int, lead: int | None) -> bool:
+    """Whether ASCII mark ``chars[i]`` could act as markup where it stands. `lead`: where the text's
+    first mark stands when the text may start a line (block markup begins there), else None."""
     ch, prev = chars[i], chars[i - 1] if i else ""
     nxt = chars[i + 1] if i + 1 < len(chars) else ""
     if ch in _ALWAYS:
         return True
     if ch == "_":  # inside a word it neither opens nor closes emphasis (CommonMark's flanking rules)
         return not (prev.isalnum() and nxt.isalnum())
+    first = i == lead  # the first mark of a line
+    # a list's "1." / "1)": at most 9 digits first on a line, then a space or nothing
+    list_item = (lead is not None and 0 < i - lead <= 9 and chars[lead:i].isdigit() and chars[lead:i].isascii()
+                 and (not nxt or nxt.isspace()))
     if ch == ":":  # a URL's scheme (http://, ftp://) or a table's alignment at a line's start
-        return nxt == "/" or not chars[:i].strip()
-    list_item = chars[:i].strip().isdigit() and (not nxt or nxt.isspace())  # "1." / "1)" starting a line
+        return nxt == "/" or first
     if ch == ".":  # a domain's dot (www.a.b, a.com), not a decimal point
         return (nxt.isalnum() and not (prev.isdigit() and nxt.isdigit())) or list_item
     if ch == ")":
         return list_item
     if ch in _LINE_START:
-        return not chars[:i].strip()
+        return first
     return False
 
 
@@ -100,8 +104,10 @@ def term_line(text: object) -> str:
     return visible(str(text))
 
 
-def md_text(text: object) -> str:
-    """Data as inert markdown text: shown exactly as it is, never read as markup.
+def md_text(text: object, *, line_start: bool = True) -> str:
+    """Data as inert markdown text: shown exactly as it is, never read as markup. `line_start`
+    False: the text cannot start a line (a table cell, inside emphasis), where ``-``, ``+``, ``=``
+    and a list's ``1.`` cannot act and stay as they are.
 
     >>> md_text("## PASS <img src=x onerror=alert(1)> *x* http://a.b")
     '\\\\#\\\\# PASS &lt;img src=x onerror=alert(1)&gt; \\\\*x\\\\* http\\\\://a\\\\.b'
@@ -109,11 +115,12 @@ def md_text(text: object) -> str:
     ('0.25 \\\\| 1. item␍', '1\\\\. item', '&#32;&#32;code', 'ft_hit')
     """
     chars = visible(str(text))
+    lead = len(chars) - len(chars.lstrip()) if line_start else None
     out = []
     for i, ch in enumerate(chars):
         if ch in _ENTITIES:
             out.append(_ENTITIES[ch])
-        elif ch in string.punctuation and _acts(chars, i):
+        elif ch in string.punctuation and _acts(chars, i, lead):
             out.append("\\" + ch)
         else:
             out.append(ch)
@@ -128,22 +135,29 @@ def md_text(text: object) -> str:
 
 def md_strong(text: object) -> str:
     """Data as strong (bold) inert markdown text; empty stays empty."""
-    return f"**{md_text(text)}**" if str(text) else ""
+    return f"**{md_text(text, line_start=False)}**" if str(text) else ""
 
 
-def md_em(text: object) -> str:
-    """Data as emphasised (italic) inert markdown text; empty stays empty."""
-    return f"*{md_text(text)}*" if str(text) else ""
+def md_em(text: object, mark: str = "*") -> str:
+    """Data as emphasised (italic) inert markdown text between `mark`s (``*`` or ``_``); empty stays empty."""
+    if mark not in ("*", "_"):
+        raise ValueError(f"md_em: mark must be * or _, got {mark!r}")
+    return f"{mark}{md_text(text, line_start=False)}{mark}" if str(text) else ""
+
+
+def md_cell(text: object) -> str:
+    """Data as one table cell (GFM reads a cell's inside as inline text only: no block starts there)."""
+    return md_text(text, line_start=False)
 
 
 def md_row(cells: Iterable[str]) -> str:
-    """One table row of cells already written by `md_text` / `md_strong` / `md_em`."""
+    """One table row of cells already written by `md_cell` / `md_strong` / `md_em`."""
     return "| " + " | ".join(cells) + " |"
 
 
 def md_cells(values: Iterable[object]) -> str:
     """One table row of data cells."""
-    return md_row(md_text(v) for v in values)
+    return md_row(md_cell(v) for v in values)
 
 
 def md_target(path: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import html
 import re
 import shutil
 import subprocess
@@ -14,6 +15,12 @@ import pytest
 PNG = b"\x89PNG\r\n\x1a\n"
 FAKE = " · evalkit-fake · chat"  # the configuration in a fake-LM run's label: model · template (no quant, engine)
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+
+
+def unmd(markdown: str) -> str:
+    """summary.md's text as a reader sees it: backslash escapes and entities resolved (its escaping
+    is tested in tests/test_textsafe.py; these tests read what it says)."""
+    return html.unescape(re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown))
 
 
 def plain(text: str) -> str:
@@ -48,7 +55,7 @@ def report(invoke):
         files = [Path(line) for line in res.stdout.splitlines()]
         assert files[:2] == [Path(out) / "index.html", Path(out) / "summary.md"]
         assert all(f.exists() for f in files)
-        return files, (Path(out) / "index.html").read_text("utf-8"), (Path(out) / "summary.md").read_text("utf-8")
+        return files, (Path(out) / "index.html").read_text("utf-8"), unmd((Path(out) / "summary.md").read_text("utf-8"))
 
     return write
 
@@ -452,7 +459,7 @@ def test_roc_panels_name_the_task_n_and_right_answers(runs, tmp_path):
     assert (tmp_path / "rep" / "roc_1.png").read_bytes()[:8] == PNG
     # the degraded run gets every answer wrong: a note, not a figure of empty panels
     assert "roc_2.png" not in images
-    md = (tmp_path / "rep" / "summary.md").read_text("utf-8")
+    md = unmd((tmp_path / "rep" / "summary.md").read_text("utf-8"))
     assert "No ROC curve to draw for degraded · evalkit-fake · chat: in each task every checkable answer" in md
 
 

@@ -24,7 +24,7 @@ from evalkit.release.decide import Verdict, VerdictRow
 from evalkit.release.render import to_junit, to_markdown as gate_markdown
 from evalkit.report.rendering import to_markdown as report_markdown
 from evalkit.report.sections import Image, Section, Table
-from evalkit.textsafe import md_cells, md_em, md_row, md_strong, md_text, term_line, term_text, visible, xml_clean
+from evalkit.textsafe import md_cell, md_cells, md_em, md_row, md_strong, md_text, term_line, term_text, visible, xml_clean
 
 # CommonMark with raw HTML, GFM's tables and strikethrough, and bare URLs, www. and e-mail addresses
 # linked (linkify-it, as GitHub links them)
@@ -77,21 +77,22 @@ def assert_inert(build, data: str) -> None:
 def test_a_cell_holds_the_data_as_text_and_nothing_else(data):
     def doc(d: str) -> str:
         return "\n".join(["| a | b | c |", "|---|---|---:|", md_row([md_text(d), md_strong(d), md_em(d)]),
-                          md_cells([d, "1", d]), ""])
+                          md_cells([d, "1", d]), md_row([md_cell(d), md_em(d, "_"), md_cell(d)]), ""])
 
     assert_inert(doc, data)
     cells = texts(doc(data))[3:]  # after the header's three
-    assert cells == [visible(data)] * 3 + [visible(data), "1", visible(data)]
+    assert cells == [visible(data)] * 3 + [visible(data), "1", visible(data)] + [visible(data)] * 3
 
 
 @SETTINGS
 @given(hostile, hostile)
 def test_a_line_and_a_heading_hold_the_data_as_text(a, b):
     def doc(d: str) -> str:
-        return "\n".join([f"## gate: {md_text(d)}", "", md_text(d), "", f"{md_em(d)} then {md_text(b)}", ""])
+        return "\n".join([f"## gate: {md_text(d)}", "", md_text(d), "", f"{md_em(d)} then {md_text(b)}", "",
+                          md_em(d, "_"), ""])
 
     assert_inert(doc, a)
-    assert texts(doc(a)) == [f"gate: {visible(a)}", visible(a), f"{visible(a)} then {visible(b)}"]
+    assert texts(doc(a)) == [f"gate: {visible(a)}", visible(a), f"{visible(a)} then {visible(b)}", visible(a)]
 
 
 @SETTINGS

@@ -81,7 +81,7 @@ def _typed(value: str):
         return True
     if value.lower() == "false":
         return False
-    if value.isnumeric():
+    if value.isdecimal():  # isnumeric() also holds for "²" and "½", which int() refuses
         return int(value)
     try:
         return float(value)

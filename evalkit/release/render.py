@@ -10,7 +10,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from evalkit.release.decide import Verdict, VerdictRow, fmt
-from evalkit.textsafe import md_row, md_text, xml_clean
+from evalkit.textsafe import md_cell, md_row, md_text, xml_clean
 
 
 _STATUS_CELL = {"pass": "pass", "fail": "**FAIL**", "inconclusive": "*inconclusive*", "skipped": "skipped"}
@@ -68,7 +68,7 @@ def to_markdown(verdict: Verdict, candidate_id: str, baseline_id: str | None = N
             "" if r.n is None else str(r.n),
             r.reason,
         ]
-        lines.append(md_row([_STATUS_CELL[r.status], *(md_text(c) for c in cells)]))  # data as inert text
+        lines.append(md_row([_STATUS_CELL[r.status], *(md_cell(c) for c in cells)]))  # data as inert text
     lines += ["", md_text(verdict.summary)]
     return "\n".join(lines) + "\n"
 

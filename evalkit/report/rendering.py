@@ -15,7 +15,7 @@ import re
 from evalkit.report.fonts import FSI, PDI, font_face_css
 from evalkit.report.reading import ReportData
 from evalkit.report.sections import Section, Table, plural
-from evalkit.textsafe import md_cells, md_em, md_row, md_strong, md_target, md_text
+from evalkit.textsafe import md_cell, md_cells, md_em, md_row, md_strong, md_target, md_text
 
 # the system's own fonts first; then the fonts embedded in the page (`_FONTS`), which have every character
 _CSS = """
@@ -115,14 +115,20 @@ def to_html(data: ReportData, sections: list[Section]) -> str:
 
 
 def _md_table(t: Table) -> str:
+    """A table in markdown: each cell's lines (a value, its interval below) on one line, each
+    cell inert text (`textsafe`)."""
+    def one_line(cell: str) -> str:
+        return " ".join(cell.split("\n"))
+
     out = []
     if t.caption:
         out += [md_em(t.caption), ""]
-    out.append(md_cells(t.columns))
+    out.append(md_cells(one_line(c) for c in t.columns))
     out.append("|" + "|".join("---:" if t.numeric_from is not None and j >= t.numeric_from else "---"
                               for j in range(len(t.columns))) + "|")
     for i, row in enumerate(t.rows):
-        out.append(md_row([md_strong(c) if (i, j) in t.strong else md_text(c) for j, c in enumerate(row)]))
+        out.append(md_row([md_strong(one_line(c)) if (i, j) in t.strong else md_cell(one_line(c))
+                           for j, c in enumerate(row)]))
     return "\n".join(out)
 
 
@@ -135,7 +141,7 @@ def to_markdown(data: ReportData, sections: list[Section]) -> str:
     for s in sections:
         lines += [f"## {md_text(s.title)}", ""]
         if s.omitted:
-            lines += [md_em(f"Omitted: {s.omitted}."), ""]
+            lines += [md_em(f"Omitted: {s.omitted}.", "_"), ""]
             continue
         if s.intro:
             lines += [md_text(s.intro), ""]
@@ -144,5 +150,5 @@ def to_markdown(data: ReportData, sections: list[Section]) -> str:
         for t in s.tables:
             lines += [_md_table(t), ""]
         for n in s.notes:
-            lines += [md_em(n), ""]
+            lines += [md_em(n, "_"), ""]
     return "\n".join(lines)
