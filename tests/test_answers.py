@@ -237,8 +237,7 @@ def test_lead_auroc_gives_no_interval_from_one_right_answer():
     # one right answer of 42 printed [1.0000, 1.0000]: every resample that holds it ranks it alike
     (row,) = [r for r in lead_table("r", _one_right_of(42)) if r["signal"] == "ft_hit_prob"]
     assert row["auroc"] == 1.0 and row["ci_lo"] is None and row["ci_hi"] is None
-    assert row["reason"] == ("no 95 % interval: it needs at least 10 right and 10 wrong answers, "
-                             "these prompts have 1 right and 41 wrong")
+    assert row["reason"] == "no interval: needs 10 right and 10 wrong answers, has 1 right, 41 wrong"
 
 
 def test_lead_auroc_has_an_interval_with_enough_of_each_class():

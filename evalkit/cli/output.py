@@ -9,6 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from evalkit.defaults import MIN_BOOTSTRAP_PROMPTS, MIN_SCORE_INTERVAL_PROMPTS
 from evalkit.textsafe import term_line
 
 
@@ -67,6 +68,9 @@ def metric_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [table(["task", "metric", "value", "95% CI", "n"], body)]
     lines.append("↑ higher is better, ↓ lower is better; what each metric means: `evalkit metrics` "
                  "or docs/metrics.md")
+    if any(r.get("ci_lo") is None and r.get("n") is not None and r["n"] < MIN_BOOTSTRAP_PROMPTS for r in rows):
+        lines.append(f"no 95% CI from too few prompts: a share needs {MIN_SCORE_INTERVAL_PROMPTS}, any other mean "
+                     f"{MIN_BOOTSTRAP_PROMPTS} (the gate's rule)")
     if any(r["metric"] == "ft_hit" for r in rows):
         lines.append("ft_hit counts a response only when its first word is an accepted start: "
                      "\"The capital of France is Paris.\" misses \"Paris\" by design")

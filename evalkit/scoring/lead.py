@@ -72,17 +72,16 @@ def interval_need(n_right: int, n_wrong: int) -> str | None:
     `MIN_BOOTSTRAP_PROMPTS` in all (the gate's rule for a bootstrap interval).
 
     >>> interval_need(1, 41)
-    'no 95 % interval: it needs at least 10 right and 10 wrong answers, these prompts have 1 right and 41 wrong'
+    'no interval: needs 10 right and 10 wrong answers, has 1 right, 41 wrong'
     >>> interval_need(10, 10) is None
     True
     """
     if min(n_right, n_wrong) >= MIN_AUROC_CLASS and n_right + n_wrong >= MIN_BOOTSTRAP_PROMPTS:
         return None
     if min(n_right, n_wrong) >= MIN_AUROC_CLASS:
-        return (f"no 95 % interval: it needs at least {MIN_BOOTSTRAP_PROMPTS} prompts, these are "
-                f"{n_right + n_wrong}")
-    return (f"no 95 % interval: it needs at least {MIN_AUROC_CLASS} right and {MIN_AUROC_CLASS} wrong answers, "
-            f"these prompts have {n_right} right and {n_wrong} wrong")
+        return f"no interval: needs {MIN_BOOTSTRAP_PROMPTS} prompts, has {n_right + n_wrong}"
+    return (f"no interval: needs {MIN_AUROC_CLASS} right and {MIN_AUROC_CLASS} wrong answers, "
+            f"has {n_right} right, {n_wrong} wrong")
 
 
 def _oriented(signal: str, value: float) -> float:
@@ -115,7 +114,7 @@ def indicator_rows(run_id: str, task: str, category: str, samples: Sequence[dict
             if ci:
                 row["ci_lo"], row["ci_hi"] = ci
             elif not row["reason"]:
-                row["reason"] = "no 95 % interval: too few bootstrap resamples held both right and wrong answers"
+                row["reason"] = "no interval: too few bootstrap resamples held both right and wrong answers"
         rows.append(row)
     return rows
 
