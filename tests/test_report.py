@@ -214,7 +214,9 @@ def test_needle_heatmap_when_needle_rows_exist(report, runs, tmp_path):
     assert "Omitted: no needle rows" not in page
     assert f"| baseline{FAKE} | en | no | 6 | 0.667 |" in md
     # start_gap first, then middle_gap, then recall
-    assert f"| baseline{FAKE} | needle_en | 0.250 | 0.500 | 0.917 [0.803, 1.031] |" in md
+    # 12 prompts with a stored stderr and no stored interval: no value ± 1.96 stderr ([0.803, 1.031],
+    # past 1) from fewer than 20 prompts
+    assert f"| baseline{FAKE} | needle_en | 0.250 | 0.500 | 0.917 |" in md
     # per length from the needle_gaps view: depth 0 and 1 found, the middle lost without the hint
     assert f"| baseline{FAKE} | needle_en | no | 256 | 1.000 | 0.500 | -0.500 | 1.000 |" in md
     assert f"| baseline{FAKE} | needle_en | yes | 512 | 1.000 | 1.000 | 0.000 | 0.000 |" in md
@@ -487,9 +489,12 @@ def test_reliability_bins_hold_equal_counts_of_at_least_the_minimum(n_prompts, b
     assert xs == sorted(xs)
     for r in rows:
         assert r["accuracy"] == pytest.approx(r["n_right"] / r["n"])
-        assert r["ci_lo"] <= r["accuracy"] <= r["ci_hi"]
         from evalkit.scoring.stats import interval
 
+        if r["n"] < 10:  # a bin of 7 prompts: no interval from too few (the gate's count)
+            assert r["ci_lo"] is None and r["ci_hi"] is None
+            continue
+        assert r["ci_lo"] <= r["accuracy"] <= r["ci_hi"]
         assert (r["ci_lo"], r["ci_hi"]) == interval([1] * r["n_right"] + [0] * (r["n"] - r["n_right"]), binary=True)
 
 
