@@ -62,7 +62,7 @@ def load_tokenizer(path: str):
     """The run's tokenizer: a .gguf file read vocabulary-only by llama.cpp (`GGUFTokenizer`), or a
     transformers tokenizer folder."""
     if path.endswith(".gguf"):
-        from evalkit.engines.llamacpp.model import GGUFTokenizer
+        from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
         from evalkit.engines.llamacpp.firststep import LlamaCppEngine
 
         return GGUFTokenizer(LlamaCppEngine(path, vocab_only=True))
