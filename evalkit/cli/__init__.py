@@ -76,6 +76,7 @@ _COMMAND_MODULES = [
     "export",
     "report",
     "gate",
+    "tags",
     "metrics",
     "db",
     "tasks",
