@@ -28,7 +28,6 @@ import torch
 import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
-from tqdm import tqdm
 
 from evalkit import envvars
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
@@ -46,6 +45,7 @@ from evalkit.defaults import (
     DEFAULT_TOP_K,
 )
 from evalkit.errors import BadInput
+from evalkit.progress import bar as progress_bar
 from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_strings, unstable
@@ -288,8 +288,9 @@ class EvalkitHFLM(HFLM):
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
-        bar = tqdm(total=len(requests), desc="first-token probe", unit="prompt", bar_format=BAR_FORMAT,
-                   disable=disable_tqdm or self.rank != 0)
+        # a terminal gets a bar; a log a line at most every 15 s (progress.LineBar)
+        bar = progress_bar(total=len(requests), desc="first-token probe", unit="prompt", bar_format=BAR_FORMAT,
+                           disable=disable_tqdm or self.rank != 0)
         keep_ticking(bar)  # its clock moves while a phase says nothing (ends when the bar closes)
         first_done, n_batches, batch_no = 0, sum(-(-len(g) // self._bs()) for g in groups.values()), 0
         bs = self._bs()
