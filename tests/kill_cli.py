@@ -11,6 +11,9 @@ import os
 import signal
 
 if __name__ == "__main__":
+    from tests.children import die_with_parent
+
+    die_with_parent()  # a test's child ends with the test run, even when pytest is stopped
     from evalkit.store import journal, runs
 
     at = os.environ["KILL_AT"]
