@@ -100,15 +100,17 @@ class LineBar(tqdm):
                 self.line(force=True)
 
 
-def bar(*, file: IO[str] | None = None, disable: bool | None = False, **kwargs: Any) -> tqdm:
-    """A progress bar: tqdm on a terminal (`kwargs` as tqdm takes them), a `LineBar` into a log or a
-    pipe. `disable=True` gives a disabled bar; None disables it off a terminal (tqdm's own rule)."""
+def bar(*args: Any, file: IO[str] | None = None, disable: bool | None = False, quiet: bool = False,
+        **kwargs: Any) -> tqdm:
+    """A progress bar: tqdm on a terminal (`args` and `kwargs` as tqdm takes them), a `LineBar` into
+    a log or a pipe (`quiet`: no first and last line, only the ticks of a long wait). `disable=True`
+    gives a disabled bar; None disables it off a terminal (tqdm's own rule)."""
     stream = file if file is not None else sys.stderr
     if disable or (disable is None and not is_terminal(stream)):
-        return tqdm(file=stream, disable=True, **kwargs)
+        return tqdm(*args, file=stream, disable=True, **kwargs)
     if is_terminal(stream):
-        return tqdm(file=stream, disable=False, **kwargs)
-    return LineBar(file=stream, **kwargs)
+        return tqdm(*args, file=stream, disable=False, **kwargs)
+    return LineBar(*args, file=stream, final=not quiet, announce=not quiet, **kwargs)
 
 
 def keep_ticking(bar: tqdm) -> Callable[[], None]:

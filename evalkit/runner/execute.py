@@ -59,17 +59,17 @@ class RunResult:
 
 def _quiet_lm_eval() -> None:
     """lm-eval's logging down to errors, a label on its one unlabelled progress bar (building a
-    task's requests), and its git lookup silenced (it prints "fatal: not a git repository" to the
+    task's requests; into a log, a line only when it lasts `progress.LOG_TICK_S`), and its git lookup silenced (it prints "fatal: not a git repository" to the
     terminal outside a checkout; the run row records evalkit's own commit)."""
     import functools
 
     import lm_eval.api.task
     import lm_eval.evaluator
-    from tqdm import tqdm
+    from evalkit.progress import bar
 
     for name in ("lm-eval", "lm_eval", "lm_eval.api.task", "lm_eval.evaluator", "lm_eval.models.huggingface"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    lm_eval.api.task.tqdm = functools.partial(tqdm, desc="building requests", leave=False)
+    lm_eval.api.task.tqdm = functools.partial(bar, desc="building requests", leave=False, quiet=True)
     lm_eval.evaluator.get_git_commit_hash = _git_commit
 
 
