@@ -434,12 +434,14 @@ def test_ci_example_workflow_runs_gate_then_promote():
     flow = yaml.safe_load((EXAMPLES / "ci-gate.yml").read_text(encoding="utf-8"))
     steps = [s for job in flow["jobs"].values() for s in job["steps"]]
     script = "\n".join(s.get("run", "") for s in steps)
-    assert "--name candidate" in script
+    assert "bash examples/ci-candidate.sh" in script  # the candidate step: a run, or a stopped one finished
+    (run,) = [s for s in steps if s.get("run", "").strip() == "bash examples/ci-candidate.sh"]
+    assert "--metrics gate" in run["env"]["EVALKIT_RUN_ARGS"] and "github.sha" in run["env"]["CANDIDATE_NAME"]
     # the gate step's logic lives in examples/ci-gate.sh (tests/test_ci_gate_script.py runs it)
     assert script.index("bash examples/ci-gate.sh") < script.index("evalkit promote latest")
     script += "\n" + (EXAMPLES / "ci-gate.sh").read_text(encoding="utf-8")
     assert 'evalkit gate --candidate latest --baseline "tag:$tag" --rules "$rules" --junit gate.xml' in script
-    assert 'rules="${EVALKIT_RULES-examples/gate-rules.yaml}"' in script
+    assert 'rules="${EVALKIT_RULES-}"' in script  # the calibrated default rules unless a file is named
     assert "evalkit promote latest --tag prod" in script
     # exit 3 (inconclusive) is handled: a warning, and no promotion
     assert '3) echo "::warning::' in script and "decide false" in script
