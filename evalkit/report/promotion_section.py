@@ -58,14 +58,14 @@ def promotions_section(data: Promotions) -> Section:
             table.caption += f" (the newest {len(shown)} of {len(rows)} promotions)"
         section.tables.append(table)
     if data.gates:
-        gates = Table(["decided (UTC)", "verdict", "candidate", "baseline", "rules", "pass", "fail", "inconclusive",
-                       "skipped", "gate"], [], caption="gate decisions, newest first", numeric_from=5)
+        gates = Table(["decided (UTC)", "verdict", "candidate", "baseline", "rules", "gate", "pass", "fail",
+                       "inconclusive", "skipped"], [], caption="gate decisions, newest first", numeric_from=6)
         for i, g in enumerate(data.gates):
             baseline = g["baseline"] + (f" ({g['baseline_ref']})" if g["baseline_ref"] not in (None, g["baseline"])
                                         else "")
             gates.rows.append([_when(g["created_at"]), g["verdict"], g["candidate"], baseline,
-                               f"{g['rules_name']} · {g['rules_digest']}", str(g["n_pass"]), str(g["n_fail"]),
-                               str(g["n_inconclusive"]), str(g["n_skipped"]), g["id"]])
+                               f"{g['rules_name']} · {g['rules_digest']}", g["id"], str(g["n_pass"]),
+                               str(g["n_fail"]), str(g["n_inconclusive"]), str(g["n_skipped"])])
             if g["verdict"] != "pass":
                 gates.strong.add((i, 1))
         section.tables.append(gates)
