@@ -246,7 +246,8 @@ def resume_hint(journal: Journal | None, run_id: str) -> str:
     """What to say at the end of a run that stopped: how to continue it, when it has a journal."""
     if journal is None or journal.path is None:
         return ""
-    return f"; {len(journal.batches)} batches are in its journal: `evalkit run --resume {run_id}` continues it"
+    return (f"; {len(journal.batches)} batches ({journal.prompts} prompts) are in its journal: "
+            f"`evalkit run --resume {run_id}` continues it")
 
 
 def keeps_journal(lm) -> bool:
