@@ -187,7 +187,7 @@ def test_gate_records_its_decision_and_writes_nothing_else(invoke, runs, tmp_pat
     (gate,) = [dict(zip(GATE_COLUMNS, r)) for r in after["gates"]]
     checks = [dict(zip(CHECK_COLUMNS, r)) for r in after["gate_checks"]]
     assert (gate["candidate"], gate["baseline"], gate["baseline_ref"]) == (runs["small"], runs["base"], runs["base"])
-    assert gate["verdict"] == "inconclusive" and gate["rules_name"] == "built-in default rules"
+    assert gate["verdict"] == "inconclusive" and gate["rules_name"] == "built-in rules 'same'"
     assert len(gate["rules_digest"]) == 16 and gate["evalkit_version"]
     statuses = [c["status"] for c in sorted(checks, key=lambda c: c["position"])]
     assert (gate["n_pass"], gate["n_fail"], gate["n_inconclusive"], gate["n_skipped"]) == tuple(
@@ -262,8 +262,8 @@ def test_junit_file_parses_and_counts_failures(invoke, runs, tmp_path):
     assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == len(failed) >= 4
     assert {c.get("name") for c in failed} >= {"firsttoken_en/ft_hit", "firsttoken_zh/opener_rate"}
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    assert {k: props.pop(k) for k in ("candidate", "baseline", "outcome")} == {
-        "candidate": runs["bad"], "baseline": runs["base"], "outcome": "fail"}
+    assert {k: props.pop(k) for k in ("candidate", "baseline", "outcome", "rules")} == {
+        "candidate": runs["bad"], "baseline": runs["base"], "outcome": "fail", "rules": "built-in rules 'same'"}
     counts = {k: int(v) for k, v in props.items()}  # each status's count, and nothing else
     assert set(counts) == {"pass", "fail", "inconclusive", "skipped"} and sum(counts.values()) == len(cases)
     assert counts["fail"] == len(failed) and suite.get("errors") == "0"

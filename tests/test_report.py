@@ -346,7 +346,7 @@ def test_promotions_and_gates_section(report, invoke, runs, tmp_path):
     (gate_row,) = tag_rows[3:]
     cells = [c.strip() for c in gate_row.strip("|").split("|")]
     assert cells[1:4] == ["**fail**", runs["bad"], f"{runs['base']} (tag:prod)"]
-    assert cells[4].startswith("built-in default rules · ") and cells[5].startswith("g") and int(cells[7]) >= 1
+    assert cells[4].startswith("built-in rules 'same' · ") and cells[5].startswith("g") and int(cells[7]) >= 1
 
 
 # ----------------------------------------------------------------------- in a browser

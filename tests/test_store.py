@@ -62,6 +62,8 @@ EXPECTED_TABLES = {
         "attn_implementation": "VARCHAR",
         "engine": "VARCHAR",
         "unavailable": "VARCHAR",
+        "tokenizer_hash": "VARCHAR",  # m021
+        "tokenizer_source": "VARCHAR",
     },
     "metrics": {
         "run_id": "VARCHAR",
@@ -130,13 +132,13 @@ EXPECTED_TABLES = {
         "unit": "VARCHAR",
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
-    "gates": {  # m022
+    "gates": {  # m023
         "id": "VARCHAR", "created_at": "TIMESTAMP", "candidate": "VARCHAR", "baseline": "VARCHAR",
         "baseline_ref": "VARCHAR", "rules_name": "VARCHAR", "rules_digest": "VARCHAR", "verdict": "VARCHAR",
         "n_pass": "INTEGER", "n_fail": "INTEGER", "n_inconclusive": "INTEGER", "n_skipped": "INTEGER",
         "holm_family": "INTEGER", "evalkit_version": "VARCHAR",
     },
-    "gate_checks": {  # m022
+    "gate_checks": {  # m023
         "gate_id": "VARCHAR", "position": "INTEGER", "kind": "VARCHAR", "task": "VARCHAR", "metric": "VARCHAR",
         "status": "VARCHAR", "observed": "DOUBLE", "baseline_value": "DOUBLE", "bound": "DOUBLE", "margin": "VARCHAR",
         "drop": "DOUBLE", "ci_lo": "DOUBLE", "ci_hi": "DOUBLE", "n": "INTEGER", "method": "VARCHAR",
@@ -480,7 +482,7 @@ def test_the_tag_history_migration_keeps_what_each_tag_named(tmp_path):
     upgrade; a tag the two rules agree on is left alone."""
     path = tmp_path / "older.duckdb"
     names = [m.__name__ for m in MIGRATIONS]
-    con = older_db(path, names.index("m021_tag_history"))
+    con = older_db(path, names.index("m022_tag_history"))
     for i, run_id in enumerate(["r-old", "r-new"]):
         con.execute("INSERT INTO runs (id, created_at, status, model, tasks) VALUES (?, ?, 'done', 'hf', ['x'])",
                     [run_id, T0 + dt.timedelta(minutes=i)])
