@@ -173,12 +173,13 @@ def connect(db: str | os.PathLike | None = None):
 
 
 def promote(run: str, tag: str, *, db: str | os.PathLike | None = None) -> bool:
-    """Tag a done run (`tag:NAME` then names the newest run with it), as `evalkit promote` does;
-    return whether a new tag row was written (False when the run already had the tag)."""
+    """Make a done run the tag's current run (`tag:NAME` then names it, until the next promotion to
+    the tag; promoting an older run again moves the tag back), as `evalkit promote` does; return
+    whether a tag row was written (False when the run already was the tag's current run)."""
     from evalkit.release.db import promote as promote_run
 
     envvars.check_environment()
-    return promote_run(db, run, tag)[1]
+    return promote_run(db, run, tag).added
 
 
 def gate(candidate: str, baseline: str, rules: str | os.PathLike | None = None, *,

@@ -10,12 +10,12 @@
 #     1 (fail), 2 (bad input) or anything else: no promote output, and the job fails with that code.
 #
 # Environment: EVALKIT_DB (the DB the candidate was stored in), EVALKIT_TAG (default prod),
-# EVALKIT_RULES (a rules file; empty: the default rules), FIRST_BASELINE (true: allow a first
+# EVALKIT_RULES (a rules file; unset or empty: the calibrated default rules), FIRST_BASELINE (true: allow a first
 # baseline), GITHUB_OUTPUT, GITHUB_STEP_SUMMARY (optional: a line is appended to each).
 set -u
 
 tag="${EVALKIT_TAG:-prod}"
-rules="${EVALKIT_RULES-examples/gate-rules.yaml}"
+rules="${EVALKIT_RULES-}"
 output="${GITHUB_OUTPUT:-/dev/null}"
 summary="${GITHUB_STEP_SUMMARY:-/dev/null}"
 

@@ -13,6 +13,17 @@ from tests.fake_lm import register_fake_lm
 register_fake_lm()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def children_end_with_the_session():
+    """No child process outlives the test run: what is still running when the session ends (also
+    when it is stopped with Ctrl-C) is ended (tests/children.py; the children die with pytest
+    anyway, should it be killed outright)."""
+    yield
+    from tests.children import end_children
+
+    end_children()
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory):
     """One converted-model cache for the session, never the user's own (~/.cache/evalkit)."""

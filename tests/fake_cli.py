@@ -8,6 +8,9 @@ the repo root (or with PYTHONPATH set to it).
 from tests.fake_lm import register_fake_lm
 
 if __name__ == "__main__":
+    from tests.children import die_with_parent
+
+    die_with_parent()  # a test's child ends with the test run, even when pytest is stopped
     register_fake_lm()
     from evalkit.cli import main
 

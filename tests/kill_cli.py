@@ -4,13 +4,17 @@ For the resume tests: a crash at an exact place, not a race. KILL_AT=N sends the
 KILL_SIG (default SIGKILL) once the run's journal holds N batches (0: only its header) and is
 asked for a batch it does not hold (about to compute it) or given another to keep: exactly N
 batches are in the journal, whatever the order in which the decoder finishes them; KILL_AT=store sends it when the finished
-run is about to be written to the DB (every batch is in the journal).
+run is about to be written to the DB (every batch is in the journal); KILL_AT=prompts:N once the journal holds N
+prompts or more, whole batches or not (the prompts journaled as their continuations end).
 """
 
 import os
 import signal
 
 if __name__ == "__main__":
+    from tests.children import die_with_parent
+
+    die_with_parent()  # a test's child ends with the test run, even when pytest is stopped
     from evalkit.store import journal, runs
 
     at = os.environ["KILL_AT"]
@@ -21,6 +25,18 @@ if __name__ == "__main__":
             raise SystemExit("not killed")
 
         runs.finish_run = finish_run
+    elif at.startswith("prompts:"):
+        record_rows = journal.Journal.record_rows
+
+        def killing_rows(self, finished):
+            record_rows(self, finished)
+            if self.prompts >= int(at.split(":")[1]):
+                os.kill(os.getpid(), sig)
+                import time
+
+                time.sleep(30)
+
+        journal.Journal.record_rows = killing_rows
     else:
         held, record = journal.Journal.held, journal.Journal.record
 

@@ -95,12 +95,19 @@ def test_the_gate_decides(fake, gate, code, promote):
     if gate == 3:
         assert "::warning::evalkit gate is inconclusive" in res.stdout
     (call,) = [c for c in calls if c.startswith("gate")]
-    assert call == "gate --candidate latest --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml"
+    assert call == "gate --candidate latest --baseline tag:prod --junit gate.xml"  # the default rules
 
 
-def test_default_rules_when_no_rules_file_is_named(fake):
-    _, _, _, calls = fake(1, EVALKIT_RULES="")
+@pytest.mark.parametrize("rules", ["", None])
+def test_default_rules_when_no_rules_file_is_named(fake, rules):
+    _, _, _, calls = fake(1, **({} if rules is None else {"EVALKIT_RULES": rules}))
     assert [c for c in calls if c.startswith("gate")] == ["gate --candidate latest --baseline tag:prod --junit gate.xml"]
+
+
+def test_a_named_rules_file_is_passed_on(fake):
+    _, _, _, calls = fake(1, EVALKIT_RULES="examples/gate-rules.yaml")
+    assert [c for c in calls if c.startswith("gate")] == [
+        "gate --candidate latest --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml"]
 
 
 def test_an_unreadable_db_fails_with_one_line_and_promotes_nothing(fake):
@@ -154,3 +161,90 @@ def test_with_the_real_cli_on_a_small_db(fake_run, tmp_path):
     res, out, _ = run_script(tmp_path, env, bin_dir)  # the candidate is the baseline: passes by identity
     assert res.returncode == 0 and out == ["promote=true"], res.stdout + res.stderr
     assert "PASS" in res.stdout and (tmp_path / "gate.xml").is_file()
+
+
+# ---- the candidate step: examples/ci-candidate.sh -------------------------------------------------
+
+CANDIDATE = ROOT / "examples" / "ci-candidate.sh"
+FAKE_RUNS = """#!/usr/bin/env bash
+echo "$*" >> "$FAKE_LOG"
+case "$1" in
+  query) if [ "$FAKE_LAST" = error ]; then echo "evalkit: error: locked" >&2; exit 1; fi
+         printf 'x\\n%s\\n' "$FAKE_LAST" ;;
+  run) if [ "$2" = --resume ]; then exit "$FAKE_RESUME"; fi; exit 0 ;;
+  *) exit 99 ;;
+esac
+"""
+
+
+@pytest.fixture
+def candidate_step(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "evalkit"
+    exe.write_text(FAKE_RUNS)
+    exe.chmod(0o755)
+    log = tmp_path / "calls.log"
+
+    def go(last=None, resume=0, db=True):
+        log.write_text("")
+        path = tmp_path / "reports" / "evalkit.duckdb"
+        path.parent.mkdir(exist_ok=True)
+        path.unlink(missing_ok=True)
+        if db:
+            path.write_bytes(b"")
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_LOG": str(log),
+               "FAKE_LAST": last or "", "FAKE_RESUME": str(resume), "EVALKIT_DB": str(path),
+               "CANDIDATE_NAME": "candidate-abc123"}
+        env.pop("EVALKIT_RUN_ARGS", None)
+        res = subprocess.run(["bash", str(CANDIDATE)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=60)
+        return res, [c for c in log.read_text().splitlines() if not c.startswith("query")]
+
+    return go
+
+
+NEW_RUN = "run --tasks firsttoken --limit 100 --metrics gate --name candidate-abc123"
+
+
+def test_the_first_workflow_run_runs_the_candidate(candidate_step):
+    res, calls = candidate_step(db=False)
+    assert res.returncode == 0 and calls == [NEW_RUN], res.stderr
+    res, calls = candidate_step(last=None)  # a DB without a run of this commit
+    assert res.returncode == 0 and calls == [NEW_RUN], res.stderr
+
+
+def test_a_rerun_after_the_candidate_finished_runs_nothing(candidate_step):
+    res, calls = candidate_step(last="2612051000-aaaaaa done")
+    assert res.returncode == 0 and calls == [] and "done already" in res.stdout
+
+
+@pytest.mark.parametrize("status", ["interrupted", "abandoned", "failed", "running"])
+def test_a_rerun_finishes_the_stopped_run_from_its_journal(candidate_step, status):
+    res, calls = candidate_step(last=f"2612051000-aaaaaa {status}")
+    assert res.returncode == 0 and calls == ["run --resume 2612051000-aaaaaa"], res.stdout + res.stderr
+
+
+def test_a_run_that_cannot_resume_is_run_again_and_a_failed_resume_fails_the_job(candidate_step):
+    res, calls = candidate_step(last="2612051000-aaaaaa interrupted", resume=2)  # e.g. its journal is gone
+    assert res.returncode == 0 and calls == ["run --resume 2612051000-aaaaaa", NEW_RUN]
+    assert "::warning::could not resume 2612051000-aaaaaa" in res.stdout
+    res, calls = candidate_step(last="2612051000-aaaaaa interrupted", resume=1)
+    assert res.returncode == 1 and calls == ["run --resume 2612051000-aaaaaa"]
+
+
+def test_a_db_that_cannot_be_read_fails_the_step(candidate_step):
+    res, calls = candidate_step(last="error")
+    assert res.returncode == 1 and calls == [] and "locked" in res.stderr
+
+
+def test_the_workflow_caches_the_spool_beside_the_db():
+    flow = yaml.safe_load((ROOT / "examples" / "ci-gate.yml").read_text(encoding="utf-8"))
+    steps = {s.get("name"): s for s in flow["jobs"]["gate"]["steps"]}
+    for name in ("Restore the run history", "Save the run history"):
+        paths = steps[name]["with"]["path"].split()
+        assert paths == ["reports/evalkit.duckdb", "reports/evalkit.duckdb.spool/"], name
+        assert "github.run_attempt" in steps[name]["with"]["key"]  # a rerun saves its own attempt
+    assert steps["Save the run history"]["if"].startswith("always()")  # a cancelled job's run too
+    assert "github.run_id" in steps["Restore the run history"]["with"]["restore-keys"].splitlines()[0]
+

@@ -37,6 +37,9 @@ def two_dbs(fake_run, tmp_path_factory):
         # and a few attention rows, as an --attention run would store them
         con.executemany("INSERT INTO attention_layers VALUES (?, 'firsttoken_en', 'en-001', ?, ?, ?, NULL, ?)",
                         [[ids_a[0], 0, 0.25, 0.2, 0.4], [ids_a[0], 1, 0.75, 0.6, 0.3]])
+    from evalkit.release.db import gate_runs, record_decision
+
+    record_decision(a, gate_runs(a, ids_a[1], ids_a[0]), "tag:prod")  # a gate's decision travels too
     return a, b, ids_a, ids_b
 
 

@@ -569,7 +569,13 @@ def test_markdown_and_junit_show_inconclusive():
     assert md.splitlines()[0].startswith("## evalkit gate: INCONCLUSIVE")
     assert "| *inconclusive* | regression | t | ft_hit |" in md and "Holm's correction over the 1 checks" in md
     root = ET.fromstring(to_junit(verdict, "c", "b").encode("utf-8"))
-    assert root.get("errors") == "1" and root.find("testcase/error").get("type") == "inconclusive"
+    # inconclusive is a verdict, not an error of evalkit: a skipped test case with its reason
+    assert root.get("errors") == "0" and root.findall("testcase/error") == []
+    (skipped,) = root.findall("testcase/skipped")
+    assert skipped.get("type") == "inconclusive" and "straddles" in skipped.get("message")
+    assert root.get("skipped") == "1" and root.get("failures") == "0"
+    props = {p.get("name"): p.get("value") for p in root.iter("property")}
+    assert (props["pass"], props["fail"], props["inconclusive"], props["skipped"]) == ("0", "0", "1", "0")
 
 
 def test_two_runs_identical_on_every_prompt_pass_the_default_rules_at_full_size_only():

@@ -102,14 +102,21 @@ def test_on_inconclusive_maps_exit_3(invoke, runs, choice, code):
                   "fail").exit_code == 0
 
 
-def test_junit_shows_inconclusive_checks_as_errors(invoke, runs, tmp_path):
+def test_junit_shows_inconclusive_checks_as_skipped_with_their_reason(invoke, runs, tmp_path):
     junit = tmp_path / "gate.xml"
     assert invoke("gate", "--candidate", runs["small"], "--baseline", runs["base"], "--junit", junit).exit_code == 3
     suite = ET.parse(junit).getroot()
-    errors = [c for c in suite.findall("testcase") if c.find("error") is not None]
-    assert errors and int(suite.get("errors")) == len(errors)
-    assert {c.find("error").get("type") for c in errors} == {"inconclusive"}
-    assert {p.get("name"): p.get("value") for p in suite.iter("property")}["outcome"] == "inconclusive"
+    cases = suite.findall("testcase")
+    skipped = [c.find("skipped") for c in cases if c.find("skipped") is not None]
+    inconclusive = [s for s in skipped if s.get("type") == "inconclusive"]
+    assert inconclusive and all("would decide it" in s.get("message") for s in inconclusive)
+    assert int(suite.get("skipped")) == len(skipped) and suite.get("errors") == "0"
+    assert suite.findall("testcase/error") == [] and suite.findall("testcase/failure") == []
+    passed = [c for c in cases if len(c.findall("./*")) == 0 or c[0].tag == "system-out"]
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["outcome"] == "inconclusive"
+    assert (int(props["pass"]), int(props["inconclusive"])) == (len(passed), len(inconclusive))
+    assert len(passed) + len(skipped) == int(suite.get("tests"))
 
 
 def test_equal_candidate_passes_with_exit_0(invoke, runs):
@@ -146,11 +153,98 @@ def test_rules_check_thresholds_and_regressions(invoke, runs, tmp_path):
     assert "| **FAIL** | threshold | firsttoken_zh | opener_rate |" in bad.stdout
 
 
-def test_gate_only_reads_the_db(invoke, runs):
+def test_gate_with_no_record_only_reads_the_db(invoke, runs):
     before = digest()
-    invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"])
-    invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"])
+    assert invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"], "--no-record").exit_code == 1
+    assert invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], "--no-record").exit_code == 0
     assert digest() == before
+
+
+def _tables(db=None) -> dict[str, list]:
+    """Every base table's rows, sorted, keyed by table name."""
+    import duckdb
+
+    con = duckdb.connect(str(db or os.environ["EVALKIT_DB"]), read_only=True)
+    try:
+        names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() "
+                                           "WHERE database_name = current_database()").fetchall()]
+        return {n: sorted(con.execute(f'SELECT * FROM "{n}"').fetchall(), key=repr) for n in names}
+    finally:
+        con.close()
+
+
+def test_gate_records_its_decision_and_writes_nothing_else(invoke, runs, tmp_path):
+    before = _tables()
+    summary = tmp_path / "summary.md"
+    res = invoke("gate", "--candidate", runs["small"], "--baseline", runs["base"],
+                 env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert res.exit_code == 3, res.output
+    after = _tables()
+    changed = {t for t in after if after[t] != before.get(t)}
+    assert changed == {"gates", "gate_checks"}, changed
+    from evalkit.store.promotions import CHECK_COLUMNS, GATE_COLUMNS
+
+    (gate,) = [dict(zip(GATE_COLUMNS, r)) for r in after["gates"]]
+    checks = [dict(zip(CHECK_COLUMNS, r)) for r in after["gate_checks"]]
+    assert (gate["candidate"], gate["baseline"], gate["baseline_ref"]) == (runs["small"], runs["base"], runs["base"])
+    assert gate["verdict"] == "inconclusive" and gate["rules_name"] == "built-in rules 'same'"
+    assert len(gate["rules_digest"]) == 16 and gate["evalkit_version"]
+    statuses = [c["status"] for c in sorted(checks, key=lambda c: c["position"])]
+    assert (gate["n_pass"], gate["n_fail"], gate["n_inconclusive"], gate["n_skipped"]) == tuple(
+        statuses.count(s) for s in ("pass", "fail", "inconclusive", "skipped"))
+    assert {c["gate_id"] for c in checks} == {gate["id"]} and gate["n_inconclusive"] >= 1
+    # the table printed, then where it is kept; the step summary links to the report's section
+    assert f"Recorded as gate {gate['id']}" in res.stdout
+    assert f"gate `{gate['id']}`" in summary.read_text() and "(index.html#promotions)" in summary.read_text()
+    # the same rules spelled in a file get the default rules' digest only when they mean the same
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("regressions:\n  ft_hit: 0.05\n", encoding="utf-8")
+    assert invoke("gate", "--candidate", runs["equal"], "--baseline", runs["base"], "--rules", rules).exit_code == 0
+    gates = {r[0]: dict(zip(GATE_COLUMNS, r)) for r in _tables()["gates"]}
+    newer = [g for k, g in gates.items() if k != gate["id"]][0]
+    assert newer["rules_name"] == str(rules) and newer["rules_digest"] != gate["rules_digest"]
+
+
+def test_a_decision_that_cannot_be_recorded_keeps_its_verdict_and_exit_code(invoke, runs, monkeypatch):
+    from evalkit.errors import DatabaseBusy
+    from evalkit.release import db as release_db
+
+    def busy(*args, **kwargs):
+        raise DatabaseBusy("the DB is locked by another process (waited 0 s)")
+
+    monkeypatch.setattr(release_db, "record_gate", busy)
+    before = digest()
+    res = invoke("gate", "--candidate", runs["bad"], "--baseline", runs["base"])
+    assert res.exit_code == 1 and "## evalkit gate: FAIL" in res.stdout
+    lines = res.stderr.strip().splitlines()
+    assert lines[0].startswith("evalkit: warning: the decision was not recorded in the DB: the DB is locked")
+    assert lines[1].startswith("evalkit: error: gate failed") and len(lines) == 2
+    assert digest() == before
+
+
+def test_recording_never_migrates(tmp_path):
+    """An older schema is refused with the line naming `evalkit migrate`, the file unchanged."""
+    from evalkit.errors import BadInput
+    from evalkit.store.migrations import MIGRATIONS
+    from evalkit.store.promotions import GateRecord, record_gate
+
+    path = tmp_path / "older.duckdb"
+    import duckdb
+
+    con = duckdb.connect(str(path))
+    con.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, "
+                "applied_at TIMESTAMP NOT NULL)")
+    for version, m in enumerate(MIGRATIONS[:-1], start=1):  # everything but the gates table
+        m(con)
+        con.execute("INSERT INTO schema_version VALUES (?, ?, now())", [version, m.__name__])
+    con.close()
+    before = digest(path)
+    with pytest.raises(BadInput, match="evalkit migrate"):
+        record_gate(path, GateRecord({"id": "g1"}))
+    assert digest(path) == before
+    with pytest.raises(BadInput, match="no evalkit database"):
+        record_gate(tmp_path / "missing.duckdb", GateRecord({"id": "g1"}))
+    assert not (tmp_path / "missing.duckdb").exists()
 
 
 # ----------------------------------------------------------------------- outputs
@@ -168,7 +262,11 @@ def test_junit_file_parses_and_counts_failures(invoke, runs, tmp_path):
     assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == len(failed) >= 4
     assert {c.get("name") for c in failed} >= {"firsttoken_en/ft_hit", "firsttoken_zh/opener_rate"}
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    assert props == {"candidate": runs["bad"], "baseline": runs["base"], "outcome": "fail", "rules": "built-in rules 'same'"}
+    assert {k: props.pop(k) for k in ("candidate", "baseline", "outcome", "rules")} == {
+        "candidate": runs["bad"], "baseline": runs["base"], "outcome": "fail", "rules": "built-in rules 'same'"}
+    counts = {k: int(v) for k, v in props.items()}  # each status's count, and nothing else
+    assert set(counts) == {"pass", "fail", "inconclusive", "skipped"} and sum(counts.values()) == len(cases)
+    assert counts["fail"] == len(failed) and suite.get("errors") == "0"
 
 
 def test_github_step_summary_is_appended(invoke, runs, tmp_path):
@@ -265,6 +363,37 @@ def test_promote_then_gate_against_the_tag(invoke, runs):
     assert show.exit_code == 0 and runs["equal"] in show.stdout
 
 
+def test_promoting_an_earlier_run_again_rolls_the_tag_back(invoke, runs):
+    a, b = runs["base"], runs["equal"]
+    assert invoke("promote", a, "--tag", "prod").stdout.strip() == f"run {a} tagged prod"
+    assert invoke("promote", b, "--tag", "prod").stdout.strip() == f"run {b} tagged prod (was {a})"
+    assert invoke("promote", a, "--tag", "prod").stdout.strip() == f"run {a} tagged prod (was {b})"
+    show = invoke("show", "tag:prod")
+    assert show.exit_code == 0 and re.search(rf"^\s+id: {a}$", show.stdout, re.M), show.stdout
+    history = invoke("tags", "prod", "--format", "json")
+    assert history.exit_code == 0, history.output
+    import json
+
+    rows = json.loads(history.stdout)
+    assert [(r["run_id"], r["current"]) for r in rows] == [(a, False), (b, False), (a, True)]
+    assert [r["promoted_at"] for r in rows] == sorted(r["promoted_at"] for r in rows)
+    # the gate reads the rolled-back tag; a repeat promotion of the current run writes nothing
+    assert f"vs baseline {a}" in invoke("gate", "--candidate", b, "--baseline", "tag:prod", "--no-record").stdout
+    before = digest()
+    assert invoke("promote", a, "--tag", "prod").stdout.strip() == f"run {a} already tagged prod"
+    assert digest() == before
+    table = invoke("tags").stdout.splitlines()
+    assert table[0].split() == ["tag", "promoted_at", "run_id", "name", "model", "quant", "current"]
+    assert len(table) == 2 + 3 and table[-1].rstrip().endswith("*")
+
+
+def test_tags_of_an_unknown_name_is_bad_input(invoke, runs):
+    invoke("promote", runs["base"], "--tag", "prod")
+    res = invoke("tags", "nope")
+    assert res.exit_code == 2
+    one_error_line(res, "no run has the tag 'nope' (tags: prod)")
+
+
 def test_promote_by_unique_prefix(invoke, runs):
     prefix = runs["equal"][:-2]
     if sum(r.startswith(prefix) for r in runs.values()) != 1:
@@ -305,12 +434,14 @@ def test_ci_example_workflow_runs_gate_then_promote():
     flow = yaml.safe_load((EXAMPLES / "ci-gate.yml").read_text(encoding="utf-8"))
     steps = [s for job in flow["jobs"].values() for s in job["steps"]]
     script = "\n".join(s.get("run", "") for s in steps)
-    assert "--name candidate" in script
+    assert "bash examples/ci-candidate.sh" in script  # the candidate step: a run, or a stopped one finished
+    (run,) = [s for s in steps if s.get("run", "").strip() == "bash examples/ci-candidate.sh"]
+    assert "--metrics gate" in run["env"]["EVALKIT_RUN_ARGS"] and "github.sha" in run["env"]["CANDIDATE_NAME"]
     # the gate step's logic lives in examples/ci-gate.sh (tests/test_ci_gate_script.py runs it)
     assert script.index("bash examples/ci-gate.sh") < script.index("evalkit promote latest")
     script += "\n" + (EXAMPLES / "ci-gate.sh").read_text(encoding="utf-8")
     assert 'evalkit gate --candidate latest --baseline "tag:$tag" --rules "$rules" --junit gate.xml' in script
-    assert 'rules="${EVALKIT_RULES-examples/gate-rules.yaml}"' in script
+    assert 'rules="${EVALKIT_RULES-}"' in script  # the calibrated default rules unless a file is named
     assert "evalkit promote latest --tag prod" in script
     # exit 3 (inconclusive) is handled: a warning, and no promotion
     assert '3) echo "::warning::' in script and "decide false" in script

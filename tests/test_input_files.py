@@ -286,3 +286,50 @@ def test_a_spool_manifest_that_is_a_fifo_is_refused_without_waiting(tmp_path):
     os.mkfifo(spool.manifest_of(kept))
     with pytest.raises(BadInput, match="a FIFO, not a regular file"):
         spool.verify(kept, me)
+
+
+# ----------------------------------------------------------------------- a prompt at a time
+
+
+def test_prompts_are_journaled_as_they_finish_and_a_batch_replays_once_all_are_in(tmp_path):
+    """A kill loses only the prompts in flight: each finished prompt is a signed line of its own.
+    A batch replays only whole (its numbers depend on its padding); one known in part runs again,
+    and its journaled prompts are not written twice."""
+    db, me = tmp_path / "evalkit.duckdb", ident()
+    j = journal.Journal.create(db, me, "r1", {"seed": 1})
+    j.record_row(["b", 0], 1, 3, result("Rome"))  # rows finish in any order
+    j.record_row(["b", 0], 0, 3, result("Paris"))
+    j.record_row(["b", 8], 0, 1, result("Oslo"))  # a batch of one: complete at once
+    j.close()
+    path = journal.path_in(spool.spool_dir(db), "r1")
+    assert len(path.read_bytes().splitlines()) == 4  # the header and one line per prompt
+
+    opened, _ = journal.Journal.resume(path, me, "r1")
+    assert opened.prompts == 3 and list(opened.rows.values()) == [{1: journal.encode(result("Rome")),
+                                                                   0: journal.encode(result("Paris"))}]
+    assert opened.held(["b", 8])[0].text == "Oslo"
+    assert opened.held(["b", 0]) is None  # two of three: run again, whole
+    again = [result("Paris"), result("Rome"), result("Bern")]
+    opened.record_row(["b", 0], 0, 3, again[0])  # held already: not written twice
+    opened.record_row(["b", 0], 2, 3, again[2])
+    opened.record(["b", 0], again)  # the batch done: nothing left to write
+    opened.close()
+    assert len(path.read_bytes().splitlines()) == 5
+    back, _ = journal.Journal.resume(path, me, "r1")
+    assert [r.text for r in back.held(["b", 0])] == ["Paris", "Rome", "Bern"] and back.rows == {}
+
+
+def test_a_changed_or_reordered_prompt_line_is_refused(tmp_path):
+    db, me = tmp_path / "evalkit.duckdb", ident()
+    j = journal.Journal.create(db, me, "r1", {"seed": 1})
+    j.record_row(["b", 0], 0, 2, result("Paris"))
+    j.record_row(["b", 0], 1, 2, result("Rome"))
+    j.close()
+    path = journal.path_in(spool.spool_dir(db), "r1")
+    header, first, second = path.read_bytes().splitlines()
+    for lines, why in (([header, first.replace(b'"row":0', b'"row":1'), second], "line 2's signature"),
+                       ([header, second, first], "line 2's signature"),
+                       ([header, first.replace(b'"of":2', b'"of":"2"'), second], "line 2 is not a journal entry")):
+        path.write_bytes(b"\n".join(lines) + b"\n")
+        with pytest.raises(BadInput, match=why):
+            journal.Journal.resume(path, me, "r1")

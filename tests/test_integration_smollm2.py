@@ -247,9 +247,9 @@ def test_the_converted_model_cache_holds_the_same_model(reference, tmp_path, mon
 
 def test_the_shipped_gate_example_passes_the_default_model_and_fails_its_int8_variant(
         default_model_available, tmp_path):
-    """examples/ci-gate.yml's gate and promote steps, run as the workflow runs them with
-    examples/gate-rules.yaml: the first candidate becomes the baseline, the default model gated
-    against itself passes, and its int8-dynamic variant fails (exit 1)."""
+    """examples/ci-gate.yml's gate and promote steps, run as the workflow runs them (the default
+    rules): the first candidate becomes the baseline, the default model gated against itself
+    passes, and its int8-dynamic variant is not promoted."""
     import os
     import re
     import shutil
@@ -290,18 +290,21 @@ def test_the_shipped_gate_example_passes_the_default_model_and_fails_its_int8_va
     assert outputs.read_text().splitlines()[-1] == "promote=true"
     assert step(promote_step).returncode == 0
 
-    out = step(gate_step)  # the default model, gated against itself with the example rules
+    out = step(gate_step)  # the default model, gated against itself under the default rules the workflow uses
     assert out.returncode == 0, out.stdout + out.stderr
     assert "PASS" in out.stdout and (work / "gate.xml").is_file()
     assert outputs.read_text().splitlines()[-1] == "promote=true"
 
     worse = candidate("--name", "candidate", "--quant", "int8-dynamic")
     out = step(gate_step)
-    assert out.returncode == 1, out.stdout + out.stderr
-    # (int8-dynamic takes a scale per token since the engine's speed work: which task's check fails first
-    # moved with it; that a regression row fails is what the example promises)
-    assert f"gate failed for candidate {worse}" in out.stderr and "| **FAIL** | regression |" in out.stdout
-    assert outputs.read_text().splitlines() == ["promote=true"] * 2  # nothing new: not promoted
+    # at 20 prompts a task the default rules fail int8-dynamic or cannot decide it (the calibration's
+    # size is 100): either way the step does not promote it
+    assert out.returncode in (0, 1), out.stdout + out.stderr
+    if out.returncode == 1:
+        assert f"gate failed for candidate {worse}" in out.stderr and "| **FAIL** | regression |" in out.stdout
+    else:
+        assert "## evalkit gate: INCONCLUSIVE" in out.stdout and "::warning::" in out.stdout
+    assert outputs.read_text().splitlines() in (["promote=true"] * 2, ["promote=true"] * 2 + ["promote=false"])
 
     # the default rules at 20 prompts (the case that once passed): not a pass
     res = CliRunner().invoke(cli, ["gate", "--candidate", worse, "--baseline", first, "--db", str(db)])

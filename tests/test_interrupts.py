@@ -19,6 +19,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
+from tests import children
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,8 +33,9 @@ def evalkit_process(args: list[str], db: Path, delay: float = 0.0, env_extra: di
     return subprocess.Popen(
         [sys.executable, "-m", "tests.fake_cli", *args, "--db", str(db)],
         cwd=ROOT, env=env, text=True,
-        # a shell's background job ignores SIGINT, and children inherit that: restore it
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # its own SIGINT handling (a shell's background job ignores SIGINT, and children inherit
+        # that), and it dies with the test run (tests/children.py)
+        preexec_fn=children.preexec(),
         **popen,
     )
 

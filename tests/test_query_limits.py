@@ -21,6 +21,7 @@ import duckdb
 import pytest
 
 from evalkit.store.export import export_parquet
+from tests import children
 from tests.test_bad_input import seed_db
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,8 +117,8 @@ def test_ctrl_c_stops_a_running_query_and_frees_the_lock(work):
     proc = subprocess.Popen(
         [sys.executable, "-m", "evalkit", "query", LONG, "--timeout", "120"], cwd=ROOT, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        # a shell's background job ignores SIGINT, and children inherit that: restore it
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # its own SIGINT handling, and it dies with the test run (tests/children.py)
+        preexec_fn=children.preexec(),
     )
     try:
         deadline = time.monotonic() + 60

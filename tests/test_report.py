@@ -322,6 +322,40 @@ def test_no_finished_runs_is_bad_input(invoke, tmp_path):
         pass
     res = invoke("report", "--out", tmp_path / "rep")
     assert res.exit_code == 2 and "no finished runs to report on" in res.stderr
+    assert "store one with `evalkit run` first" in res.stderr
+
+
+def test_with_only_an_interrupted_run_the_report_names_the_resume_command(invoke, tmp_path):
+    from evalkit.store import db as store_db
+    from evalkit.store import runs as store_runs
+
+    store_runs.insert_run(None, {"id": "2612050900-abcdef", "created_at": store_db.now(), "status": "running",
+                                 "model": "hf", "tasks": ["firsttoken"]})
+    store_runs.mark_interrupted(None, "2612050900-abcdef", "interrupted (SIGTERM)", 12.0)
+    res = invoke("report", "--out", tmp_path / "rep")
+    assert res.exit_code == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert line == ("evalkit: error: no finished runs to report on: run 2612050900-abcdef is interrupted; "
+                    "finish it with `evalkit run --resume 2612050900-abcdef`")
+
+
+def test_promotions_and_gates_section(report, invoke, runs, tmp_path):
+    files, page, md = report(tmp_path / "none")
+    assert "Omitted: no run was promoted" in page
+    for run in (runs["base"], runs["again"], runs["base"]):  # a promotion, another, a rollback
+        assert invoke("promote", run, "--tag", "prod").exit_code == 0
+    assert invoke("gate", "--candidate", runs["bad"], "--baseline", "tag:prod").exit_code == 1
+    files, page, md = report(tmp_path / "rep")
+    assert '<section id="promotions"><h2>Promotions and gates</h2>' in page
+    assert "[Promotions and gates](#promotions-and-gates)" in md.split("\n## ")[0]  # summary.md links to it
+    section = md.split("## Promotions and gates")[1].split("\n## ")[0]
+    tag_rows = [line for line in section.splitlines() if line.startswith("| 20")]
+    promoted = [line.split(" | ")[1] for line in tag_rows[:3]]
+    assert promoted == [runs["base"], runs["again"], f"**{runs['base']}**"]  # the current one in bold
+    (gate_row,) = tag_rows[3:]
+    cells = [c.strip() for c in gate_row.strip("|").split("|")]
+    assert cells[1:4] == ["**fail**", runs["bad"], f"{runs['base']} (tag:prod)"]
+    assert cells[4].startswith("built-in rules 'same' · ") and cells[5].startswith("g") and int(cells[7]) >= 1
 
 
 # ----------------------------------------------------------------------- in a browser

@@ -67,6 +67,18 @@ def journal_lines(db, run_id: str) -> int:
     return len(path.read_bytes().split(b"\n")) - 1 if path.exists() else -1
 
 
+def journaled(db, run_id: str) -> tuple[int, int]:
+    """(whole batches, prompts) the run's journal holds."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        ident = spool.identity(con)
+    finally:
+        con.close()
+    opened, _ = journal.Journal.resume(spool.spool_dir(Path(db)) / f"{run_id}{journal.SUFFIX}", ident, run_id)
+    opened.close()
+    return len(opened.batches), opened.prompts
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir, tmp_path_factory):
     """An uninterrupted run's DB and id."""
@@ -92,7 +104,7 @@ def test_a_killed_run_resumes_to_the_rows_of_an_uninterrupted_run(tiny_model_dir
     shutil.copy(ref_db, db)  # the reference run sits beside the resumed one: compared in one DB
     run_id, proc = killed_run(tiny_model_dir, db, at, sig)
     assert proc.returncode == code, proc.stderr
-    assert journal_lines(db, run_id) == 1 + replayed  # the header and one line per finished batch
+    assert journaled(db, run_id)[0] == replayed  # whole batches: what a resume replays
     if sig == "SIGINT":
         assert f"`evalkit run --resume {run_id}` continues it" in proc.stderr.splitlines()[-1]
     result = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db)])
@@ -106,6 +118,28 @@ def test_a_killed_run_resumes_to_the_rows_of_an_uninterrupted_run(tiny_model_dir
         assert n_ref == n_resumed > 0, (table, n_ref, n_resumed)
         assert diff == [], f"{table} differ after a resume killed at {at}: {diff}"
     assert was in ("abandoned", "interrupted")
+
+
+def test_a_run_killed_mid_batch_keeps_its_finished_prompts_and_resumes_to_the_same_rows(tiny_model_dir, reference):
+    """The journal takes each prompt as its continuation ends, not only whole batches: killed as soon
+    as it holds one prompt, it holds that prompt (the batch-only journal held nothing then). The
+    batch it belongs to runs again whole on resume, and the rows are an uninterrupted run's."""
+    ref_db, ref_id = reference
+    db = ref_db.parent / "killed-prompts-1.duckdb"
+    import shutil
+
+    shutil.copy(ref_db, db)
+    run_id, proc = killed_run(tiny_model_dir, db, "prompts:1")
+    assert proc.returncode == -9, proc.stderr
+    batches, prompts = journaled(db, run_id)
+    assert prompts >= 1 and prompts >= 2 * batches  # journaled before its batch was stored
+    result = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert f"resumed run {run_id}: {batches} batches replayed from its journal, {3 - batches} computed now" \
+        in result.output
+    for table in TABLES:
+        n_ref, n_resumed, diff = differences(db, table, ref_id, run_id)
+        assert n_ref == n_resumed > 0 and diff == [], (table, diff)
 
 
 def test_resume_refuses_what_cannot_resume(tiny_model_dir, reference, tmp_path):

@@ -132,6 +132,18 @@ EXPECTED_TABLES = {
         "unit": "VARCHAR",
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
+    "gates": {  # m023
+        "id": "VARCHAR", "created_at": "TIMESTAMP", "candidate": "VARCHAR", "baseline": "VARCHAR",
+        "baseline_ref": "VARCHAR", "rules_name": "VARCHAR", "rules_digest": "VARCHAR", "verdict": "VARCHAR",
+        "n_pass": "INTEGER", "n_fail": "INTEGER", "n_inconclusive": "INTEGER", "n_skipped": "INTEGER",
+        "holm_family": "INTEGER", "evalkit_version": "VARCHAR",
+    },
+    "gate_checks": {  # m023
+        "gate_id": "VARCHAR", "position": "INTEGER", "kind": "VARCHAR", "task": "VARCHAR", "metric": "VARCHAR",
+        "status": "VARCHAR", "observed": "DOUBLE", "baseline_value": "DOUBLE", "bound": "DOUBLE", "margin": "VARCHAR",
+        "drop": "DOUBLE", "ci_lo": "DOUBLE", "ci_hi": "DOUBLE", "n": "INTEGER", "method": "VARCHAR",
+        "p_fail": "DOUBLE", "decide_n": "INTEGER", "reason": "VARCHAR",
+    },
     "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
     "lead_indicators": {
         "run_id": "VARCHAR", "task": "VARCHAR", "category": "VARCHAR", "signal": "VARCHAR", "auroc": "DOUBLE",
@@ -427,7 +439,7 @@ def test_resolve_run(db_with_runs):
         assert resolve_run(con, "2601011202-abc") == "2601011202-abc123"
         assert resolve_run(con, "latest") == "2601011203-ffffff"  # newest, whatever its status
         assert resolve_run(con, "tag:old") == "2601011200-aaaaaa"
-        assert resolve_run(con, "tag:prod") == "2601011201-abcdef"  # the newest run with the tag
+        assert resolve_run(con, "tag:prod") == "2601011201-abcdef"  # the run promoted to it most recently
         with pytest.raises(BadInput, match="ambiguous"):
             resolve_run(con, "26010112")
         with pytest.raises(BadInput, match="unknown run"):
@@ -436,6 +448,52 @@ def test_resolve_run(db_with_runs):
             resolve_run(con, "2601011201-abcdef0")  # longer than an id
         with pytest.raises(BadInput):
             resolve_run(con, "tag:missing")
+
+
+def test_a_tag_names_the_run_promoted_to_it_most_recently_not_the_newest_run(db_with_runs):
+    from evalkit.store.promotions import add_tag, tag_history
+
+    with transaction(db_with_runs) as con:
+        assert add_tag(con, "prod", "2601011200-aaaaaa") == "2601011201-abcdef"  # back to the older run
+        assert add_tag(con, "prod", "2601011200-aaaaaa") == "2601011200-aaaaaa"  # already current: no row
+    with open_reader(db_with_runs) as con:
+        assert resolve_run(con, "tag:prod") == "2601011200-aaaaaa"
+        history = tag_history(con, "prod")
+    assert [(h["run_id"], h["current"]) for h in history] == [
+        ("2601011200-aaaaaa", False), ("2601011201-abcdef", False), ("2601011200-aaaaaa", True)]
+
+
+def test_a_promotion_is_later_than_the_last_even_when_the_clock_is_not(db_with_runs, monkeypatch):
+    from evalkit.store import promotions
+
+    future = T0 + dt.timedelta(days=3650)  # the tag's newest row is ahead of this machine's clock
+    with transaction(db_with_runs) as con:
+        con.execute("INSERT INTO tags VALUES ('prod', '2601011202-abc123', ?)", [future])
+        promotions.add_tag(con, "prod", "2601011201-abcdef")
+        (at,) = con.execute("SELECT max(created_at) FROM tags WHERE tag = 'prod'").fetchone()
+    assert at == future + promotions.TICK
+    with open_reader(db_with_runs) as con:
+        assert resolve_run(con, "tag:prod") == "2601011201-abcdef"
+
+
+def test_the_tag_history_migration_keeps_what_each_tag_named(tmp_path):
+    """Before m021 `tag:NAME` was the newest run (by start) holding the tag. A tag whose newest row
+    names an older run (promoted after a newer one) gets one row for the run it named, at the
+    upgrade; a tag the two rules agree on is left alone."""
+    path = tmp_path / "older.duckdb"
+    names = [m.__name__ for m in MIGRATIONS]
+    con = older_db(path, names.index("m023_tag_history"))
+    for i, run_id in enumerate(["r-old", "r-new"]):
+        con.execute("INSERT INTO runs (id, created_at, status, model, tasks) VALUES (?, ?, 'done', 'hf', ['x'])",
+                    [run_id, T0 + dt.timedelta(minutes=i)])
+    con.execute("INSERT INTO tags VALUES ('prod', 'r-new', ?), ('prod', 'r-old', ?), ('dev', 'r-old', ?), "
+                "('dev', 'r-new', ?)", [T0 + dt.timedelta(hours=h) for h in (1, 2, 1, 2)])
+    con.close()
+    with open_writer(path) as con:
+        rows = con.execute("SELECT tag, run_id FROM tags ORDER BY tag, created_at").fetchall()
+        assert rows == [("dev", "r-old"), ("dev", "r-new"),
+                        ("prod", "r-new"), ("prod", "r-old"), ("prod", "r-new")]
+        assert resolve_run(con, "tag:prod") == resolve_run(con, "tag:dev") == "r-new"
 
 
 def test_resolve_run_by_name(db_with_runs):

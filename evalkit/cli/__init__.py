@@ -77,6 +77,7 @@ _COMMAND_MODULES = [
     "export",
     "report",
     "gate",
+    "tags",
     "metrics",
     "db",
     "tasks",

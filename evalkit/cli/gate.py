@@ -20,8 +20,10 @@ from evalkit.textsafe import term_text
               help="Also write the verdict as JUnit XML to this file.")
 @click.option("--on-inconclusive", type=click.Choice(ON_INCONCLUSIVE), default=None,
               help="Exit as a pass (0) or a fail (1) when the gate is inconclusive, instead of 3.")
+@click.option("--no-record", is_flag=True,
+              help="Do not keep the decision in the DB's `gates` table: the gate then only reads the DB.")
 @db_option
-def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, db):
+def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, no_record, db):
     """Gate a candidate run against a baseline: exit 0 pass, 1 fail, 2 bad input, 3 inconclusive.
 
     Each rule is a test with three outcomes. A regression passes when the 95 % interval
@@ -29,7 +31,10 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
     its margin, fails when it lies wholly above and survives Holm's correction, and is
     inconclusive in between; the row then says about how many prompts would decide it.
     Prints the verdict as a markdown table and appends it to $GITHUB_STEP_SUMMARY when
-    that is set. Only reads the DB. See docs/gate.md.
+    that is set. Then keeps the decision in the DB (`gates`, `gate_checks`; `evalkit report`
+    shows it): the only write, after the verdict, and never a migration; when it cannot be
+    written the verdict and its exit code stand, with a warning. --no-record only reads the DB.
+    See docs/gate.md.
 
     Two questions, two shipped rule sets: --rules same (the default) asks whether the
     candidate is the same model, cheaper (a quantization, a cast, a KV policy); --rules
@@ -55,10 +60,11 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
         check_output_file(summary, "$GITHUB_STEP_SUMMARY", protect=[*inputs, junit_file], append=True)
     result = api.gate(candidate, baseline, rules_file, db=db)
     click.echo(result.markdown, nl=False)
-    if summary:  # appended, never through a link: the runner owns the file and reads it back
-        append_file(summary, result.markdown + "\n", "$GITHUB_STEP_SUMMARY")
     if junit_file:
         write_file(junit_file, result.junit, "--junit")
+    kept = "" if no_record else _record(db, result, baseline)  # the only write to the DB, after the verdict
+    if summary:  # appended, never through a link: the runner owns the file and reads it back
+        append_file(summary, result.markdown + kept + "\n", "$GITHUB_STEP_SUMMARY")
     if result.passed:
         return
     reasons = result.verdict.reasons
@@ -74,22 +80,46 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
     raise GateInconclusive(what)
 
 
+def _record(db, result, baseline_ref: str) -> str:
+    """Keep the decision in the DB; return the markdown line that says where (for the step
+    summary), or "" when it could not be kept (a warning says why; the verdict stands)."""
+    from evalkit.errors import EvalkitError
+    from evalkit.release.db import record_decision
+
+    try:
+        gate_id = record_decision(db, result, baseline_ref)
+    except EvalkitError as exc:
+        click.echo(f"evalkit: warning: the decision was not recorded in the DB: {exc}", err=True)
+        return ""
+    click.echo(f"\nRecorded as gate {gate_id} (evalkit report: Promotions and gates).")
+    return (f"\nRecorded as gate `{gate_id}` in the DB: the report (`evalkit report`) lists it under "
+            "[Promotions and gates](index.html#promotions).\n")
+
+
 @click.command("promote")
 @click.argument("run")
-@click.option("--tag", required=True, help="Tag name; `tag:NAME` then resolves to the newest run with it.")
+@click.option("--tag", required=True, help="Tag name; `tag:NAME` then resolves to this run until the next promotion.")
 @db_option
 def promote_command(run, tag, db):
-    """Tag a finished run, e.g. as the production baseline. RUN: id, prefix, latest, tag:NAME, or a run name.
+    """Make a finished run the tag's current run, e.g. the production baseline. RUN: id, prefix,
+    latest, tag:NAME, or a run name. `tag:NAME` is the run promoted to NAME most recently, so
+    promoting an earlier run again rolls the tag back; `evalkit tags` shows the history.
 
     \b
     Examples:
       evalkit promote latest --tag prod
       evalkit gate --candidate latest --baseline tag:prod && evalkit promote latest --tag prod
+      evalkit promote 2612011200-abcdef --tag prod     # roll back to an earlier run
     """
     from evalkit.release.db import promote
 
-    run_id, added = promote(db, run, tag)
-    click.echo(term_text(f"run {run_id} tagged {tag}" if added else f"run {run_id} already tagged {tag}"))
+    done = promote(db, run, tag)
+    if not done.added:
+        click.echo(term_text(f"run {done.run_id} already tagged {tag}"))
+    elif done.previous is None:
+        click.echo(term_text(f"run {done.run_id} tagged {tag}"))
+    else:
+        click.echo(term_text(f"run {done.run_id} tagged {tag} (was {done.previous})"))
 
 
 COMMANDS = [gate_command, promote_command]

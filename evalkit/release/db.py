@@ -4,26 +4,33 @@ Owns: ``load_run_data`` (aggregates from ``metrics``, per-sample values from
 ``samples``), ``with_distances`` (per prompt, the candidate's first-token distance from the
 baseline, from both runs' stored top-k), ``gate_runs`` (rules, run resolution, ``gate.decide`` and its
 markdown / JUnit renderings, all from one read-only connection) and
-``promote`` (the only write: one row in ``tags``).
+``promote`` (one row appended to ``tags``: ``tag:NAME`` is the run promoted to it most recently),
+and ``record_decision`` (the gate's decision as ``gates`` and ``gate_checks`` rows, written after
+the verdict on a DB already at this schema; ``store.promotions`` writes them).
 Does not: decide pass or fail (``gate.decide`` does), print, write files, or
 turn a verdict into an exit code (the CLI does).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from evalkit.errors import BadInput
 from evalkit.scoring.registry import RULE_SET_QUESTIONS
 from evalkit.store.db import db_path, now, open_reader
+from evalkit.store.promotions import GateRecord, add_tag, record_gate
 from evalkit.store.queries import resolve_run, shown_status
 from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 from evalkit.store.runs import transaction
 
 if TYPE_CHECKING:  # evalkit.release.decide imports numpy and yaml: loaded when a gate runs
     from evalkit.release.decide import Verdict
+    from evalkit.release.rules import Rules
 
 _TAG_RE = re.compile(r"[\w.\-]+")
 
@@ -38,6 +45,7 @@ class GateResult:
     rules: str = ""  # the rules' source: "built-in rules 'same'" or the file
     question: str | None = None  # the question the rules answer (RULE_SET_QUESTIONS), None: a file's own
     note: str | None = None  # the runs differ in model or tokenizer: which question this is, how to ask the other
+    rules_digest: str = ""  # `rules_digest` of the rules the verdict was reached under
 
     @property
     def passed(self) -> bool:
@@ -159,6 +167,7 @@ def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
         rules=rules.source,
         question=RULE_SET_QUESTIONS.get(rules.question or ""),
         note=head[1] if len(head) > 1 and differ else None,
+        rules_digest=rules_digest(rules),
     )
 
 
@@ -199,12 +208,63 @@ def rules_lines(rules, differ: str | None, pairing) -> list[str]:
     return lines
 
 
-def promote(db, ref: str, tag: str) -> tuple[str, bool]:
-    """Tag a done run (``tag:NAME`` then resolves to the newest run with that tag).
+def rules_digest(rules: Rules) -> str:
+    """sha256 (hex, 16 characters) of what the rules say, not of how a file spells them: each
+    threshold and regression with its resolved margin, the direction overrides, and the shipped
+    set they are or extend (which also decides whether twins apply). Two files that mean the same
+    rules share a digest; a shipped set's digest changes when a registered margin does."""
 
-    Returns (run id, whether a new tag row was written; False when the run
-    already had the tag). Raises BadInput for a bad tag name or an unknown or
-    unfinished run, before anything is written.
+    canonical = {
+        "thresholds": [[t.task, t.metric, t.op, t.value] for t in rules.thresholds],
+        "regressions": [[r.task, r.metric, r.margin.kind, r.margin.value] for r in rules.regressions],
+        "higher_is_better": sorted(rules.higher_is_better.items()),
+        "shipped": rules.shipped,
+        "extends": rules.extends,
+    }
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def new_gate_id() -> str:
+    """A gate decision's id: `g` and the UTC minute, then 6 hex digits (`g2612051010-1a2b3c`)."""
+    return "g" + now().strftime("%y%m%d%H%M") + "-" + uuid.uuid4().hex[:6]
+
+
+def record_decision(db, result: GateResult, baseline_ref: str | None = None) -> str:
+    """Keep the gate's decision in the DB (``gates`` and one ``gate_checks`` row per verdict row);
+    return its id. Never migrates: BadInput (the line naming `evalkit migrate`) for an older schema,
+    DatabaseBusy or StorageFault when the file cannot be written; nothing is written then."""
+    from evalkit.version import __version__
+
+    verdict = result.verdict
+    gate = {
+        "id": new_gate_id(), "created_at": now(), "candidate": result.candidate_id, "baseline": result.baseline_id,
+        "baseline_ref": baseline_ref, "rules_name": result.rules, "rules_digest": result.rules_digest,
+        "verdict": verdict.outcome, "n_pass": verdict.count("pass"), "n_fail": verdict.count("fail"),
+        "n_inconclusive": verdict.count("inconclusive"), "n_skipped": verdict.count("skipped"),
+        "holm_family": verdict.family, "evalkit_version": __version__,
+    }
+    checks = [{
+        "kind": r.kind, "task": r.task, "metric": r.metric, "status": r.status, "observed": r.observed,
+        "baseline_value": r.baseline, "bound": r.limit, "margin": r.margin, "drop": r.drop,
+        "ci_lo": r.ci[0] if r.ci else None, "ci_hi": r.ci[1] if r.ci else None, "n": r.n, "method": r.method,
+        "p_fail": r.p_fail, "decide_n": r.decide_n, "reason": r.reason,
+    } for r in verdict.rows]
+    return record_gate(db, GateRecord(gate, checks))
+
+
+class Promotion(NamedTuple):
+    run_id: str
+    added: bool  # False: the run already was the tag's current run, and nothing was written
+    previous: str | None  # the run the tag named before (None: a new tag)
+
+
+def promote(db, ref: str, tag: str) -> Promotion:
+    """Make a done run the tag's current run: ``tag:NAME`` then resolves to it, until the next
+    promotion to that tag. Each promotion appends a ``tags`` row, so promoting an older run again
+    moves the tag back (a rollback) and ``evalkit tags`` shows the history.
+
+    Raises BadInput for a bad tag name or an unknown or unfinished run, before anything is written.
     """
     if not _TAG_RE.fullmatch(tag or ""):
         raise BadInput(f"bad tag name {tag!r}: use letters, digits, '.', '_' or '-'")
@@ -212,7 +272,5 @@ def promote(db, ref: str, tag: str) -> tuple[str, bool]:
         raise BadInput(f"no evalkit database at {db_path(db)} (store a run with `evalkit run`, or pass --db)")
     with transaction(db) as con:
         run_id = _done_run(con, ref, "promoted")
-        exists = con.execute("SELECT count(*) FROM tags WHERE tag = ? AND run_id = ?", [tag, run_id]).fetchall()[0][0]
-        if not exists:
-            con.execute("INSERT INTO tags (tag, run_id, created_at) VALUES (?, ?, ?)", [tag, run_id, now()])
-    return run_id, not exists
+        previous = add_tag(con, tag, run_id)
+    return Promotion(run_id, previous != run_id, previous)

@@ -2,7 +2,7 @@
 
 Owns: `to_markdown` (the outcome line, one table row per check and the line that states
 how the outcome was reached; also what goes to $GITHUB_STEP_SUMMARY) and `to_junit` (one
-test case per check, in three states). Does not: decide.
+test case per check: passed, failed, or skipped with its reason when inconclusive). Does not: decide.
 """
 
 from __future__ import annotations
@@ -79,9 +79,11 @@ def to_markdown(verdict: Verdict, candidate_id: str, baseline_id: str | None = N
 def to_junit(verdict: Verdict, candidate_id: str, baseline_id: str | None = None, rules: str | None = None) -> str:
     """The verdict as JUnit XML: one testsuite "evalkit-gate", one testcase per row.
 
-    A failed check is a ``<failure>``, an inconclusive one an ``<error type="inconclusive">``
-    (neither passed nor shown to fail), a skipped one ``<skipped>``; the gate's outcome is
-    the suite's ``outcome`` property.
+    A passed check is a plain (passed) test case, a failed one a ``<failure>``; an inconclusive
+    one is ``<skipped type="inconclusive">`` with its reason (a verdict, neither passed nor shown
+    to fail), as is a skipped one (``type="skipped"``). Nothing is an ``<error>``: that is for
+    evalkit itself failing, which writes no verdict. The gate's outcome and the count of each
+    status are the suite's properties (``skipped`` counts inconclusive and skipped rows together).
     """
     suite = ET.Element(
         "testsuite",
@@ -89,8 +91,8 @@ def to_junit(verdict: Verdict, candidate_id: str, baseline_id: str | None = None
             "name": "evalkit-gate",
             "tests": str(len(verdict.rows)),
             "failures": str(verdict.count("fail")),
-            "errors": str(verdict.count("inconclusive")),
-            "skipped": str(verdict.count("skipped")),
+            "errors": "0",
+            "skipped": str(verdict.count("inconclusive") + verdict.count("skipped")),
             "time": "0",
         },
     )
@@ -101,6 +103,8 @@ def to_junit(verdict: Verdict, candidate_id: str, baseline_id: str | None = None
     ET.SubElement(props, "property", {"name": "outcome", "value": verdict.outcome})
     if rules:
         ET.SubElement(props, "property", {"name": "rules", "value": rules})
+    for status in ("pass", "fail", "inconclusive", "skipped"):
+        ET.SubElement(props, "property", {"name": status, "value": str(verdict.count(status))})
     for r in verdict.rows:
         case = ET.SubElement(
             suite,
@@ -110,11 +114,8 @@ def to_junit(verdict: Verdict, candidate_id: str, baseline_id: str | None = None
         if r.status == "fail":
             failure = ET.SubElement(case, "failure", {"message": r.reason, "type": r.kind})
             failure.text = r.reason
-        elif r.status == "inconclusive":
-            error = ET.SubElement(case, "error", {"message": r.reason, "type": "inconclusive"})
-            error.text = r.reason
-        elif r.status == "skipped":
-            ET.SubElement(case, "skipped", {"message": r.reason})
+        elif r.status in ("inconclusive", "skipped"):
+            ET.SubElement(case, "skipped", {"message": r.reason, "type": r.status})
         else:
             out = ET.SubElement(case, "system-out")
             out.text = r.reason

@@ -24,6 +24,7 @@ from evalkit.report.needle_sections import (
     conflict_section,
     needle_section,
 )
+from evalkit.report.promotion_section import promotions_section, read_promotions
 from evalkit.report.reading import read_report
 from evalkit.report.rendering import to_html, to_markdown
 from evalkit.report.sections import (
@@ -107,6 +108,7 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
     with open_reader(db) as con:
         data = read_report(con, refs, prompts)
         drift = _drift_rows(con, [r["id"] for r in data.runs])
+        promotions = read_promotions(con)
     data.db = str(db_path(db))
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -115,6 +117,7 @@ def build_report(db=None, runs: Iterable[str] | None = None, out: str | Path = "
 
     sections = [
         runs_section(data),
+        promotions_section(promotions),
         leaderboard_section(data, out_dir),
         first_token_section(data, out_dir, prompts),
         lead_section(data, out_dir),

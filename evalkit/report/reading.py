@@ -68,8 +68,23 @@ def _select_runs(con, refs: list[str]) -> list[str]:
         [MAX_DEFAULT_RUNS],
     ).fetchall()]
     if not ids:
-        raise BadInput("no finished runs to report on: store one with `evalkit run` first")
+        raise BadInput("no finished runs to report on: " + _what_to_do(con))
     return ids
+
+
+def _what_to_do(con) -> str:
+    """With no done run: how to get one. A stopped run that can resume is named with the command
+    that finishes it (the newest such run); a live one is waited for; else a first run."""
+    from evalkit.store.queries import shown_status
+    from evalkit.store.runs import RESUMABLE
+
+    for (run_id,) in con.execute("SELECT id FROM runs ORDER BY created_at DESC, id DESC LIMIT 20").fetchall():
+        status = shown_status(con, run_id)
+        if status in RESUMABLE:
+            return f"run {run_id} is {status}; finish it with `evalkit run --resume {run_id}`"
+        if status == "running":
+            return f"run {run_id} is still running; report once it is done"
+    return "store one with `evalkit run` first"
 
 
 def read_report(con, refs: list[str], prompts: int) -> ReportData:

@@ -132,12 +132,24 @@ def _md_table(t: Table) -> str:
     return "\n".join(out)
 
 
+def md_anchor(title: str) -> str:
+    """The anchor GitHub and most markdown viewers give a heading: lower case, punctuation
+    dropped, spaces as hyphens.
+
+    >>> md_anchor("Promotions and gates"), md_anchor("Does the first token predict the answer?")
+    ('promotions-and-gates', 'does-the-first-token-predict-the-answer')
+    """
+    kept = re.sub(r"[^\w\- ]", "", title.strip().lower())
+    return kept.replace(" ", "-")
+
+
 def to_markdown(data: ReportData, sections: list[Section]) -> str:
     """The report as markdown (summary.md), images as relative links. Every piece of text is
     written by `textsafe` (inert: data cannot make a heading, a link or HTML)."""
     lines = ["# evalkit report", "",
-             md_text(f"{plural(len(data.runs), 'run')} from {data.db}, "
-                     f"generated {data.generated:%Y-%m-%d %H:%M:%S} UTC."), ""]
+             md_text(f"{plural(len(data.runs), 'run')} from {data.db}, generated {data.generated:%Y-%m-%d %H:%M:%S} UTC."), "",
+             "Sections: " + " · ".join(f"[{s.title}](#{md_anchor(s.title)})" for s in sections if not s.omitted)
+             + " (the same in [index.html](index.html)).", ""]
     for s in sections:
         lines += [f"## {md_text(s.title)}", ""]
         if s.omitted:

@@ -59,17 +59,17 @@ class RunResult:
 
 def _quiet_lm_eval() -> None:
     """lm-eval's logging down to errors, a label on its one unlabelled progress bar (building a
-    task's requests), and its git lookup silenced (it prints "fatal: not a git repository" to the
+    task's requests; into a log, a line only when it lasts `progress.LOG_TICK_S`), and its git lookup silenced (it prints "fatal: not a git repository" to the
     terminal outside a checkout; the run row records evalkit's own commit)."""
     import functools
 
     import lm_eval.api.task
     import lm_eval.evaluator
-    from tqdm import tqdm
+    from evalkit.progress import bar
 
     for name in ("lm-eval", "lm_eval", "lm_eval.api.task", "lm_eval.evaluator", "lm_eval.models.huggingface"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    lm_eval.api.task.tqdm = functools.partial(tqdm, desc="building requests", leave=False)
+    lm_eval.api.task.tqdm = functools.partial(bar, desc="building requests", leave=False, quiet=True)
     lm_eval.evaluator.get_git_commit_hash = _git_commit
 
 
@@ -253,7 +253,8 @@ def resume_hint(journal: Journal | None, run_id: str) -> str:
     """What to say at the end of a run that stopped: how to continue it, when it has a journal."""
     if journal is None or journal.path is None:
         return ""
-    return f"; {len(journal.batches)} batches are in its journal: `evalkit run --resume {run_id}` continues it"
+    return (f"; {len(journal.batches)} batches ({journal.prompts} prompts) are in its journal: "
+            f"`evalkit run --resume {run_id}` continues it")
 
 
 def keeps_journal(lm) -> bool:

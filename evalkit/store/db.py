@@ -352,13 +352,23 @@ STORAGE_COMPATIBILITY = "v1.0.0"
 
 
 @contextlib.contextmanager
-def open_writer(path: str | os.PathLike | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+def open_writer(path: str | os.PathLike | None = None, *, upgrade: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
     """A read-write connection to the evalkit DB, created and migrated as needed; closed on exit.
 
     Only writers use it (`run`, `promote`, `migrate`, `ingest`). Refuses another program's DuckDB
     file and a newer evalkit's DB. It opens and migrates only: a writer that should first bring in
     kept runs and record dead ones opens through `store.runs.open_writer`. Keep the block short.
+
+    ``upgrade=False`` (the gate's record of its decision): never creates or migrates; a missing
+    file, an empty one or an older schema is refused (BadInput, the reader's line, which names
+    `evalkit migrate`) before anything is written.
     """
+    if not upgrade:
+        state = file_state(path)
+        problem = ("no evalkit database at " + str(db_path(path)) if state.kind in ("missing", "not-duckdb")
+                   else refusal(db_path(path), state, writer=False))
+        if problem:
+            raise BadInput(problem)
     path = check_writable(path)
     config: dict[str, str | bool | int | float | list[str]] = (
         {} if path.exists() else {"storage_compatibility_version": STORAGE_COMPATIBILITY})
@@ -368,10 +378,11 @@ def open_writer(path: str | os.PathLike | None = None) -> Iterator[duckdb.DuckDB
     except (duckdb.Error, OSError) as exc:
         raise as_fault(path, exc) from exc
     try:
-        problem = refusal(path, inspect_con(con), writer=True)
+        problem = refusal(path, inspect_con(con), writer=upgrade)
         if problem:
             raise BadInput(problem)
-        migrate(con)
+        if upgrade:
+            migrate(con)
         yield con
     except (duckdb.Error, OSError) as exc:
         raise as_fault(path, exc) from exc

@@ -1,4 +1,4 @@
-"""A running run's journal: each finished batch of responses, bound to one DB, so a run that
+"""A running run's journal: each finished prompt's response, bound to one DB, so a run that
 stops before its end can be resumed where it stopped.
 
 Owns: the journal file `RUN.journal` (where it lives, its format, writing and verifying
@@ -11,9 +11,11 @@ be written, in the per-user folder named by the DB's uuid (`spool.fallback_dir`)
 
 The format is JSON lines. The first line is the header: the format, the DB's uuid, the
 run id, the configuration's fingerprint and a signature over them with the DB's key
-(`evalkit_meta.spool_key`). Every later line is one batch: its key (the SHA-256 of what
-defines the batch — its place in the request list and its prompts), its responses, and a
-signature chained to the line before it. So a journal of another DB, another run, a
+(`evalkit_meta.spool_key`). Every later line is one prompt's response as soon as that prompt
+is finished (`record_row`: its batch's key — the SHA-256 of what defines the batch, its place
+in the request list and its prompts — its row in the batch, the batch's size, the response),
+or a whole batch's responses at once (`record`, for a backend that finishes a batch at once),
+each with a signature chained to the line before it. A kill loses only the prompts in flight. So a journal of another DB, another run, a
 changed configuration, or with a line changed, removed, moved or added, fails to verify,
 and resume refuses it with one line naming the file. A last line cut short by a crash
 (no newline) is dropped: its batch simply runs again — the file is cut back to its verified
@@ -21,9 +23,14 @@ lines only when the resumed run writes its first batch, so a refused resume chan
 The file is read line by line (`paths.open_input`: a regular file, not a link, at most
 MAX_JOURNAL_BYTES, each line at most MAX_LINE_BYTES, the header MAX_HEADER_BYTES), never whole.
 
-Why batches and not prompts: a backend's numbers depend on the batch a prompt was padded
-in, and on the batch's seed. A resumed run forms the same batches from the same request
-list and skips those in the journal, so its rows are the rows of an uninterrupted run.
+Why a batch is still the unit of replay: a backend's numbers depend on the batch a prompt was
+padded in, and on the batch's seed. A resumed run forms the same batches from the same request
+list and replays those whose every prompt is in the journal; a batch of which only some prompts
+were journaled runs again whole (its rows come out the same), and the prompts already journaled
+are not written twice. So its rows are the rows of an uninterrupted run.
+
+What a row costs: `bench/journal_rows.py` times encoding, signing, writing and flushing
+(`fsync`) one prompt's line against one line per batch of 32 prompts.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from evalkit.errors import BadInput
 from evalkit.paths import open_input, read_lines
 from evalkit.store import spool
 
-FORMAT = 1
+FORMAT = 2  # 2: lines of one prompt ("row"); a format-1 journal (whole batches only) still reads
+FORMATS = (1, 2)
 SUFFIX = ".journal"
 MAX_JOURNAL_BYTES = 16 << 30  # a journal is read line by line; one larger than this is refused
 MAX_HEADER_BYTES = 1 << 20  # its first line: the format, the DB's uuid, the run and its fingerprint
@@ -117,7 +125,8 @@ class Journal:
     ident: spool.Identity
     run_id: str
     last_sig: str
-    batches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    batches: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # key -> every response of the batch
+    rows: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # key -> {row: response}, batches in part
     replayed: int = 0  # batches served from the journal in this process
     computed: int = 0  # batches computed in this process
     _fd: int | None = None
@@ -155,8 +164,9 @@ class Journal:
         when it is not this DB's journal of this run, or was changed. Nothing is written here: the
         file is opened for appending (and a last line cut short by a crash dropped) when the
         resumed run writes its first batch, so a resume refused after this leaves it as it was."""
-        batches, last_sig, header, good_bytes, ino = _read(path, ident, run_id)
-        return cls(path, ident, run_id, last_sig, batches, _resume_at=(*ino, good_bytes)), header["fingerprint"]
+        batches, rows, last_sig, header, good_bytes, ino = _read(path, ident, run_id)
+        return (cls(path, ident, run_id, last_sig, batches, rows, _resume_at=(*ino, good_bytes)),
+                header["fingerprint"])
 
     def _writable(self) -> bool:
         """Whether lines can be appended; a resumed journal is opened (and cut back to the lines
@@ -208,9 +218,18 @@ class Journal:
         return [decode(d) for d in held]
 
     def record(self, parts: Any, results: Sequence[FirstStepResult]) -> None:
-        """Append the responses computed for the batch `parts` defines (once its last one is done)."""
+        """Append the responses computed for the batch `parts` defines (once its last one is done);
+        the prompts of it already journaled one by one are not written again."""
         key = key_of(parts)
         self.computed += 1
+        if key in self.batches:
+            return
+        held = self.rows.get(key)
+        if held:
+            for i, result in enumerate(results):
+                if i not in held:
+                    self._append_row(key, i, len(results), result)
+            return
         if self._writable():
             encoded = [encode(r) for r in results]
             payload = _dumps({"key": key, "results": encoded})
@@ -219,9 +238,52 @@ class Journal:
                 self.last_sig = sig
                 self.batches[key] = encoded
 
-    def _append(self, line: dict[str, Any]) -> bool:
-        """Append one line and flush it to disk; on a write error stop journaling, with one warning."""
-        data = (_dumps(line) + "\n").encode()
+    def record_row(self, parts: Any, row: int, size: int, result: FirstStepResult) -> None:
+        """Append the response of prompt `row` of the batch `parts` defines (`size` prompts), as soon
+        as it is finished; once every prompt of the batch is in, a resume replays the batch. A prompt
+        already journaled (a batch run again) is not written twice. The backend still calls `record`
+        when the whole batch is done (which counts it as computed and writes what is missing)."""
+        self.record_rows([(parts, row, size, result)])
+
+    def record_rows(self, finished: Sequence[tuple[Any, int, int, FirstStepResult]]) -> None:
+        """`record_row` for several prompts that finished together (one decode step's), written and
+        flushed to disk at once: one fsync, not one a prompt."""
+        todo: list[tuple[str, int, int, FirstStepResult]] = []
+        seen: set[tuple[str, int]] = set()
+        for parts, row, size, result in finished:
+            key = key_of(parts)
+            if key not in self.batches and row not in self.rows.get(key, {}) and (key, row) not in seen:
+                seen.add((key, row))
+                todo.append((key, row, size, result))
+        if todo:
+            self._append_rows(todo)
+
+    def _append_row(self, key: str, row: int, size: int, result: FirstStepResult) -> None:
+        self._append_rows([(key, row, size, result)])
+
+    def _append_rows(self, rows: Sequence[tuple[str, int, int, FirstStepResult]]) -> None:
+        if not self._writable():
+            return
+        lines: list[dict[str, Any]] = []
+        encoded = [encode(result) for _, _, _, result in rows]
+        sig = self.last_sig
+        for (key, row, size, _), enc in zip(rows, encoded):
+            sig = _sign(self.ident, sig, _dumps({"key": key, "row": row, "of": size, "result": enc}))
+            lines.append({"key": key, "row": row, "of": size, "result": enc, "sig": sig})
+        if self._append(*lines):
+            self.last_sig = sig
+            for (key, row, size, _), enc in zip(rows, encoded):
+                _held_row(self.batches, self.rows, key, row, size, enc)
+
+    @property
+    def prompts(self) -> int:
+        """Prompts whose responses the journal holds, in whole batches and in part."""
+        return sum(len(r) for r in self.batches.values()) + sum(len(r) for r in self.rows.values())
+
+    def _append(self, *lines: dict[str, Any]) -> bool:
+        """Append lines and flush them to disk (one write, one fsync); on a write error stop
+        journaling, with one warning. A crash part-way leaves whole lines, then at most one cut short."""
+        data = "".join(_dumps(line) + "\n" for line in lines).encode()
         try:
             assert self._fd is not None
             written = os.write(self._fd, data)
@@ -259,9 +321,19 @@ class Journal:
                 pass
 
 
+def _held_row(batches: dict[str, list[dict[str, Any]]], rows: dict[str, dict[int, dict[str, Any]]], key: str,
+              row: int, size: int, encoded: dict[str, Any]) -> None:
+    """Keep one prompt's response; its batch moves to `batches` once every prompt of it is in."""
+    held = rows.setdefault(key, {})
+    held[row] = encoded
+    if len(held) == size:
+        batches[key] = [held[i] for i in range(size)]
+        del rows[key]
+
+
 def _read(path: Path, ident: spool.Identity, run_id: str):
-    """(batches, last signature, header, bytes that verified, (device, inode)) of a journal, read
-    line by line; BadInput when it does not verify."""
+    """(batches, rows, last signature, header, bytes that verified, (device, inode)) of a journal,
+    read line by line; BadInput when it does not verify."""
     def bad(why: str) -> BadInput:
         return BadInput(f"journal {path} {why}; resume refused (run it again without --resume)")
 
@@ -279,7 +351,7 @@ def _read(path: Path, ident: spool.Identity, run_id: str):
 
 def _verify(first: bytes, lines: Iterator[bytes], bad: Callable[[str], BadInput], ident: spool.Identity,
             run_id: str):
-    """(batches, last signature, header, bytes that verified) of a journal: its first line, then the rest."""
+    """(batches, rows, last signature, header, bytes that verified) of a journal: its first line, then the rest."""
     if len(first) > MAX_HEADER_BYTES:
         raise bad(f"has no header line within its first {MAX_HEADER_BYTES:,} bytes")
     if not first.endswith(b"\n"):  # the part after the last newline is a line cut short
@@ -293,21 +365,30 @@ def _verify(first: bytes, lines: Iterator[bytes], bad: Callable[[str], BadInput]
         raise bad("is not an evalkit journal") from None
     if header.get("db_uuid") != ident.db_uuid:
         raise bad(f"belongs to another DB (uuid {header.get('db_uuid')!r})")
-    if header.get("run_id") != run_id or header.get("format") != FORMAT:
+    if header.get("run_id") != run_id or header.get("format") not in FORMATS:
         raise bad(f"is not the journal of run {run_id} (it names {header.get('run_id')!r})")
     if not isinstance(sig, str) or not hmac.compare_digest(_sign(ident, "", _dumps(header)), sig):
         raise bad("has a header whose signature does not verify")
     good_bytes = len(first)
     batches: dict[str, list[dict[str, Any]]] = {}
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
     for n, raw in enumerate(lines, start=2):
-        if not raw.endswith(b"\n"):  # a last line cut short by a crash: its batch runs again
+        if not raw.endswith(b"\n"):  # a last line cut short by a crash: its prompts run again
             break
         try:
             line = json.loads(raw)
-            key, results, line_sig = line["key"], line["results"], line["sig"]
+            key, line_sig = line["key"], line["sig"]
+            if "row" in line:  # one prompt (format 2)
+                row, size, results = line["row"], line["of"], [line["result"]]
+                signed = {"key": key, "row": row, "of": size, "result": line["result"]}
+                if type(row) is not int or type(size) is not int or not 0 <= row < size:
+                    raise ValueError("bad row")
+            else:
+                results = line["results"]
+                signed = {"key": key, "results": results}
         except (ValueError, KeyError, TypeError, RecursionError):
             raise bad(f"line {n} is not a journal entry") from None
-        expected = _sign(ident, sig, _dumps({"key": key, "results": results}))
+        expected = _sign(ident, sig, _dumps(signed))
         if not isinstance(line_sig, str) or not hmac.compare_digest(expected, line_sig):
             raise bad(f"was changed after it was written (line {n}'s signature does not verify)")
         try:
@@ -315,9 +396,14 @@ def _verify(first: bytes, lines: Iterator[bytes], bad: Callable[[str], BadInput]
         # a signed line of another shape (a list where an object goes, an infinite token id)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             raise bad(f"line {n} holds responses of another shape") from None
-        batches[key], sig = results, line_sig
+        if "row" in signed:
+            if key not in batches:
+                _held_row(batches, rows, key, signed["row"], signed["of"], results[0])
+        else:
+            batches[key] = results
+        sig = line_sig
         good_bytes += len(raw)
-    return batches, sig, header, good_bytes
+    return batches, rows, sig, header, good_bytes
 
 
 # ---- what a resume must match ----------------------------------------------------------

@@ -659,6 +659,82 @@ def m022_no_interval_from_few_prompts(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m023_tag_history(con: duckdb.DuckDBPyConnection) -> None:
+    """Tags become a history: `tag:NAME` is the run of the tag's newest row (its `created_at`,
+    the time of the promotion), and `promote` appends a row each time, so promoting an older
+    run again moves the tag back (a rollback). Before, `tag:NAME` was the newest run by start
+    time among the runs holding the tag, and a second promotion of a run wrote nothing.
+
+    Existing rows are kept as they are. Where the two rules disagree (an older run was promoted
+    after a newer one: the rollback that used to do nothing), one row is appended, at the
+    upgrade's time, naming the run the old rule resolved to, so each tag names after the upgrade
+    the run it named before; the history then shows that row as the newest promotion."""
+    import datetime as dt
+
+    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)  # the naive UTC time evalkit stores
+    con.execute(
+        """
+        INSERT INTO tags (tag, run_id, created_at)
+        SELECT old.tag, old.run_id, ?
+        FROM (SELECT t.tag, arg_max(t.run_id, (r.created_at, t.created_at)) AS run_id
+              FROM tags t JOIN runs r ON r.id = t.run_id GROUP BY t.tag) old
+        JOIN (SELECT tag, arg_max(run_id, created_at) AS run_id FROM tags GROUP BY tag) latest
+          ON latest.tag = old.tag
+        WHERE latest.run_id <> old.run_id
+        """,
+        [now],
+    )
+
+
+def m024_gates(con: duckdb.DuckDBPyConnection) -> None:
+    # The gate's decisions (docs/gate.md): one `gates` row per `evalkit gate` that was recorded
+    # (not with --no-record), and one `gate_checks` row per row of its verdict table.
+    con.execute(
+        """
+        CREATE TABLE gates (
+            id VARCHAR PRIMARY KEY,
+            created_at TIMESTAMP NOT NULL,
+            candidate VARCHAR NOT NULL,
+            baseline VARCHAR NOT NULL,
+            baseline_ref VARCHAR,
+            rules_name VARCHAR NOT NULL,
+            rules_digest VARCHAR NOT NULL,
+            verdict VARCHAR NOT NULL,
+            n_pass INTEGER NOT NULL,
+            n_fail INTEGER NOT NULL,
+            n_inconclusive INTEGER NOT NULL,
+            n_skipped INTEGER NOT NULL,
+            holm_family INTEGER,
+            evalkit_version VARCHAR NOT NULL
+        )
+        """
+    )
+    con.execute(
+        """
+        CREATE TABLE gate_checks (
+            gate_id VARCHAR NOT NULL,
+            position INTEGER NOT NULL,
+            kind VARCHAR NOT NULL,
+            task VARCHAR,
+            metric VARCHAR NOT NULL,
+            status VARCHAR NOT NULL,
+            observed DOUBLE,
+            baseline_value DOUBLE,
+            bound DOUBLE,
+            margin VARCHAR,
+            drop DOUBLE,
+            ci_lo DOUBLE,
+            ci_hi DOUBLE,
+            n INTEGER,
+            method VARCHAR,
+            p_fail DOUBLE,
+            decide_n INTEGER,
+            reason VARCHAR NOT NULL
+        )
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -684,4 +760,6 @@ MIGRATIONS: list[Migration] = [
     m020_answer_prob,
     m021_tokenizer_identity,
     m022_no_interval_from_few_prompts,
+    m023_tag_history,
+    m024_gates,
 ]

@@ -17,6 +17,7 @@ from evalkit.errors import BadInput
 from evalkit.kinds import ShownStatus
 from evalkit.scoring.lead import SIGNALS as LEAD_SIGNALS
 from evalkit.store.db import db_path, open_reader
+from evalkit.store.promotions import current_run
 from evalkit.store.rows import is_abandoned
 from evalkit.store.spool import pending_ids
 
@@ -43,8 +44,9 @@ def unaddressable_name(name: str) -> str | None:
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
-    """A run id from an id, a unique id prefix, `latest`, `tag:NAME`, or a run's `--name`
-    (the newest `done` run of that name, else the newest of any status)."""
+    """A run id from an id, a unique id prefix, `latest`, `tag:NAME` (the run promoted to NAME
+    most recently), or a run's `--name` (the newest `done` run of that name, else the newest of
+    any status)."""
     ref = ref.strip()
     if ref == LATEST:
         row = con.execute("SELECT id FROM runs ORDER BY created_at DESC, id DESC LIMIT 1").fetchone()
@@ -53,14 +55,10 @@ def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
         return row[0]
     if ref.startswith(TAG_PREFIX):
         tag = ref[len(TAG_PREFIX):]
-        row = con.execute(
-            "SELECT t.run_id FROM tags t JOIN runs r ON r.id = t.run_id "
-            "WHERE t.tag = ? ORDER BY r.created_at DESC, t.created_at DESC LIMIT 1",
-            [tag],
-        ).fetchone()
-        if row is None:
+        run_id = current_run(con, tag)  # the run promoted to it most recently (a rollback moves it back)
+        if run_id is None:
             raise BadInput(f"no run has the tag {tag!r}")
-        return row[0]
+        return run_id
     if not ref:
         raise BadInput("empty run id")
     ids = [r[0] for r in con.execute("SELECT id FROM runs WHERE starts_with(id, ?) ORDER BY id", [ref]).fetchall()]

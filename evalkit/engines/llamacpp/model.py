@@ -25,6 +25,8 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from evalkit.progress import bar as progress_bar
+
 from evalkit.engines import firststep as shared
 from evalkit.engines import kvpolicy, validate
 from evalkit.engines.llamacpp.firststep import DEFAULT_KV, LlamaCppEngine, log_softmax
@@ -182,7 +184,7 @@ class EvalkitLlamaCpp(TemplateLM):
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, (_, ctx, cont) in enumerate(requests):
             groups.setdefault(tuple(ctx), []).append(i)
-        bar = tqdm(total=len(requests), desc="loglikelihood (llama.cpp)", disable=disable_tqdm)
+        bar = progress_bar(total=len(requests), desc="loglikelihood (llama.cpp)", unit="request", disable=disable_tqdm)
         for ctx, idxs in groups.items():
             conts = [list(requests[i][2]) for i in idxs]
             longest = max(len(c) for c in conts)
@@ -269,7 +271,8 @@ class EvalkitLlamaCpp(TemplateLM):
     def generate_until(self, requests, disable_tqdm: bool = False):
         self._check_fit(requests)
         out: list[Any] = [None] * len(requests)
-        bar = tqdm(total=len(requests), desc="first-token probe (llama.cpp)", disable=disable_tqdm)
+        bar = progress_bar(total=len(requests), desc="first-token probe (llama.cpp)", unit="prompt",
+                           disable=disable_tqdm)
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)

@@ -32,7 +32,8 @@ from typing import Any
 
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
-from tqdm import tqdm
+
+from evalkit.progress import bar as progress_bar
 
 from evalkit.engines import firststep
 from evalkit.defaults import (
@@ -179,7 +180,8 @@ class EvalkitServer(LM):
                                                       continue_final_message=not add_generation_prompt)
 
     def generate_until(self, requests, disable_tqdm: bool = False):
-        bar = tqdm(total=len(requests), desc=f"first step ({self.base_url})", disable=disable_tqdm)
+        bar = progress_bar(total=len(requests), desc=f"first step ({self.base_url})", unit="prompt",
+                           disable=disable_tqdm)
 
         def one(req):
             try:

@@ -1,9 +1,10 @@
 """lm-eval model type `evalkit-hf`: HFLM whose generate_until also returns the first step.
 
 Owns: the bridge between lm-eval requests and `firststep.Prober` — each batch of requests is
-handed to the prober, whose continuations run together across batches, and kept (and journaled) once
-its last continuation ends; per request it returns a `FirstStepResult` (text, first token, top-k,
-entropy and the distribution-level metrics) instead of a bare string; lm-eval passes it through
+handed to the prober, whose continuations run together across batches, and kept once its last
+continuation ends (each prompt is journaled as soon as its own ends); per request it returns a
+`FirstStepResult` (text, first token, top-k, entropy and the distribution-level metrics) instead of
+a bare string; lm-eval passes it through
 `resps` to the task's `process_results` and the logged samples. The content-free
 prior is computed once per prompt frame inside the same run. Also applies
 `--quant` after loading, and under `--attention` switches the model to eager attention
@@ -28,7 +29,6 @@ import torch
 import transformers
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
-from tqdm import tqdm
 
 from evalkit import envvars
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
@@ -47,6 +47,7 @@ from evalkit.defaults import (
     DEFAULT_TOP_K,
 )
 from evalkit.errors import BadInput
+from evalkit.progress import bar as progress_bar
 from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_strings, unstable
@@ -128,7 +129,8 @@ class EvalkitHFLM(HFLM):
     under, the content-free prior's included.
     attention: read the prefill's attention (docs/metrics.md §1.8) under eager attention.
     journal: the run's `store.journal.Journal` (set by the runner): each greedy batch is
-    replayed from it or computed and appended, so a stopped run resumes (`--resume`)."""
+    replayed from it when it holds all its prompts, or computed, each prompt appended as soon as
+    its continuation ends, so a stopped run resumes (`--resume`) losing only the prompts in flight."""
 
     journal = None  # store.journal.Journal | None
 
@@ -290,21 +292,46 @@ class EvalkitHFLM(HFLM):
         groups: dict[str, list[int]] = {}
         for i, req in enumerate(requests):
             groups.setdefault(repr(sorted(req.args[1].items())), []).append(i)
-        bar = tqdm(total=len(requests), desc="first-token probe", unit="prompt", bar_format=BAR_FORMAT,
-                   disable=disable_tqdm or self.rank != 0)
+        # a terminal gets a bar; a log a line at most every 15 s (progress.LineBar)
+        bar = progress_bar(total=len(requests), desc="first-token probe", unit="prompt", bar_format=BAR_FORMAT,
+                           disable=disable_tqdm or self.rank != 0)
         keep_ticking(bar)  # its clock moves while a phase says nothing (ends when the bar closes)
         first_done, n_batches, batch_no = 0, sum(-(-len(g) // self._bs()) for g in groups.values()), 0
         bs = self._bs()
 
+        made: dict[tuple[int, int], Any] = {}  # (id of a submission, its row) -> the row's result, made once
+
+        def result_of(tag: tuple, i: int, step) -> Any:
+            if (id(tag), i) not in made:
+                _, key, contexts, docs, cands = tag
+                made[(id(tag), i)] = self._result(contexts[i], docs[i], cands[i][0], cands[i][1], step,
+                                                  until_of[key[0]])
+            return made[(id(tag), i)]
+
         def finished(pending: list) -> None:
-            """Store the batches whose every continuation has ended (journaled as a whole batch)."""
-            for (chunk, key, contexts, docs, cands), steps in pending:
-                results = [self._result(ctx, doc, cand, n_answer, step, until_of[key[0]])
-                           for ctx, doc, (cand, n_answer), step in zip(contexts, docs, cands, steps)]
+            """Store the batches whose every continuation has ended (the journal gets what it lacks of them)."""
+            for tag, steps in pending:
+                chunk, key = tag[0], tag[1]
+                results = [result_of(tag, i, step) for i, step in enumerate(steps)]
+                for i in range(len(steps)):
+                    made.pop((id(tag), i), None)
                 if self.journal is not None:
                     self.journal.record(key, results)
                 for i, result in zip(chunk, results):
                     out[i] = result
+
+        def journal_rows(prober: firststep.Prober) -> None:
+            """Journal each prompt whose continuation has ended, as soon as it has: a kill then loses only
+            the prompts in flight. Those that ended in one decode step share one write (`record_rows`).
+            Reads the prober's open submissions: `open` maps each to (tag, steps, rows still going)."""
+            if self.journal is None:
+                return
+            ended = [(tag[1], i, len(steps), result_of(tag, i, step))
+                     for tag, steps, going in list(prober.open.values())
+                     for i, step in enumerate(steps)
+                     if step is not None and i not in going and (id(tag), i) not in made]
+            if ended:
+                self.journal.record_rows(ended)
 
         until_of: dict[str, list[str]] = {}
         for group, idxs in groups.items():
@@ -336,9 +363,10 @@ class EvalkitHFLM(HFLM):
                         out[i] = result
                 else:
                     def moved(phase: str, share: float, base=first_done, n=len(chunk),
-                              label=f"batch {batch_no}/{n_batches}"):
+                              label=f"batch {batch_no}/{n_batches}", prober=prober):
                         bar.n = base + share * n  # the bar moves within a batch, so its ETA does
                         bar.set_postfix_str(f"{label} {phase}")
+                        journal_rows(prober)  # the rows the last decode step ended
 
                     self.prompts_computed += len(contexts)
                     reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
@@ -349,11 +377,16 @@ class EvalkitHFLM(HFLM):
                         seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
                         banned_first_ids=self._banned_first_ids(contexts[0]), progress=moved,
                     )
+                    journal_rows(prober)
                     finished(prober.ready())
                 first_done += len(chunk)
                 bar.n = first_done
                 bar.refresh()
-            finished(prober.finish(lambda phase, share: bar.set_postfix_str(f"finishing: {phase}")))
+            def finishing(phase: str, share: float, prober=prober) -> None:
+                bar.set_postfix_str(f"finishing: {phase}")
+                journal_rows(prober)
+
+            finished(prober.finish(finishing))
             bar.n = first_done
             bar.refresh()
         bar.close()

@@ -46,10 +46,10 @@ from lm_eval.models.utils import (
     postprocess_generated_text,
 )
 from lm_eval.models.vllm_causallms import VLLM
-from tqdm import tqdm
 from vllm import SamplingParams
 
 from evalkit.engines import firststep, tokenizer_id, validate
+from evalkit.progress import bar as progress_bar
 from evalkit.engines.vllm.resolve import logprobs_k
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
@@ -190,7 +190,8 @@ class EvalkitVLLM(VLLM):
             untils.append(until)
         bs = len(prompts) if self.batch_size == "auto" else int(self.batch_size)
         outputs: list[Any] = []
-        bar = tqdm(total=len(prompts), desc="first-token probe (vLLM)", disable=disable_tqdm or self.rank != 0)
+        bar = progress_bar(total=len(prompts), desc="first-token probe (vLLM)", unit="prompt",
+                           disable=disable_tqdm or self.rank != 0)
         for start in range(0, len(prompts), bs):
             chunk = self._model_generate(prompts[start : start + bs], generate=True, sampling_params=params[start : start + bs])
             outputs.extend(chunk)
