@@ -59,3 +59,7 @@ UNSTABLE_BELOW: Final = 0.70  # a prompt is unstable when its top3_mass (or samp
 MIDDLE_BAND: Final = (0.3, 0.7)
 SINK_TOKENS: Final = 64  # T of Gu et al. 2025: α averages the first min(T, n) query positions
 SINK_EPSILON: Final = 0.3  # ε of Gu et al. 2025: a head is a sink head when α > ε
+# a Jensen-Shannon divergence (bits) between first-character distributions below this is float
+# rounding, read as 0: two distributions equal up to the last bits (a permuted-id twin, whose
+# log-softmax sums its terms in another order) compute to about 1e-16, their true distance to 1e-32
+JSD_ROUNDING: Final = 1e-12

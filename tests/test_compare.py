@@ -174,7 +174,7 @@ def test_cli_prints_drift_and_deltas(invoke):
     assert "A = aaaa-7   B = bbbb-7   shared prompts: 10" in out
     assert "first-token drift" in out and "js_div" in out and "flip_rate" in out
     assert "metric deltas B - A" in out and "ci_lo" in out
-    line = next(ln for ln in out.splitlines() if ln.startswith("all") and "flip" not in ln and len(ln.split()) == 7)
+    line = next(ln for ln in out.splitlines() if ln.startswith("all") and "flip" not in ln and len(ln.split()) == 8)
     assert line.split()[1] == "10" and float(line.split()[6]) == pytest.approx(0.1)
 
     res = invoke("compare", "aaaa", "bbbb", "--format", "json")

@@ -62,6 +62,8 @@ EXPECTED_TABLES = {
         "attn_implementation": "VARCHAR",
         "engine": "VARCHAR",
         "unavailable": "VARCHAR",
+        "tokenizer_hash": "VARCHAR",  # m021
+        "tokenizer_source": "VARCHAR",
     },
     "metrics": {
         "run_id": "VARCHAR",

@@ -47,13 +47,16 @@ def counts_line(verdict: Verdict) -> str:
     return f"{len(verdict.rows)} checks: {', '.join(parts)}."
 
 
-def to_markdown(verdict: Verdict, candidate_id: str, baseline_id: str | None = None) -> str:
-    """The verdict as a header line (PASS / FAIL / INCONCLUSIVE) and one markdown table row per check."""
+def to_markdown(verdict: Verdict, candidate_id: str, baseline_id: str | None = None,
+                head: list[str] | None = None) -> str:
+    """The verdict as a header line (PASS / FAIL / INCONCLUSIVE), the `head` lines (which rules, which
+    question they answer) and one markdown table row per check."""
     word = _OUTCOME_WORD[verdict.outcome]
     against = f" vs baseline `{baseline_id}`" if baseline_id else ""
     lines = [
         f"## evalkit gate: {word} — candidate `{candidate_id}`{against}",
         "",
+        *(f"{line}\n" for line in head or ()),
         counts_line(verdict),
         "",
         "| status | kind | task | metric | candidate | baseline | limit | estimate [95 % CI] | n | reason |",
@@ -77,7 +80,7 @@ def to_markdown(verdict: Verdict, candidate_id: str, baseline_id: str | None = N
     return "\n".join(lines) + "\n"
 
 
-def to_junit(verdict: Verdict, candidate_id: str, baseline_id: str | None = None) -> str:
+def to_junit(verdict: Verdict, candidate_id: str, baseline_id: str | None = None, rules: str | None = None) -> str:
     """The verdict as JUnit XML: one testsuite "evalkit-gate", one testcase per row.
 
     A failed check is a ``<failure>``, an inconclusive one an ``<error type="inconclusive">``
@@ -100,6 +103,8 @@ def to_junit(verdict: Verdict, candidate_id: str, baseline_id: str | None = None
     if baseline_id:
         ET.SubElement(props, "property", {"name": "baseline", "value": baseline_id})
     ET.SubElement(props, "property", {"name": "outcome", "value": verdict.outcome})
+    if rules:
+        ET.SubElement(props, "property", {"name": "rules", "value": rules})
     for r in verdict.rows:
         case = ET.SubElement(
             suite,

@@ -14,10 +14,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+
+Event = TypeVar("Event", int, str)  # what a distribution is over: token ids, or text events (`textspace`)
 
 __all__ = [
     "Delta",
@@ -34,7 +37,7 @@ __all__ = [
 _MASS_TOL = 1e-6
 
 
-def _dist_vector(dist: Mapping[int, float], support: list[int], side: str) -> np.ndarray:
+def _dist_vector(dist: Mapping[Event, float], support: list[Event], side: str) -> np.ndarray:
     """``dist`` laid out over ``support`` plus a final rest bucket."""
     listed = np.array([float(dist.get(t, 0.0)) for t in support], dtype=np.float64)
     total = float(sum(float(v) for v in dist.values()))
@@ -48,10 +51,11 @@ def _dist_vector(dist: Mapping[int, float], support: list[int], side: str) -> np
     return np.append(listed, rest)
 
 
-def jsd(p: Mapping[int, float], q: Mapping[int, float]) -> float:
+def jsd(p: Mapping[Event, float], q: Mapping[Event, float]) -> float:
     """Jensen–Shannon divergence, base 2, between two top-k first-token distributions.
 
-    ``p`` and ``q`` map token_id -> probability; each lists the top k tokens of
+    ``p`` and ``q`` map token_id (or, across tokenizers, a text event: `textspace`) -> probability;
+    each lists the top k tokens of
     one side, so each sums to at most 1. The support is the union of both key
     sets plus one "rest" bucket, which on each side holds
     ``1 − sum(listed probabilities)`` (clamped at 0), so both sides sum to 1.

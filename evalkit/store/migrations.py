@@ -603,6 +603,40 @@ def m020_answer_prob(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE samples ADD COLUMN answer_prob DOUBLE")
 
 
+def m021_tokenizer_identity(con: duckdb.DuckDBPyConnection) -> None:
+    # Which tokenizer a run's token ids belong to (docs/metrics.md §1.5): a sha256 of the
+    # vocabulary, merges / model type, normalizer, pre-tokenizer and added tokens
+    # (`engines.tokenizer_id`), and the engine's words for where it came from. Runs from before
+    # m021 hold NULL ("unknown"; `compare` then decides from the model fingerprint and the stored
+    # top-k texts). first_token_drift pairs token ids, which mean one thing only within one
+    # tokenizer: it gains `same_tokenizer` (NULL where either run's is unknown); `evalkit compare`
+    # compares runs on different tokenizers by what their tokens say.
+    con.execute("ALTER TABLE runs ADD COLUMN tokenizer_hash VARCHAR")
+    con.execute("ALTER TABLE runs ADD COLUMN tokenizer_source VARCHAR")
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW first_token_drift AS
+        WITH top AS (
+            SELECT run_id, task, doc_id,
+                   list(token_id ORDER BY rank) FILTER (WHERE rank < 5) AS top5,
+                   sum(exp(logprob)) FILTER (WHERE rank < 5) AS top5_mass,
+                   min_by(token_id, rank) AS top1
+            FROM first_token_topk
+            GROUP BY run_id, task, doc_id
+        )
+        SELECT a.run_id AS run_a, b.run_id AS run_b, a.task, a.doc_id,
+               a.top5_mass AS top5_mass_a, b.top5_mass AS top5_mass_b,
+               len(list_intersect(a.top5, b.top5)) / 5.0 AS top5_overlap,
+               CAST(a.top1 <> b.top1 AS INTEGER) AS flipped,
+               ra.tokenizer_hash = rb.tokenizer_hash AS same_tokenizer
+        FROM top a JOIN top b
+          ON a.task = b.task AND a.doc_id = b.doc_id AND a.run_id <> b.run_id
+        JOIN runs ra ON ra.id = a.run_id
+        JOIN runs rb ON rb.id = b.run_id
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -626,4 +660,5 @@ MIGRATIONS: list[Migration] = [
     m019_drift_by_position,
     m018_engine,  # after m019: appended in the order it was written
     m020_answer_prob,
+    m021_tokenizer_identity,
 ]

@@ -24,7 +24,7 @@ from typing import TypeVar
 import duckdb
 
 from evalkit.errors import BadInput
-from evalkit.paths import is_duckdb_file
+from evalkit.paths import ANY_SIZE, is_duckdb_file, open_input
 from evalkit.store.db import (
     SANDBOX_CONFIG,
     db_path,
@@ -178,15 +178,17 @@ def _attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
 def is_parquet_file(path: Path) -> bool:
     """A Parquet file begins and ends with the magic bytes 'PAR1'."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-            fh.seek(0, os.SEEK_END)
-            if fh.tell() < 12:  # magic, a footer length, magic
+        with open_input(path, "Parquet file", ANY_SIZE) as fh:  # a FIFO or device: no Parquet file, never waited on
+            size = os.fstat(fh.fileno()).st_size
+            if size < 12:  # magic, a footer length, magic
                 return False
-            fh.seek(-4, os.SEEK_END)
-            return head == PARQUET_MAGIC and fh.read(4) == PARQUET_MAGIC
-    except OSError:
+            return head_and_tail(fh.fileno(), size) == (PARQUET_MAGIC, PARQUET_MAGIC)
+    except (OSError, BadInput):
         return False
+
+
+def head_and_tail(fd: int, size: int) -> tuple[bytes, bytes]:
+    return os.pread(fd, 4, 0), os.pread(fd, 4, size - 4)
 
 
 def _parquet_files(folder: Path) -> dict[str, Path]:

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from evalkit import envvars
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.engines import firststep as shared
-from evalkit.engines import kvpolicy, validate
+from evalkit.engines import kvpolicy, tokenizer_id, validate
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
 from evalkit.engines.transformers import quant as quantization
@@ -172,6 +172,7 @@ class EvalkitHFLM(HFLM):
             super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
             self._model = quantize.apply(self._model, self.quant)  # type: ignore[has-type]
         self.quant_detail = quantdetail.describe(self._model, self.quant, gguf_file=gguf_file)
+        self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"transformers {gguf_file or pretrained}")
         self._share_requests()
         self.prompts_computed = 0  # prompts this process probed or sampled (not replayed from a journal)
         self.attention = bool(attention)
@@ -359,7 +360,8 @@ class EvalkitHFLM(HFLM):
         return out
 
     def _bs(self) -> int:
-        return int(self.batch_size) if str(self.batch_size).isdigit() else DEFAULT_BATCH_SIZE
+        text = str(self.batch_size)
+        return int(text) if text.isascii() and text.isdigit() else DEFAULT_BATCH_SIZE
 
     def _candidates(self, doc: dict) -> tuple[list[str], int]:
         """Answer-start strings, then checkable answers (answer_prob), then lexicon openers; returns
