@@ -62,7 +62,7 @@ def test_the_key_variables(monkeypatch):
 
 
 def test_the_key_goes_to_the_base_url_only_and_never_after_a_redirect(monkeypatch):
-    from evalkit.engines.server.model import Client, ServerError
+    from evalkit.engines.server.client import Client, ServerError
 
     monkeypatch.setenv("EVALKIT_API_KEY", KEY)
     other = FakeServer(lambda method, path, body: Reply({"data": [{"id": "m"}]}))
@@ -82,7 +82,7 @@ def test_the_key_goes_to_the_base_url_only_and_never_after_a_redirect(monkeypatc
 
 
 def test_the_key_is_sent_as_a_bearer_header(monkeypatch):
-    from evalkit.engines.server.model import Client
+    from evalkit.engines.server.client import Client
 
     fake = FakeServer(lambda method, path, body: Reply({"data": [{"id": "m"}]}))
     with fake as url:
@@ -93,7 +93,7 @@ def test_the_key_is_sent_as_a_bearer_header(monkeypatch):
 
 
 def test_a_request_to_another_origin_carries_no_key():
-    from evalkit.engines.server.model import Client
+    from evalkit.engines.server.client import Client
 
     client = Client("https://api.example.com:8443/v1", retries=0, timeout=5, api_key=KEY)
     assert client.auth_for("https://api.example.com:8443/v1/completions") == {"Authorization": f"Bearer {KEY}"}

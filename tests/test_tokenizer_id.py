@@ -88,7 +88,7 @@ def test_a_run_stores_its_tokenizer_and_drift_refuses_another(tiny_model_dir, tm
 def test_a_gguf_vocabulary_through_llama_cpp(default_model_available):
     pytest.importorskip("llama_cpp")
     from evalkit.engines.llamacpp.firststep import LlamaCppEngine
-    from evalkit.engines.llamacpp.model import GGUFTokenizer
+    from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
     from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
 
     path = str(default_model_dir() / DEFAULT_GGUF)

@@ -356,7 +356,7 @@ def test_llamacpp_agrees_with_transformers_on_the_same_weights(zoo, zoo_gguf, fa
     its first-step top-1 and top-50 log-probabilities against transformers' plain softmax."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp
     from evalkit.engines.llamacpp.firststep import LlamaCppEngine
 
     pair = zoo(family)
