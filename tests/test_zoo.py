@@ -58,8 +58,9 @@ PROMPTS = [
     ("水的沸点是多少摄氏度？", ["100", "一百"], ["100", "一百"], "zh"),
     ("法国的首都是哪里？", ["巴黎"], ["巴黎"], "zh"),
 ]
-# the brute force runs in float64 on the model's float32 logits; evalkit's float32 log-softmax
-# and its batched, cached forwards differ from it by a few 1e-6 relative (measured by bench/zoo.py)
+# the brute force runs in float64 on the model's float32 logits; evalkit's float32 log-softmax and
+# its batched, cached forwards differ from it by up to 1.6e-5 relative on these models, whose logits
+# are large (bench/zoo.py measures it per vocabulary)
 EXACT_RTOL = 1e-4
 # llama.cpp against transformers on the same F32 weights and tokens: log-probabilities within this.
 # llama.cpp keeps its KV cache in f16, and these models' logits are large (the final norm scaled
