@@ -25,6 +25,7 @@ import duckdb
 import pytest
 import torch
 
+from evalkit.defaults import DEFAULT_TOLERANCE
 from tests import zoo as zoo_module
 
 FAMILIES = zoo_module.FAMILIES
@@ -57,8 +58,9 @@ PROMPTS = [
     ("水的沸点是多少摄氏度？", ["100", "一百"], ["100", "一百"], "zh"),
     ("法国的首都是哪里？", ["巴黎"], ["巴黎"], "zh"),
 ]
-# the brute force runs in float64 on the model's float32 logits; evalkit's float32 log-softmax
-# and its batched, cached forwards differ from it by a few 1e-6 relative (measured by bench/zoo.py)
+# the brute force runs in float64 on the model's float32 logits; evalkit's float32 log-softmax and
+# its batched, cached forwards differ from it by up to 1.6e-5 relative on these models, whose logits
+# are large (bench/zoo.py measures it per vocabulary)
 EXACT_RTOL = 1e-4
 # llama.cpp against transformers on the same F32 weights and tokens: log-probabilities within this.
 # llama.cpp keeps its KV cache in f16, and these models' logits are large (the final norm scaled
@@ -83,32 +85,43 @@ def zoo_db(tmp_path_factory):
     return tmp_path_factory.mktemp("zoo_runs") / "zoo.duckdb"
 
 
+SMALL = slice(None, None, 6)  # 4 of the prompts, 2 of them Chinese: the runs every metric is checked on
+
+
 @pytest.fixture(scope="module")
 def zoo_prompts(tmp_path_factory):
-    path = tmp_path_factory.mktemp("zoo_prompts") / "prompts.jsonl"
-    path.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs()), encoding="utf-8")
-    return path
+    """{"all": the 24 prompts' JSONL, "small": every sixth of them}."""
+    folder = tmp_path_factory.mktemp("zoo_prompts")
+    files = {}
+    for name, chosen in (("all", docs()), ("small", docs()[SMALL])):
+        files[name] = folder / f"{name}.jsonl"
+        files[name].write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in chosen), encoding="utf-8")
+    return files
 
 
 @pytest.fixture(scope="module")
 def zoo_run(zoo, zoo_db, zoo_prompts, invoke):
-    """`zoo_run(family, which="base", template=None)`: the run id of that model ("base" or "twin") on
-    PROMPTS under `template` (None: the chat template where the tokenizer has one, else plain),
-    run once per module into `zoo_db`. Exact opener_mass (tolerance=0), so the brute force can
-    check it."""
+    """`zoo_run(family, which="base", template=None, small=False)`: the run id of that model ("base" or
+    "twin") under `template` (None: the chat template where the tokenizer has one, else plain), run
+    once per module into `zoo_db`. `small`: the 4 prompts of SMALL with exact opener_mass
+    (tolerance=0, so the brute force can check it); else all 24 prompts at the default tolerance
+    (the gate's paired tests need 20)."""
     ids: dict = {}
 
-    def run(family: str, which: str = "base", template: str | None = None) -> str:
+    def run(family: str, which: str = "base", template: str | None = None, small: bool = False) -> str:
         pair = zoo(family)
         if template == "chat" and not pair.chat:
             pytest.skip(f"the {family} tokenizer has no chat template")
         template = template or ("chat" if pair.chat else "plain")
-        key = (family, which, template)
+        key = (family, which, template, small)
         if key not in ids:
             folder = pair.base if which == "base" else pair.twin
-            res = invoke("run", "--model", "hf", "--model-args", f"pretrained={folder},tolerance=0",
-                         "--prompts", zoo_prompts, "--template", template, "--device", "cpu",
-                         "--name", f"{family}-{which}-{template}", "--db", zoo_db, env={"HF_HUB_OFFLINE": "1"})
+            # the answer continuation cut to the response's 16 tokens: a third of the decoding
+            args = f"pretrained={folder},answer_max_tokens=16" + (",tolerance=0" if small else "")
+            res = invoke("run", "--model", "hf", "--model-args", args,
+                         "--prompts", zoo_prompts["small" if small else "all"], "--template", template,
+                         "--device", "cpu", "--name", f"{family}-{which}-{template}{'-small' if small else ''}",
+                         "--db", zoo_db, env={"HF_HUB_OFFLINE": "1"})
             assert res.exit_code == 0, res.output
             ids[key] = re.search(r"^run (\S+)\s+done", res.stdout, re.MULTILINE).group(1)
         return ids[key]
@@ -139,7 +152,7 @@ def first_token_metrics() -> list[str]:
 def test_every_first_token_metric_runs(zoo_run, zoo_db, family, template):
     from evalkit.scoring.registry import get
 
-    run = zoo_run(family, "base", template)
+    run = zoo_run(family, "base", template, small=True)
     values = dict(query(zoo_db, "SELECT metric, value FROM metrics WHERE run_id = ? AND task = 'firsttoken_user'", [run]))
     wanted = [m for m in first_token_metrics() if m != "top3_share"]  # top3_share: sampled backends only
     assert [m for m in wanted if values.get(m) is None] == []
@@ -147,7 +160,7 @@ def test_every_first_token_metric_runs(zoo_run, zoo_db, family, template):
         assert math.isfinite(values[m]), m
     checkable = {d["id"] for d in docs() if d.get("answers_full")}
     rows = query(zoo_db, "SELECT doc_id, metrics FROM samples WHERE run_id = ?", [run])
-    assert len(rows) == len(PROMPTS)
+    assert len(rows) == len(docs()[SMALL])
     for doc_id, blob in rows:
         per = json.loads(blob)
         need = [m for m in wanted if get(m).per_sample
@@ -155,7 +168,7 @@ def test_every_first_token_metric_runs(zoo_run, zoo_db, family, template):
         assert [m for m in need if per.get(m) is None] == [], doc_id
     topk = query(zoo_db, "SELECT doc_id, count(*), sum(exp(logprob)) FROM first_token_topk WHERE run_id = ? "
                  "GROUP BY doc_id", [run])
-    assert len(topk) == len(PROMPTS)
+    assert len(topk) == len(rows)
     assert all(n == 50 and 0 < mass <= 1 + 1e-6 for _, n, mass in topk)
 
 
@@ -247,8 +260,10 @@ def exact_differences(pair, db, runs: list[str], every: int = 1) -> dict[str, fl
 @pytest.mark.parametrize("family", FAMILIES)
 def test_exact_metrics_equal_brute_force(zoo, zoo_run, zoo_db, family):
     pair = zoo(family)
-    runs = [zoo_run(family, "base", "plain")] + ([zoo_run(family, "base", "chat")] if pair.chat else [])
-    worst = exact_differences(pair, zoo_db, runs, every=3)  # 8 of the 24 prompts, 4 of them Chinese
+    runs = [zoo_run(family, "base", "plain", small=True)]
+    if pair.chat:
+        runs.append(zoo_run(family, "base", "chat", small=True))
+    worst = exact_differences(pair, zoo_db, runs)
     assert all(v <= EXACT_RTOL for v in worst.values()), worst
 
 
@@ -267,9 +282,11 @@ def test_a_twin_scores_what_its_base_scores(zoo_run, zoo_db, family):
         assert twin_response == response, doc_id
         for metric in ("ft_hit", "opener_rate", "answer_hit", "ft_token_hit"):
             assert twin.get(metric) == base.get(metric), (doc_id, metric)
-        for metric in ("ft_hit_prob", "answer_prob", "opener_mass", "top1_prob", "entropy"):
+        for metric in ("ft_hit_prob", "answer_prob", "top1_prob", "entropy"):
             if metric in base:
-                assert twin[metric] == pytest.approx(base[metric], rel=EXACT_RTOL, abs=1e-9), (doc_id, metric)
+                assert twin[metric] == pytest.approx(base[metric], rel=EXACT_RTOL, abs=1e-12), (doc_id, metric)
+        # at the default tolerance opener_mass is exact to within that bound (the trie's pruning)
+        assert twin["opener_mass"] == pytest.approx(base["opener_mass"], rel=EXACT_RTOL, abs=DEFAULT_TOLERANCE)
 
 
 # ---- a twin against its base, two families against each other ---------------------------------
@@ -363,7 +380,7 @@ def test_llamacpp_agrees_with_transformers_on_the_same_weights(zoo, zoo_gguf, fa
     model = AutoModelForCausalLM.from_pretrained(pair.base).eval()
     tok = AutoTokenizer.from_pretrained(pair.base)
     contexts = [d["prompt"] for d in docs()[::3]]  # English and Chinese
-    eng = LlamaCppEngine(str(zoo_gguf(family)), n_ctx=512)
+    eng = LlamaCppEngine(str(zoo_gguf(family)), n_ctx=512, n_threads=1)  # one thread: no busy-wait on shared cores
     try:
         steps = llamacpp.probe(eng, contexts, top_k=50, max_new_tokens=0)
         same_tokens = sum(s.context_ids == tok(c, add_special_tokens=False)["input_ids"] for s, c in zip(steps, contexts))
@@ -383,8 +400,8 @@ def test_llamacpp_run_matches_the_hf_run(zoo_gguf, zoo_run, zoo_db, zoo_prompts,
     with the same log-probability on every prompt both tokenise alike."""
     family = "llama-spm"
     hf = zoo_run(family, "base", "plain")
-    res = invoke("run", "--model", "llamacpp", "--model-args", f"model={zoo_gguf(family)}", "--prompts",
-                 zoo_prompts, "--template", "plain",
+    res = invoke("run", "--model", "llamacpp", "--model-args", f"model={zoo_gguf(family)},n_threads=1,answer_max_tokens=16", "--prompts",
+                 zoo_prompts["all"], "--template", "plain",
                  "--name", f"{family}-llamacpp-plain", "--db", zoo_db, env={"HF_HUB_OFFLINE": "1"})
     assert res.exit_code == 0, res.output
     cpp = re.search(r"^run (\S+)\s+done", res.stdout, re.MULTILINE).group(1)
