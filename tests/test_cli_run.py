@@ -106,11 +106,13 @@ def test_run_prints_id_and_metric_table(hit_run):
     lines = out.splitlines()
     header = next(i for i, line in enumerate(lines) if line.split() == ["task", "metric", "value", "95%", "CI", "n"])
     table = [line.split() for line in lines[header + 2 :]]
-    # direction arrows from the registry; Wilson intervals inside [0, 1] (5 of 5: [0.5655, 1]); n on every row
-    assert ["firsttoken_en", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
-    assert ["firsttoken_zh", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
-    assert ["firsttoken_en", "opener_rate", "↓", "0.0000", "[0.0000,", "0.4345]", "5"] in table
-    assert ["firsttoken", "ft_hit", "↑", "1.0000", "[0.7225,", "1.0000]", "10"] in table  # the group: both tasks
+    # direction arrows from the registry; n on every row; a Wilson interval inside [0, 1] from 10 prompts
+    # (the group, both tasks: 10 of 10), none from the 5 of one task (too few, as the gate)
+    assert ["firsttoken_en", "ft_hit", "↑", "1.0000", "5"] in table
+    assert ["firsttoken_zh", "ft_hit", "↑", "1.0000", "5"] in table
+    assert ["firsttoken_en", "opener_rate", "↓", "0.0000", "5"] in table
+    assert ["firsttoken", "ft_hit", "↑", "1.0000", "[0.7225,", "1.0000]", "10"] in table
+    assert any(line.startswith("no 95% CI from too few prompts: a share needs 10") for line in lines)
     assert any("evalkit metrics" in line for line in lines) and any(line.startswith("next: ") for line in lines)
 
 
@@ -272,8 +274,8 @@ def test_show_by_prefix_and_latest(invoke, all_runs, db):
     assert re.search(r"^\s+template: chat$", out, re.M)
     assert re.search(rf"^\s*opener_lexicon_version: {re.escape(load_lexicon().version)}$", out, re.M)
     table = [line.split() for line in out.splitlines()]
-    assert ["firsttoken_en", "ft_hit", "↑", "1.0000", "[0.5655,", "1.0000]", "5"] in table
-    assert ["firsttoken_zh", "opener_rate", "↓", "0.0000", "[0.0000,", "0.4345]", "5"] in table
+    assert ["firsttoken_en", "ft_hit", "↑", "1.0000", "5"] in table  # 5 prompts: no interval
+    assert ["firsttoken_zh", "opener_rate", "↓", "0.0000", "5"] in table
 
     latest = invoke("show", "latest", "--db", db)
     assert latest.exit_code == 0

@@ -203,3 +203,14 @@ def test_terminal_table_shows_escape_sequences(name):
     out += lead_table([{"task": name, "signal": "ft_hit_prob", "auroc": None, "ci_lo": None, "ci_hi": None, "n": 3,
                         "base_rate": 0.3, "reason": name}])
     assert _controls(out) == []
+
+
+@SETTINGS
+@given(hostile)
+def test_terminal_json_reads_back_the_same_and_has_no_control_character(d):
+    import json
+
+    from evalkit.cli.output import render
+
+    out = render(["name"], [[d]], "json")
+    assert _controls(out) == [] and json.loads(out) == [{"name": d}]

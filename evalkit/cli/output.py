@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from evalkit.defaults import MIN_BOOTSTRAP_PROMPTS, MIN_SCORE_INTERVAL_PROMPTS
-from evalkit.textsafe import term_line
+from evalkit.textsafe import term_json, term_line
 
 
 def _cell(value: Any) -> str:
@@ -37,7 +37,7 @@ def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int 
 
 def render(columns: Sequence[str], rows: Sequence[Sequence[Any]], fmt: str = "table", max_width: int = 60) -> str:
     if fmt == "json":
-        return json.dumps([dict(zip(columns, r)) for r in rows], default=str, ensure_ascii=False, indent=2)
+        return term_json(json.dumps([dict(zip(columns, r)) for r in rows], default=str, ensure_ascii=False, indent=2))
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
