@@ -40,6 +40,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
+from evalkit import envvars, redact
 from evalkit.engines import firststep
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
@@ -79,15 +80,27 @@ class Client:
     watchdog shuts the socket when it passes, so a server trickling one byte every 0.5 s cannot hold a
     request past it. `run_timeout` (None: none) is a deadline for every request of the run together,
     counted from the client's creation; no request or retry starts after it, and none runs past it.
-    Answers are JSON of at most `MAX_RESPONSE_BYTES`, with no object key given twice."""
+    Answers are JSON of at most `MAX_RESPONSE_BYTES`, with no object key given twice.
+
+    `api_key` is sent as `Authorization: Bearer` (else a user and password in `base_url` as basic
+    authentication) on requests to `base_url`'s origin only (`auth_for`); no redirect is followed,
+    so a server that redirects elsewhere gets a failed request, never the credentials. Messages
+    name the URL as `shown` (`redact.text`: its credentials as `***`)."""
 
     def __init__(self, base_url: str, *, timeout: float = 120, retries: int = 3,
-                 run_timeout: float | None = None) -> None:
+                 run_timeout: float | None = None, api_key: str | None = None) -> None:
         self.base = base_url.rstrip("/")
+        self.shown = redact.text(self.base)
+        self.origin = _origin(self.base)
+        self._auth = _credentials(self.base, api_key)
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.run_timeout = None if run_timeout is None else float(run_timeout)
         self.run_deadline = None if run_timeout is None else time.monotonic() + float(run_timeout)
+
+    def auth_for(self, url: str) -> dict[str, str]:
+        """The credential header for a request to `url`: only when its origin is `base_url`'s."""
+        return dict(self._auth) if _origin(url) == self.origin else {}
 
     def get(self, path: str) -> Any:
         return self._call("GET", path, None)
@@ -105,7 +118,7 @@ class Client:
         return min(self.timeout, left)
 
     def _call(self, method: str, path: str, data: bytes | None) -> Any:
-        url = self.base + path
+        url, shown = self.base + path, self.shown + path
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -113,35 +126,61 @@ class Client:
                 if self.run_deadline is not None:
                     pause = min(pause, max(0.0, self.run_deadline - time.monotonic()))
                 time.sleep(pause)
-            budget = self._left(url)
+            budget = self._left(shown)
             try:
-                status, raw = _request(method, url, data, budget)
+                status, raw = _request(method, url, data, budget, self.auth_for(url))
             except _Timeout:
                 last = f"no whole answer within {budget:.3g} s" + (
                     f", what the run had left of run_timeout={self.run_timeout:g} s" if budget < self.timeout else "")
                 continue
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                last = _one_line(f"{type(exc).__name__}: {exc}")
+                last = redact.text(_one_line(f"{type(exc).__name__}: {exc}"))
                 continue
             if status == 429 or status >= 500:
                 last = f"HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}"
                 continue
             if status >= 400:
-                raise ServerError(f"{url}: HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}")
-            return read_json(raw, url)
-        raise ServerError(f"{url}: no answer after {self.retries + 1} tries ({last})")
+                raise ServerError(f"{shown}: HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}")
+            return read_json(raw, shown)
+        raise ServerError(f"{shown}: no answer after {self.retries + 1} tries ({last})")
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, the port filled in for http / https: what "the same server" means."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def _credentials(base: str, api_key: str | None) -> dict[str, str]:
+    """The Authorization header for `base`'s origin: the API key as a bearer token, else the URL's
+    user and password as basic authentication, else none."""
+    if api_key:
+        return {"Authorization": f"Bearer {api_key}"}
+    parts = urllib.parse.urlsplit(base)
+    if parts.username is None:
+        return {}
+    import base64
+
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return {"Authorization": "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")}
 
 
 class _Timeout(Exception):
     """A request's deadline passed (the watchdog shut its socket)."""
 
 
-def _request(method: str, url: str, data: bytes | None, budget: float) -> tuple[int, bytes]:
+def _request(method: str, url: str, data: bytes | None, budget: float,
+             auth: dict[str, str] | None = None) -> tuple[int, bytes]:
     """(HTTP status, body) of one request that ends within `budget` seconds, whatever the server does;
     `_Timeout` when it does not, ValueError for a body over MAX_RESPONSE_BYTES."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url}")
+        raise ValueError(f"not an http(s) URL: {redact.text(url)}")
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     deadline = time.monotonic() + budget
     conn = kind(parts.hostname, parts.port, timeout=budget)
@@ -166,6 +205,7 @@ def _request(method: str, url: str, data: bytes | None, budget: float) -> tuple[
             raise _Timeout()
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers = {"Content-Type": "application/json", "Accept": "application/json"} if data is not None else {}
+        headers.update(auth or {})
         conn.request(method, target, body=data, headers=headers)
         resp = conn.getresponse()
         chunks, size = [], 0
@@ -238,15 +278,23 @@ def _kind(value: Any) -> str:
 
 def load_tokenizer(path: str):
     """The run's tokenizer: a .gguf file read vocabulary-only by llama.cpp (`GGUFTokenizer`), or a
-    transformers tokenizer folder."""
+    transformers tokenizer folder; each through the door first (`paths.check_input_path`), and any
+    error of the library one BadInput line naming the path (`loaderrors.loading`)."""
+    from evalkit.loaderrors import loading
+    from evalkit.paths import check_input_path
+
     if path.endswith(".gguf"):
         from evalkit.engines.llamacpp.model import GGUFTokenizer
         from evalkit.engines.llamacpp.firststep import LlamaCppEngine
 
-        return GGUFTokenizer(LlamaCppEngine(path, vocab_only=True))
+        check_input_path(path, "tokenizer", "file")
+        with loading("tokenizer", path):
+            return GGUFTokenizer(LlamaCppEngine(path, vocab_only=True))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    check_input_path(path, "tokenizer", "folder")
+    with loading("tokenizer", path):
+        return AutoTokenizer.from_pretrained(path)
 
 
 def piece_ids(tokenizer) -> dict[str, int]:
@@ -292,18 +340,20 @@ class EvalkitServer(LM):
                  answer_max_tokens: int = DEFAULT_ANSWER_TOKENS, top_k: int = DEFAULT_SERVER_LOGPROBS,
                  temperature: float = DEFAULT_TEMPERATURE, seed: int = 0, batch_size: Any = None,
                  max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
-                 repeat_penalty: float | None = None, run_timeout: float | None = None) -> None:
+                 repeat_penalty: float | None = None, run_timeout: float | None = None,
+                 api_key_env: str | None = None) -> None:
         super().__init__()
         if not tokenizer:
             raise BadInput("--model server needs --model-args tokenizer=PATH (a .gguf file or tokenizer folder): "
                            "the chat template, and the ids of the token texts a server returns")
-        self.client = Client(base_url, timeout=timeout, retries=retries, run_timeout=run_timeout)
+        self.client = Client(base_url, timeout=timeout, retries=retries, run_timeout=run_timeout,
+                             api_key=envvars.api_key(api_key_env))
+        self.base_url = self.client.shown  # what a bar or a message shows: credentials as ***
         try:
             listed = self.client.get("/models")
         except ServerError as exc:
-            raise BadInput(f"the server at {base_url} does not answer: {exc}") from None
-        self.base_url = base_url
-        self.served_model = model or served_models(listed, base_url)[0]
+            raise BadInput(f"the server at {self.base_url} does not answer: {exc}") from None
+        self.served_model = model or served_models(listed, self.base_url)[0]
         self.tokenizer = load_tokenizer(str(tokenizer))
         self.ids = piece_ids(self.tokenizer)
         self.k = min(int(top_k), int(top_logprobs))
@@ -395,7 +445,7 @@ class EvalkitServer(LM):
             payload["repeat_penalty"] = self.repeat_penalty
         if self.served_model:
             payload["model"] = self.served_model
-        return completion(self.client.post("/completions", payload), self.client.base + "/completions")
+        return completion(self.client.post("/completions", payload), self.client.shown + "/completions")
 
     @property
     def source(self) -> str:
