@@ -155,3 +155,17 @@ def test_a_run_with_secrets_keeps_and_shows_neither(invoke, tiny_model_dir, tmp_
         assert _text_columns_holding(db, secret) == []
     # the search sees the columns: the redacted URL is there
     assert "runs.model_args" in _text_columns_holding(db, "http://***@127.0.0.1")
+
+
+def test_a_run_stored_before_redaction_shows_no_credentials_in_the_report(invoke, fake_run, tmp_path):
+    db = tmp_path / "old.duckdb"
+    fake_run(db)
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE runs SET model_name = ?, model_args = ?",
+                [f"http://bob:{PASSWORD}@h/v1", f'{{"base_url": "http://bob:{PASSWORD}@h/v1"}}'])
+    con.close()
+    res = invoke("report", "--out", tmp_path / "report", "--db", db)
+    assert res.exit_code == 0, res.output
+    shown = [p for p in (tmp_path / "report").rglob("*") if p.is_file() and PASSWORD.encode() in p.read_bytes()]
+    assert shown == [] and PASSWORD not in res.output
+    assert any(b"http://***@h/v1" in p.read_bytes() for p in (tmp_path / "report").rglob("*") if p.is_file())

@@ -19,6 +19,7 @@ import time
 import urllib.parse
 from typing import Any
 
+from evalkit import redact
 from evalkit.errors import BadInput, RunFailed
 
 
@@ -38,15 +39,27 @@ class Client:
     watchdog shuts the socket when it passes, so a server trickling one byte every 0.5 s cannot hold a
     request past it. `run_timeout` (None: none) is a deadline for every request of the run together,
     counted from the client's creation; no request or retry starts after it, and none runs past it.
-    Answers are JSON of at most `MAX_RESPONSE_BYTES`, with no object key given twice."""
+    Answers are JSON of at most `MAX_RESPONSE_BYTES`, with no object key given twice.
+
+    `api_key` is sent as `Authorization: Bearer` (else a user and password in `base_url` as basic
+    authentication) on requests to `base_url`'s origin only (`auth_for`); no redirect is followed,
+    so a server that redirects elsewhere gets a failed request, never the credentials. Messages
+    name the URL as `shown` (`redact.text`: its credentials as `***`)."""
 
     def __init__(self, base_url: str, *, timeout: float = 120, retries: int = 3,
-                 run_timeout: float | None = None) -> None:
+                 run_timeout: float | None = None, api_key: str | None = None) -> None:
         self.base = base_url.rstrip("/")
+        self.shown = redact.text(self.base)
+        self.origin = _origin(self.base)
+        self._auth = _credentials(self.base, api_key)
         self.timeout = float(timeout)
         self.retries = int(retries)
         self.run_timeout = None if run_timeout is None else float(run_timeout)
         self.run_deadline = None if run_timeout is None else time.monotonic() + float(run_timeout)
+
+    def auth_for(self, url: str) -> dict[str, str]:
+        """The credential header for a request to `url`: only when its origin is `base_url`'s."""
+        return dict(self._auth) if _origin(url) == self.origin else {}
 
     def get(self, path: str) -> Any:
         return self._call("GET", path, None)
@@ -64,7 +77,7 @@ class Client:
         return min(self.timeout, left)
 
     def _call(self, method: str, path: str, data: bytes | None) -> Any:
-        url = self.base + path
+        url, shown = self.base + path, self.shown + path
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
@@ -72,35 +85,61 @@ class Client:
                 if self.run_deadline is not None:
                     pause = min(pause, max(0.0, self.run_deadline - time.monotonic()))
                 time.sleep(pause)
-            budget = self._left(url)
+            budget = self._left(shown)
             try:
-                status, raw = _request(method, url, data, budget)
+                status, raw = _request(method, url, data, budget, self.auth_for(url))
             except _Timeout:
                 last = f"no whole answer within {budget:.3g} s" + (
                     f", what the run had left of run_timeout={self.run_timeout:g} s" if budget < self.timeout else "")
                 continue
             except (OSError, http.client.HTTPException, ValueError) as exc:
-                last = _one_line(f"{type(exc).__name__}: {exc}")
+                last = redact.text(_one_line(f"{type(exc).__name__}: {exc}"))
                 continue
             if status == 429 or status >= 500:
                 last = f"HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}"
                 continue
             if status >= 400:
-                raise ServerError(f"{url}: HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}")
-            return read_json(raw, url)
-        raise ServerError(f"{url}: no answer after {self.retries + 1} tries ({last})")
+                raise ServerError(f"{shown}: HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}")
+            return read_json(raw, shown)
+        raise ServerError(f"{shown}: no answer after {self.retries + 1} tries ({last})")
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL, the port filled in for http / https: what "the same server" means."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    except ValueError:
+        port = None
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def _credentials(base: str, api_key: str | None) -> dict[str, str]:
+    """The Authorization header for `base`'s origin: the API key as a bearer token, else the URL's
+    user and password as basic authentication, else none."""
+    if api_key:
+        return {"Authorization": f"Bearer {api_key}"}
+    parts = urllib.parse.urlsplit(base)
+    if parts.username is None:
+        return {}
+    import base64
+
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return {"Authorization": "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")}
 
 
 class _Timeout(Exception):
     """A request's deadline passed (the watchdog shut its socket)."""
 
 
-def _request(method: str, url: str, data: bytes | None, budget: float) -> tuple[int, bytes]:
+def _request(method: str, url: str, data: bytes | None, budget: float,
+             auth: dict[str, str] | None = None) -> tuple[int, bytes]:
     """(HTTP status, body) of one request that ends within `budget` seconds, whatever the server does;
     `_Timeout` when it does not, ValueError for a body over MAX_RESPONSE_BYTES."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url}")
+        raise ValueError(f"not an http(s) URL: {redact.text(url)}")
     kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     deadline = time.monotonic() + budget
     conn = kind(parts.hostname, parts.port, timeout=budget)
@@ -125,6 +164,7 @@ def _request(method: str, url: str, data: bytes | None, budget: float) -> tuple[
             raise _Timeout()
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         headers = {"Content-Type": "application/json", "Accept": "application/json"} if data is not None else {}
+        headers.update(auth or {})
         conn.request(method, target, body=data, headers=headers)
         resp = conn.getresponse()
         chunks, size = [], 0

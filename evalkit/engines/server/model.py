@@ -35,6 +35,7 @@ from lm_eval.api.registry import register_model
 
 from evalkit.progress import bar as progress_bar
 
+from evalkit import envvars, redact
 from evalkit.engines import firststep
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
@@ -61,15 +62,23 @@ CONTENT_FREE = ("N/A", "", "…", "无")
 
 def load_tokenizer(path: str):
     """The run's tokenizer: a .gguf file read vocabulary-only by llama.cpp (`GGUFTokenizer`), or a
-    transformers tokenizer folder."""
+    transformers tokenizer folder; each through the door first (`paths.check_input_path`), and any
+    error of the library one BadInput line naming the path (`loaderrors.loading`)."""
+    from evalkit.loaderrors import loading
+    from evalkit.paths import check_input_path
+
     if path.endswith(".gguf"):
         from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
         from evalkit.engines.llamacpp.firststep import LlamaCppEngine
 
-        return GGUFTokenizer(LlamaCppEngine(path, vocab_only=True))
+        check_input_path(path, "tokenizer", "file")
+        with loading("tokenizer", path):
+            return GGUFTokenizer(LlamaCppEngine(path, vocab_only=True))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    check_input_path(path, "tokenizer", "folder")
+    with loading("tokenizer", path):
+        return AutoTokenizer.from_pretrained(path)
 
 
 def piece_ids(tokenizer) -> dict[str, int]:
@@ -115,18 +124,20 @@ class EvalkitServer(LM):
                  answer_max_tokens: int = DEFAULT_ANSWER_TOKENS, top_k: int = DEFAULT_SERVER_LOGPROBS,
                  temperature: float = DEFAULT_TEMPERATURE, seed: int = 0, batch_size: Any = None,
                  max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
-                 repeat_penalty: float | None = None, run_timeout: float | None = None) -> None:
+                 repeat_penalty: float | None = None, run_timeout: float | None = None,
+                 api_key_env: str | None = None) -> None:
         super().__init__()
         if not tokenizer:
             raise BadInput("--model server needs --model-args tokenizer=PATH (a .gguf file or tokenizer folder): "
                            "the chat template, and the ids of the token texts a server returns")
-        self.client = Client(base_url, timeout=timeout, retries=retries, run_timeout=run_timeout)
+        self.client = Client(base_url, timeout=timeout, retries=retries, run_timeout=run_timeout,
+                             api_key=envvars.api_key(api_key_env))
+        self.base_url = self.client.shown  # what a bar or a message shows: credentials as ***
         try:
             listed = self.client.get("/models")
         except ServerError as exc:
-            raise BadInput(f"the server at {base_url} does not answer: {exc}") from None
-        self.base_url = base_url
-        self.served_model = model or served_models(listed, base_url)[0]
+            raise BadInput(f"the server at {self.base_url} does not answer: {exc}") from None
+        self.served_model = model or served_models(listed, self.base_url)[0]
         self.tokenizer = load_tokenizer(str(tokenizer))
         self.ids = piece_ids(self.tokenizer)
         self.k = min(int(top_k), int(top_logprobs))
@@ -219,7 +230,7 @@ class EvalkitServer(LM):
             payload["repeat_penalty"] = self.repeat_penalty
         if self.served_model:
             payload["model"] = self.served_model
-        return completion(self.client.post("/completions", payload), self.client.base + "/completions")
+        return completion(self.client.post("/completions", payload), self.client.shown + "/completions")
 
     @property
     def source(self) -> str:

@@ -19,7 +19,10 @@ from evalkit.defaults import (
 )
 from evalkit.engines import EngineRecord
 from evalkit.engines.plan import ModelPlan, ModelRequest, check_keys, parse_model_args, whole
+from evalkit import envvars, redact
+from evalkit.engines.llamacpp.resolve import gguf_file_type
 from evalkit.errors import BadInput
+from evalkit.paths import check_input_path
 
 MAX_RUN_TIMEOUT_S = 30 * 86400  # a run's deadline (--model server run_timeout=): up to 30 days
 SERVER_ARGS = {"base_url": "the server's OpenAI API root, e.g. http://127.0.0.1:8000/v1",
@@ -33,7 +36,11 @@ SERVER_ARGS = {"base_url": "the server's OpenAI API root, e.g. http://127.0.0.1:
                "run_timeout": "seconds every request of the run may take together (default: no limit)",
                "answer_max_tokens": f"how far a prompt with checkable answers is continued "
                                     f"(default {DEFAULT_ANSWER_TOKENS})",
-               "repeat_penalty": "sent as llama.cpp servers' repeat_penalty (1: none; llama-cpp-python's default 1.1)"}
+               "repeat_penalty": "sent as llama.cpp servers' repeat_penalty (1: none; llama-cpp-python's default 1.1)",
+               "api_key_env": "the environment variable holding the API key sent as a bearer token "
+                              "(default EVALKIT_API_KEY; never stored or shown)"}
+# a folder `tokenizer=` names must hold one of these (transformers' own tokenizer file names)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
 def resolve_server(record: EngineRecord | None, ask: ModelRequest) -> ModelPlan:
@@ -52,7 +59,9 @@ def resolve_server(record: EngineRecord | None, ask: ModelRequest) -> ModelPlan:
     check_keys(args, SERVER_ARGS, model_type)
     url = args.get("base_url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise BadInput(f"--model {model_type} needs --model-args base_url=http://HOST:PORT/v1 (got {url!r})")
+        raise BadInput(f"--model {model_type} needs --model-args base_url=http://HOST:PORT/v1 "
+                       f"(got {redact.text(url) if isinstance(url, str) else url!r})")
+    envvars.api_key(args.get("api_key_env"))  # checked now: a missing or unsendable key is one line, no work
     for key, lo, hi in (("top_logprobs", 1, 1 << 16), ("concurrency", 1, 256), ("retries", 0, 100),
                         ("timeout", 1, 86400)):
         whole(args, key, lo, hi)
@@ -67,11 +76,28 @@ def resolve_server(record: EngineRecord | None, ask: ModelRequest) -> ModelPlan:
     if tok is None:
         raise BadInput(f"--model {model_type} needs --model-args tokenizer=PATH (a .gguf file or tokenizer folder): "
                        "the chat template, and the ids of the token texts a server returns")
-    if not Path(os.path.expanduser(str(tok))).exists():
-        raise BadInput(f"--model-args tokenizer: {tok} not found")
+    check_tokenizer(Path(os.path.expanduser(str(tok))))
     k = min(top_k, int(args.get("top_logprobs") or DEFAULT_SERVER_LOGPROBS))
     return ModelPlan(
         model_type=model_type, lm_type=record.name, backend=record, args=args,
         backend_args={"top_k": k, "temperature": ask.temperature, "seed": ask.seed},
-        embedded=False, label=str(args.get("model") or url), quant=None, dtype=None, top_k=k, device=None,
+        embedded=False, label=redact.text(str(args.get("model") or url)), quant=None, dtype=None, top_k=k,
+        device=None,
     )
+
+
+def check_tokenizer(path: Path) -> None:
+    """Refuse a `tokenizer=` that cannot be the run's tokenizer, before anything is sent: missing,
+    not a regular file or folder (a device, a FIFO: `paths.check_input_path`), a .gguf whose
+    header does not read (the llama.cpp engine's check: truncated, random), another kind of
+    file, or a folder holding none of `TOKENIZER_FILES`."""
+    if not os.path.lexists(path):
+        raise BadInput(f"--model-args tokenizer: {path} not found")
+    check_input_path(path, "--model-args tokenizer=", "either")
+    if path.is_dir():
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise BadInput(f"--model-args tokenizer: {path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    elif path.suffix == ".gguf":
+        gguf_file_type(path)
+    else:
+        raise BadInput(f"--model-args tokenizer: {path} is neither a .gguf file nor a tokenizer folder")

@@ -381,14 +381,20 @@ def checkpoint_method(pretrained) -> str | None:
 
     if not isinstance(pretrained, str):
         return None
+    from evalkit.paths import read_input
+
     config = Path(pretrained).expanduser() / "config.json"
     if not config.is_file():
         return None
     try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = json.loads(read_input(config, "model config", 16 << 20).decode("utf-8"))
+    except (BadInput, ValueError, RecursionError):  # the resolver refuses such a file with its reason
         return None
-    qc = data.get("quantization_config") or (data.get("text_config") or {}).get("quantization_config") or {}
+    if not isinstance(data, dict):
+        return None
+    text_config = data.get("text_config")
+    text_config = text_config if isinstance(text_config, dict) else {}
+    qc = data.get("quantization_config") or text_config.get("quantization_config") or {}
     return str(qc.get("quant_method", "")).lower() if isinstance(qc, dict) else ""
 
 

@@ -121,6 +121,9 @@ def _gguf_tensor_types(path) -> dict[str, int] | None:
     try:
         from gguf import GGUFReader
 
+        from evalkit.paths import check_input_path
+
+        check_input_path(path, "GGUF file", "file")  # the reader maps the file: a FIFO would hold it
         reader = GGUFReader(str(path))
         return dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
     except Exception:  # noqa: BLE001  (a detail for the record, never a reason to fail a run)
