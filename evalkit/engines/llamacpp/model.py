@@ -28,7 +28,7 @@ from tqdm import tqdm
 from evalkit.progress import bar as progress_bar
 
 from evalkit.engines import firststep as shared
-from evalkit.engines import kvpolicy, validate
+from evalkit.engines import kvpolicy, tokenizer_id, validate
 from evalkit.engines.llamacpp.firststep import DEFAULT_KV, LlamaCppEngine, log_softmax
 from evalkit.engines.llamacpp.probe import _lse, candidate_ids, content_free_prior, first_token, probe
 from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
@@ -94,6 +94,7 @@ class EvalkitLlamaCpp(TemplateLM):
         except ValueError as exc:  # a file llama.cpp cannot read: one line naming it
             raise BadInput(str(exc)) from None
         self.tokenizer = GGUFTokenizer(self.eng)
+        self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"llama.cpp {self.eng.path.rsplit('/', 1)[-1]}")
         self.kv_policy = policy
         self.top_k = int(top_k)
         self.temperature = float(temperature)

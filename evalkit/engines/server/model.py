@@ -48,7 +48,7 @@ from evalkit.defaults import (
     MIN_TOP_K,
 )
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
-from evalkit.engines import validate
+from evalkit.engines import tokenizer_id, validate
 from evalkit.engines.server.client import Client, ServerError, completion, served_models
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
@@ -139,6 +139,7 @@ class EvalkitServer(LM):
             raise BadInput(f"the server at {self.base_url} does not answer: {exc}") from None
         self.served_model = model or served_models(listed, self.base_url)[0]
         self.tokenizer = load_tokenizer(str(tokenizer))
+        self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"server tokenizer={tokenizer}")
         self.ids = piece_ids(self.tokenizer)
         self.k = min(int(top_k), int(top_logprobs))
         self.temperature = float(temperature)
