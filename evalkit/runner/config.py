@@ -29,6 +29,7 @@ from evalkit.defaults import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TEMPLATE,
     DEFAULT_TOP_K,
+    MAX_BATCH_SIZE,
     MIN_TOP_K,
 )
 from evalkit.errors import BadInput
@@ -37,7 +38,7 @@ from evalkit.prompts.templates import Template, get_template
 from evalkit.scoring.lexicon import Lexicon, load_lexicon
 
 INT32_MAX = 2**31 - 1  # INTEGER columns (seed, batch_size, sample_limit, top_k, needle_length)
-MAX_BATCH = 4096
+MAX_BATCH = MAX_BATCH_SIZE
 MAX_NAME = 200
 
 
