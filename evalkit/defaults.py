@@ -34,6 +34,7 @@ BATCH_TOKENS: Final = 4608
 MEMORY_BUDGET: Final = 2**30
 # `--batch-size auto` on a GPU: the share of the device memory free after the load that is the budget
 AUTO_DEVICE_SHARE: Final = 0.8
+AUTO_BATCH: Final = "auto"  # --batch-size auto: the prompts a batch derived like its positions
 MAX_BATCH_SIZE: Final = 4096  # the largest --batch-size taken (and the most prompts `auto` derives)
 # first-token candidates stored per prompt; the prior-drift support rule needs k >= 50 (SPEC §1.3)
 DEFAULT_TOP_K: Final = 50

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 
 import pytest
 
@@ -106,3 +108,66 @@ def test_shapes_are_read_off_a_loaded_model():
         model = LlamaForCausalLM(config)
     shapes = caps.shapes_of(model)
     assert (shapes.kv_heads, shapes.head_dim) == (4, 32)  # no KV heads given: as many as heads
+
+
+def _run_row(db) -> dict:
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        cur = con.execute("SELECT * FROM runs")
+        return dict(zip([d[0] for d in cur.description], cur.fetchone()))
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("asked", ["auto", "3"])
+def test_a_run_stores_the_caps_it_ran_under(invoke, tiny_model_dir, tmp_path, asked):
+    """`--batch-size auto` derives the prompts a batch from the model's shapes (lm-eval never searches for
+    one); a number is kept. Either way the run row holds the caps and `evalkit show` prints them."""
+    from transformers import AutoModelForCausalLM
+
+    db = tmp_path / "runs.duckdb"
+    res = invoke("run", "--model", "hf", "--model-args", f"pretrained={tiny_model_dir}", "--device", "cpu",
+                 "--tasks", "firsttoken_en", "--limit", "2", "--batch-size", asked, "--db", db)
+    assert res.exit_code == 0, res.output
+    expected = derive(caps.shapes_of(AutoModelForCausalLM.from_pretrained(tiny_model_dir)), defaults.MEMORY_BUDGET,
+                      None if asked == "auto" else int(asked))
+    row = _run_row(db)
+    assert (row["batch_size"], row["batch_positions"], row["trie_positions"], row["memory_budget"]) == (
+        expected.batch_prompts, expected.batch_positions, expected.trie_positions, defaults.MEMORY_BUDGET)
+    assert row["batch_size"] == (expected.batch_prompts if asked == "auto" else 3)
+    assert json.loads(row["config"])["batch_size"] == (asked if asked == "auto" else 3)
+    shown = invoke("show", "latest", "--db", db).stdout
+    assert re.search(rf"batch_positions: {expected.batch_positions}\n", shown), shown
+    assert re.search(rf"trie_positions: {expected.trie_positions}\n", shown), shown
+
+
+@pytest.mark.parametrize("bad", ["automatic", "0", "auto:4", "4097"])
+def test_a_batch_size_neither_whole_nor_auto_is_one_line(invoke, tmp_path, bad):
+    res = invoke("run", "--model", "evalkit-fake", "--tasks", "firsttoken", "--batch-size", bad,
+                 "--db", tmp_path / "r.duckdb")
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--batch-size" in lines[0] and "auto" in lines[0], res.stderr
+    assert not (tmp_path / "r.duckdb").exists()
+
+
+def test_the_library_takes_auto_and_refuses_other_text():
+    from evalkit.errors import BadInput
+    from evalkit.runner.config import RunConfig, _check_numbers
+
+    _check_numbers(RunConfig(tasks=["firsttoken"], batch_size="auto"))
+    with pytest.raises(BadInput, match="--batch-size must be a whole number from 1 to 4096 or 'auto'"):
+        _check_numbers(RunConfig(tasks=["firsttoken"], batch_size="big"))  # type: ignore[arg-type]
+
+
+def test_a_fake_backend_run_with_auto_stores_no_caps(invoke, tmp_path):
+    """A backend without caps (here the fake LM) leaves them NULL and batch_size NULL under auto."""
+    db = tmp_path / "runs.duckdb"
+    res = invoke("run", "--model", "evalkit-fake", "--tasks", "firsttoken", "--limit", "1", "--batch-size", "auto",
+                 "--db", db)
+    assert res.exit_code == 0, res.output
+    row = _run_row(db)
+    assert (row["batch_size"], row["batch_positions"], row["trie_positions"], row["memory_budget"]) == (
+        None, None, None, None)

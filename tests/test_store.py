@@ -62,6 +62,9 @@ EXPECTED_TABLES = {
         "attn_implementation": "VARCHAR",
         "engine": "VARCHAR",
         "unavailable": "VARCHAR",
+        "batch_positions": "INTEGER",
+        "trie_positions": "INTEGER",
+        "memory_budget": "BIGINT",
     },
     "metrics": {
         "run_id": "VARCHAR",

@@ -77,8 +77,9 @@ def model_class(name: str):
         raise BadInput(f"model type {name!r} needs a package that is not installed: {exc}") from exc
 
 
-def load(plan: ModelPlan, *, batch_size: int = DEFAULT_BATCH_SIZE):
-    """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`)."""
+def load(plan: ModelPlan, *, batch_size: int | str = DEFAULT_BATCH_SIZE):
+    """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`); `batch_size`
+    "auto" goes to the model type as lm-eval's own "auto" (evalkit-hf derives it, `engines.caps`)."""
     from evalkit.progress import phases
 
     if is_local(plan.args):

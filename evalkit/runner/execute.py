@@ -133,6 +133,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
     and which attention implementation it runs)."""
     cfg, model = plan.cfg, plan.model
     detail = getattr(lm, "quant_detail", None)
+    caps = getattr(lm, "caps", None)  # an in-process engine's `engines.caps.Caps`, derived at load
     return {
         "id": run_id,
         "created_at": now(),
@@ -151,7 +152,12 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "system_prompt": plan.template.system,
         "tasks": plan.tasks,
         "seed": cfg.seed,
-        "batch_size": cfg.batch_size,
+        # the prompts a batch held: what `--batch-size auto` chose, else as asked (NULL: auto, left to the backend)
+        "batch_size": caps.batch_prompts if caps is not None else cfg.batch_size if isinstance(cfg.batch_size, int)
+        else None,
+        "batch_positions": caps.batch_positions if caps is not None else None,
+        "trie_positions": caps.trie_positions if caps is not None else None,
+        "memory_budget": caps.budget if caps is not None else None,
         "sample_limit": cfg.limit,
         "top_k": model.top_k,  # top-k rows stored per prompt (NULL: the backend stores none)
         "first_temperature": cfg.first_temperature,

@@ -603,6 +603,16 @@ def m020_answer_prob(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE samples ADD COLUMN answer_prob DOUBLE")
 
 
+def m021_run_caps(con: duckdb.DuckDBPyConnection) -> None:
+    # the caps an in-process engine ran under (`engines.caps`), derived from the model's shapes and a
+    # working-memory budget: runs.batch_size holds the prompts a batch (what `--batch-size auto` chose),
+    # these the padded positions a batch and a candidate-trie level, and the budget in bytes. NULL for
+    # engines without them and for runs from before
+    con.execute("ALTER TABLE runs ADD COLUMN batch_positions INTEGER")
+    con.execute("ALTER TABLE runs ADD COLUMN trie_positions INTEGER")
+    con.execute("ALTER TABLE runs ADD COLUMN memory_budget BIGINT")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -626,4 +636,5 @@ MIGRATIONS: list[Migration] = [
     m019_drift_by_position,
     m018_engine,  # after m019: appended in the order it was written
     m020_answer_prob,
+    m021_run_caps,
 ]

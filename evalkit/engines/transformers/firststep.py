@@ -162,16 +162,20 @@ class Prober:
                  stop: Sequence[str] = (), batch_size: int = DEFAULT_BATCH_SIZE,
                  first_temperature: float | None = None, add_special_tokens: bool = False,
                  tolerance: float = 0.0, kv_policy: KVPolicy | None = None, unit_ranks: int = 0,
-                 batch_tokens: int = BATCH_TOKENS) -> None:
+                 batch_tokens: int = BATCH_TOKENS, trie_positions: int | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+        trie_positions = TRIE_POSITIONS if trie_positions is None else trie_positions
+        if trie_positions < 1:
+            raise ValueError(f"trie_positions must be >= 1, got {trie_positions}")
         if not 0 <= tolerance < 1:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
         self.batch_size, self.batch_tokens = batch_size, batch_tokens
         self.engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature, frozenset(), 0,
                               add_special_tokens, tolerance, kv_policy, unit_ranks, None)
+        self.engine.trie_positions = trie_positions
         # rows are stepped while more than three quarters of a batch go, so a step feeds 24 to 56 rows at
         # batch size 32 (a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8; a whole
         # batch kept took the suite's peak to 2.02 GB); batch size 1 keeps its meaning, one prompt in every
@@ -377,6 +381,7 @@ class _Engine:
                  banned_first_ids, seed, add_special_tokens, tolerance=0.0, kv_policy=None, unit_ranks=0,
                  attention=None):
         self.model = model
+        self.trie_positions = TRIE_POSITIONS  # padded node positions a trie level holds (`node_groups`)
         self.progress: Callable[[str, float], None] = lambda phase, share: None  # see `probe`
         self.unit_ranks = max(0, int(unit_ranks))
         self.policy = kv_policy or FULL
@@ -707,7 +712,7 @@ class _Engine:
         deeper levels are alike too). A forward costs about FORWARD_POSITIONS positions before it computes
         any (the weights are read from memory once a forward), so a row joins the group before it while
         the padding that adds stays under that, or under PAD_SHARE of the group's positions; a group
-        holds at most TRIE_POSITIONS padded positions a level."""
+        holds at most `trie_positions` padded positions a level (TRIE_POSITIONS unless the caps say otherwise)."""
         B = len(first_level)
         if self.policy.rounds:  # a rounded cache is never copied: one group
             return [list(range(B))]
@@ -719,7 +724,7 @@ class _Engine:
             if g is not None:
                 padded = (len(g) + 1) * width[r]
                 padding = padded - sum(width[i] for i in g) - width[r]
-                if padded <= TRIE_POSITIONS and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
+                if padded <= self.trie_positions and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
                     g.append(r)
                     continue
             groups.append([r])
