@@ -128,6 +128,11 @@ def _unavailable(lm: Any) -> str | None:
     return json.dumps(found, sort_keys=True) if isinstance(found, dict) and found else None
 
 
+def _whole_or_none(value: Any) -> int | None:
+    """A backend's own batch size when it is a number (llama.cpp's under `auto`), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
     """The `runs` row of a run as it starts (`lm`: the loaded model, which says what `--quant` applied
     and which attention implementation it runs)."""
@@ -154,7 +159,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "seed": cfg.seed,
         # the prompts a batch held: what `--batch-size auto` chose, else as asked (NULL: auto, left to the backend)
         "batch_size": caps.batch_prompts if caps is not None else cfg.batch_size if isinstance(cfg.batch_size, int)
-        else None,
+        else _whole_or_none(getattr(lm, "batch_size", None)),
         "batch_positions": caps.batch_positions if caps is not None else None,
         "trie_positions": caps.trie_positions if caps is not None else None,
         "memory_budget": caps.budget if caps is not None else None,
