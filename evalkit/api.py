@@ -185,7 +185,8 @@ def gate(candidate: str, baseline: str, rules: str | os.PathLike | None = None, 
          db: str | os.PathLike | None = None):
     """Gate run `candidate` against `baseline` (ids, prefixes, latest, tag:NAME, run names), as
     `evalkit gate` does; return its `GateResult` (`.outcome` "pass" | "fail" | "inconclusive", `.passed`,
-    `.verdict.rows`, `.markdown`, `.junit`). See docs/gate.md."""
+    `.verdict.rows`, `.markdown`, `.junit`). `rules`: "same" (the default), "upgrade", or a rules
+    file. See docs/gate.md."""
     from evalkit.release.db import gate_runs
 
     envvars.check_environment()

@@ -12,9 +12,13 @@ the paired delta B − A with a bootstrap 95 % CI (`stats.paired_bootstrap`).
 
 Does not: format output or pick exit codes (`cli/compare.py`), or judge a regression
 (`gate.py`). Prompts are paired by task and doc id only: comparing two templates pairs
-the same question asked in two frames, which is the point. Token ids are compared as
-they are, so comparing runs of models with different tokenizers gives a meaningless
-distribution part (the metric deltas still hold).
+the same question asked in two frames, which is the point.
+
+Tokenizers (docs/metrics.md §1.5, `pair_topk`): runs on one tokenizer (`scoring.textspace.
+tokenizer_relation`) compare top-k rows by token id, exactly as evalkit always has; runs on two
+tokenizers compare on the first-character event space (`scoring.textspace`). Lists of different
+K are cut to the shorter K first; a run with no top-k makes the distribution part missing, and
+the note names the run.
 """
 
 from __future__ import annotations
@@ -25,15 +29,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from evalkit.errors import BadInput
-from evalkit.scoring import stats
+from evalkit.kinds import EventSpace
+from evalkit.scoring import stats, textspace
 from evalkit.store.db import open_reader
 from evalkit.store.queries import resolve_run
 from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 
 ALL_TASKS = "all"  # the `task` of the overall rows
 # the runs columns that make a run dimension (what a comparison is usually across)
-DIMENSIONS = ("model", "model_fingerprint", "engine", "quant", "kv_cache", "template", "first_temperature",
-              "ban_openers")
+DIMENSIONS = ("model", "model_fingerprint", "tokenizer_hash", "engine", "quant", "kv_cache", "template",
+              "first_temperature", "ban_openers")
 TOP_N = 5  # top5_mass / top5_overlap
 N_BOOT = 2000
 SEED = 0
@@ -49,7 +54,9 @@ class DriftRow:
     top5_mass_b: float
     top5_overlap: float  # mean |top5_A ∩ top5_B| / 5
     js_div: float  # mean JSD₂(p_A ‖ p_B) over the stored top-k plus a rest bucket
-    flip_rate: float  # share of prompts whose rank-0 token differs
+    flip_rate: float  # share of prompts whose rank-0 token (first-character event) differs
+    space: EventSpace = "token_id"  # what the distributions are over (docs/metrics.md §1.5)
+    k: int | None = None  # the K both top-k lists were cut to; None: not cut (same K)
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,8 @@ class MetricDelta:
     mean_a: float
     mean_b: float
     delta: float  # mean_b − mean_a
-    lo: float  # 95 % paired bootstrap CI of delta
-    hi: float
+    lo: float | None  # 95 % paired bootstrap CI of delta; None from fewer than MIN_BOOTSTRAP_PROMPTS pairs
+    hi: float | None
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class Comparison:
     # drift by position of B against A (`drift_summary` rows, per task and bucket; docs/drift.md): [] when
     # B did not teacher-force A's responses
     by_position: list[dict] = field(default_factory=list)
+    tokenizers: str | None = None  # how the runs' tokenizers were found the same or different
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,8 @@ class RunInfo:
     model: str | None
     quant: str | None
     quant_detail: dict | None  # runs.quant_detail, parsed (None: not recorded)
+    tokenizer_hash: str | None = None  # runs.tokenizer_hash (None: stored before tokenizer identities)
+    tokenizer_source: str | None = None
 
     @property
     def quant_summary(self) -> str:
@@ -134,30 +144,31 @@ def compare_many(db: str | os.PathLike | None, baseline: str, candidates: list[s
             keys, values = _paired_samples(con, base, b, metric_cols)
             if not keys:
                 raise BadInput(f"runs {base} and {b} share no prompts (same task and doc_id); nothing to compare")
-            pairs.append((b, keys, values, paired_topk(con, base, b), _dimensions(con, base, b)))
+            pairs.append((b, keys, values, pair_topk(con, base, b), _dimensions(con, base, b)))
             by_position[b] = _by_position(con, base, b)
         info = run_info(con, [base, *ids])
 
     comparisons = []
-    for b, keys, values, (topk_a, topk_b), dims in pairs:
-        drift, note = drift_rows(keys, topk_a, topk_b)
+    for b, keys, values, pairing, dims in pairs:
+        drift, note = drift_rows(keys, pairing)
         comparisons.append(Comparison(base, b, len(keys), drift, note, metric_deltas(keys, values, metric_cols),
-                                      dims, by_position[b]))
+                                      dims, by_position[b], pairing.relation.why))
     return MultiComparison(base, info, comparisons)
 
 
 def run_info(con, ids: list[str]) -> dict[str, RunInfo]:
     import json
 
-    rows = con.execute("SELECT id, name, coalesce(model_name, model), quant, quant_detail FROM runs "
-                       "WHERE id IN (SELECT unnest(?))", [ids]).fetchall()
+    rows = con.execute("SELECT id, name, coalesce(model_name, model), quant, quant_detail, tokenizer_hash, "
+                       "tokenizer_source FROM runs WHERE id IN (SELECT unnest(?))", [ids]).fetchall()
     out = {}
-    for run_id, name, model, quant, detail in rows:
+    for run_id, name, model, quant, detail, tok_hash, tok_source in rows:
         try:
             parsed = json.loads(detail) if detail else None
         except ValueError:
             parsed = None
-        out[run_id] = RunInfo(run_id, name, model, quant, parsed if isinstance(parsed, dict) else None)
+        out[run_id] = RunInfo(run_id, name, model, quant, parsed if isinstance(parsed, dict) else None,
+                              tok_hash, tok_source)
     return out
 
 
@@ -238,8 +249,12 @@ def _paired_samples(con, a: str, b: str, cols: list[str]):
     return keys, values
 
 
-def paired_topk(con, a: str, b: str):
-    """Each run's stored top-k per shared prompt: {(task, doc_id): (token_ids, logprobs)}, rank order.
+# one prompt's stored top-k, rank order: (token ids, logprobs, token texts, first units)
+TopK = tuple[list[int], list[float], list[str | None], list[str | None]]
+
+
+def paired_topk(con, a: str, b: str) -> tuple[dict[tuple[str, str], TopK], dict[tuple[str, str], TopK]]:
+    """Each run's stored top-k per shared prompt: {(task, doc_id): TopK}, rank order.
 
     One query for both runs, restricted to the prompts both runs' samples hold.
     """
@@ -251,19 +266,95 @@ def paired_topk(con, a: str, b: str):
             SELECT task, doc_id FROM samples WHERE run_id = ?
         )
         SELECT t.run_id, t.task, t.doc_id,
-               list(t.token_id ORDER BY t.rank) AS ids, list(t.logprob ORDER BY t.rank) AS lps
+               list(t.token_id ORDER BY t.rank) AS ids, list(t.logprob ORDER BY t.rank) AS lps,
+               list(t.token ORDER BY t.rank) AS texts, list(t.unit ORDER BY t.rank) AS units
         FROM first_token_topk t JOIN shared s ON t.task = s.task AND t.doc_id = s.doc_id
         WHERE t.run_id IN (?, ?)
         GROUP BY t.run_id, t.task, t.doc_id
         """,
         [a, b, a, b],
     ).fetchall()
-    out: dict[str, dict[tuple[str, str], tuple[list[int], list[float]]]] = {a: {}, b: {}}
-    for run_id, task, doc_id, ids, lps in rows:
-        out[run_id][(task, doc_id)] = (ids, lps)
+    out: dict[str, dict[tuple[str, str], TopK]] = {a: {}, b: {}}
+    for run_id, task, doc_id, ids, lps, texts, units in rows:
+        out[run_id][(task, doc_id)] = (ids, lps, texts, units)
     if a == b:
         return out[a], out[a]
     return out[a], out[b]
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Two runs' first-token distributions paired prompt by prompt, on the event space their
+    tokenizers allow (docs/metrics.md §1.5)."""
+
+    run_a: str
+    run_b: str
+    relation: textspace.Relation  # same tokenizer or not, and how that was decided
+    space: EventSpace  # "token_id" (one tokenizer) or "first_char" (two)
+    k: int | None  # the K both lists were cut to; None: the runs' K agree (or one is unknown)
+    missing: tuple[str, ...]  # the runs with no top-k on the shared prompts
+    prompts: dict[tuple[str, str], dict[str, float]]  # (task, doc_id) -> prompt_drift's values
+    n_shared: int = 0  # shared prompts (before looking for top-k)
+
+
+def pair_topk(con, a: str, b: str) -> Pairing:
+    """Run B's first-token distributions against run A's on every shared prompt with top-k in both.
+
+    Same tokenizer (`textspace.tokenizer_relation`): `prompt_drift` by token id, today's numbers;
+    different tokenizers: `textspace.prompt_drift_text` on the first-character events. Either way
+    both lists are first cut to the shorter of the runs' K (`runs.top_k`, or the longest list
+    stored) when the two differ.
+    """
+    topk_a, topk_b = paired_topk(con, a, b)
+    facts = dict((r[0], r[1:]) for r in con.execute(
+        "SELECT id, tokenizer_hash, model_fingerprint, top_k, tokenizer_source FROM runs WHERE id IN (?, ?)",
+        [a, b]).fetchall())
+    n_shared = con.execute("SELECT count(*) FROM (SELECT task, doc_id FROM samples WHERE run_id = ? INTERSECT "
+                           "SELECT task, doc_id FROM samples WHERE run_id = ?)", [a, b]).fetchone()[0]
+    sides = {a: topk_a, b: topk_b}
+    none = (None,) * 4
+    tok = {r: textspace.RunTokenizer(r, facts.get(r, none)[0], facts.get(r, none)[1], _texts(sides[r]),
+                                     facts.get(r, none)[3]) for r in (a, b)}
+    relation = textspace.tokenizer_relation(tok[a], tok[b]) if a != b else textspace.Relation(True, "one run")
+    missing = tuple(r for r in dict.fromkeys((a, b)) if not sides[r])
+    k = textspace.cut(*(_stored_k(facts.get(r, none)[2], sides[r]) for r in (a, b)))
+    space: EventSpace = "token_id" if relation.same else "first_char"
+    prompts: dict[tuple[str, str], dict[str, float]] = {}
+    if not missing:
+        for key in topk_a.keys() & topk_b.keys():
+            ta, tb = _cut(topk_a[key], k), _cut(topk_b[key], k)
+            if not ta[0] or not tb[0]:
+                continue
+            prompts[key] = (prompt_drift((ta[0], ta[1]), (tb[0], tb[1])) if relation.same
+                            else textspace.prompt_drift_text(_tokens(ta), _tokens(tb)))
+    return Pairing(a, b, relation, space, k, missing, prompts, n_shared)
+
+
+def _texts(topk: dict[tuple[str, str], TopK]) -> dict[int, frozenset[str]]:
+    """token id -> the texts a run's stored top-k rows give it."""
+    found: dict[int, set[str]] = {}
+    for ids, _, texts, _ in topk.values():
+        for t, text in zip(ids, texts):
+            if text is not None:
+                found.setdefault(int(t), set()).add(text)
+    return {t: frozenset(v) for t, v in found.items()}
+
+
+def _stored_k(top_k: int | None, topk: dict[tuple[str, str], TopK]) -> int | None:
+    """A run's K: runs.top_k, else the longest list it stored (None: it stored none)."""
+    if top_k is not None:
+        return int(top_k)
+    return max((len(v[0]) for v in topk.values()), default=None)
+
+
+def _cut(top: TopK, k: int | None) -> TopK:
+    if k is None:
+        return top
+    return top[0][:k], top[1][:k], top[2][:k], top[3][:k]
+
+
+def _tokens(top: TopK) -> list[textspace.TopToken]:
+    return [textspace.TopToken(text, unit, lp) for text, unit, lp in zip(top[2], top[3], top[1])]
 
 
 # --- pure summaries -----------------------------------------------------------
@@ -289,35 +380,47 @@ def prompt_drift(a: tuple[list[int], list[float]], b: tuple[list[int], list[floa
     }
 
 
-def drift_rows(keys, topk_a, topk_b) -> tuple[list[DriftRow], str | None]:
+def missing_note(missing: tuple[str, ...], labels: dict[str, str] | None = None) -> str:
+    """The line a comparison shows for runs without a top-k: "metric missing", naming each run."""
+    named = " and ".join(f"{(labels or {}).get(r, 'run')} {r}".strip() for r in missing)
+    return (f"distribution drift omitted (metric missing): {named} stored no first-token top-k for the shared "
+            "prompts (a text-only backend?); metric deltas only")
+
+
+def drift_rows(keys, pairing: Pairing) -> tuple[list[DriftRow], str | None]:
     """Per-task and overall drift over `keys` (shared (task, doc_id)); (rows, note).
 
     Rows are [] with a note when either run has no top-k rows for the shared prompts
-    (a text-only backend); the note also says when only some shared prompts have them.
+    (a text-only backend); the note also says when only some shared prompts have them,
+    when the lists were cut to a shorter K, and when the runs' tokenizers differ.
     """
-    if not topk_a or not topk_b:
-        which = " and ".join(name for name, t in (("A", topk_a), ("B", topk_b)) if not t)
-        return [], (f"distribution drift omitted: run {which} has no first-token top-k for the shared "
-                    "prompts (a text-only backend?); metric deltas only")
+    if pairing.missing:
+        labels = {pairing.run_a: "run A", pairing.run_b: "run B"}
+        return [], missing_note(pairing.missing, labels)
     by_task: dict[str, list[dict[str, float]]] = defaultdict(list)
     for key in keys:
-        if key in topk_a and key in topk_b:
-            by_task[key[0]].append(prompt_drift(topk_a[key], topk_b[key]))
+        if key in pairing.prompts:
+            by_task[key[0]].append(pairing.prompts[key])
     n = sum(len(v) for v in by_task.values())
     if n == 0:
         return [], "distribution drift omitted: no shared prompt has first-token top-k in both runs"
-    note = None
+    notes = []
     if n < len(keys):
-        note = f"distribution drift over the {n} of {len(keys)} shared prompts with top-k in both runs"
-    rows = [_drift_row(task, by_task[task]) for task in sorted(by_task)]
-    rows.append(_drift_row(ALL_TASKS, [d for task in sorted(by_task) for d in by_task[task]]))
-    return rows, note
+        notes.append(f"distribution drift over the {n} of {len(keys)} shared prompts with top-k in both runs")
+    if pairing.k is not None:
+        notes.append(f"top-k lists cut to the shorter K = {pairing.k} before comparing")
+    if not pairing.relation.same:
+        notes.append(f"{pairing.relation.why}: top5_overlap, js_div and flip_rate compare the first non-whitespace "
+                     "character each token adds (docs/metrics.md, 'Across tokenizers'), not token ids")
+    rows = [_drift_row(task, by_task[task], pairing) for task in sorted(by_task)]
+    rows.append(_drift_row(ALL_TASKS, [d for task in sorted(by_task) for d in by_task[task]], pairing))
+    return rows, "; ".join(notes) or None
 
 
-def _drift_row(task: str, prompts: list[dict[str, float]]) -> DriftRow:
+def _drift_row(task: str, prompts: list[dict[str, float]], pairing: Pairing) -> DriftRow:
     mean = lambda k: sum(p[k] for p in prompts) / len(prompts)  # noqa: E731
     return DriftRow(task, len(prompts), mean("top5_mass_a"), mean("top5_mass_b"),
-                    mean("top5_overlap"), mean("js_div"), mean("flipped"))
+                    mean("top5_overlap"), mean("js_div"), mean("flipped"), pairing.space, pairing.k)
 
 
 def metric_deltas(keys, values: dict[str, list[tuple]], metrics: list[str]) -> list[MetricDelta]:
@@ -336,8 +439,9 @@ def metric_deltas(keys, values: dict[str, list[tuple]], metrics: list[str]) -> l
             a_vals = [va for va, _ in pairs]
             b_vals = [vb for _, vb in pairs]
             d = stats.paired_bootstrap(b_vals, a_vals, n_boot=N_BOOT, seed=SEED)
+            few = d.n < stats.min_prompts(binary=False)  # no interval from too few prompts, as the gate
             out.append(MetricDelta(scope, metric, d.n, mean_a=d.mean_b, mean_b=d.mean_a,
-                                   delta=d.delta, lo=d.lo, hi=d.hi))
+                                   delta=d.delta, lo=None if few else d.lo, hi=None if few else d.hi))
     return out
 
 

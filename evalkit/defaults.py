@@ -39,6 +39,14 @@ MAX_BATCH_SIZE: Final = 4096  # the largest --batch-size taken (and the most pro
 # first-token candidates stored per prompt; the prior-drift support rule needs k >= 50 (SPEC §1.3)
 DEFAULT_TOP_K: Final = 50
 MIN_TOP_K: Final = 50
+# The fewest prompts an interval may rest on, printed or stored (docs/gate.md "Too few prompts"): a score
+# interval (Wilson's, Tango's) keeps close to its level from about 10; a percentile bootstrap draws the
+# interval from the sample's own spread and runs narrow on small samples, so it waits for 20; an AUROC's
+# bootstrap resamples each class, so it needs that many of each: with one right answer of 42 every
+# resample that holds it ranks it alike and the interval collapses to a point
+MIN_SCORE_INTERVAL_PROMPTS: Final = 10
+MIN_BOOTSTRAP_PROMPTS: Final = 20
+MIN_AUROC_CLASS: Final = 10
 DEFAULT_TEMPERATURE: Final = 0.8  # T of top3_mass@T (SPEC §1.4)
 # opener probability a prompt may leave unscored in the candidate trie (0: exact); ft_hit_prob is always exact
 DEFAULT_TOLERANCE: Final = 1e-4
@@ -67,3 +75,7 @@ UNSTABLE_BELOW: Final = 0.70  # a prompt is unstable when its top3_mass (or samp
 MIDDLE_BAND: Final = (0.3, 0.7)
 SINK_TOKENS: Final = 64  # T of Gu et al. 2025: α averages the first min(T, n) query positions
 SINK_EPSILON: Final = 0.3  # ε of Gu et al. 2025: a head is a sink head when α > ε
+# a Jensen-Shannon divergence (bits) between first-character distributions below this is float
+# rounding, read as 0: two distributions equal up to the last bits (a permuted-id twin, whose
+# log-softmax sums its terms in another order) compute to about 1e-16, their true distance to 1e-32
+JSD_ROUNDING: Final = 1e-12

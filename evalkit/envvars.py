@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
@@ -23,8 +24,9 @@ from evalkit.errors import BadInput
 
 # path: any path (it may not exist yet); file / folder: one that exists; seconds: a finite
 # number in [low, high]; int: a whole number >= low; flag: on or off; choice: one of
-# `choices`; text: anything
-Kind = Literal["path", "file", "folder", "seconds", "int", "flag", "choice", "text"]
+# `choices`; text: anything; secret: printable ASCII without spaces (an HTTP header's token),
+# never shown in a message
+Kind = Literal["path", "file", "folder", "seconds", "int", "flag", "choice", "text", "secret"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 FLAG_ON = ("1", "true", "yes", "on")
@@ -34,6 +36,9 @@ DEFAULT_DB = Path("reports") / "evalkit.duckdb"
 # the variables a distributed launcher (torchrun, `accelerate launch`, deepspeed) sets
 # besides RANK / LOCAL_RANK / WORLD_SIZE; one of them tells a launch from a leftover RANK
 LAUNCH_MARKERS = ("MASTER_ADDR", "TORCHELASTIC_RUN_ID")
+DEFAULT_API_KEY_VAR = "EVALKIT_API_KEY"
+MAX_SECRET_CHARS = 8192
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,8 @@ class EnvVar:
             return "one of " + ", ".join(self.choices)
         if self.kind == "path" and self.off:
             return f"a path, or {self.off[0]} to turn it off"
+        if self.kind == "secret":
+            return f"printable ASCII without spaces, at most {MAX_SECRET_CHARS} characters"
         return {"path": "a path", "file": "an existing file", "folder": "an existing folder", "text": "any text"}[self.kind]
 
     def raw(self) -> str | None:
@@ -82,6 +89,8 @@ class EnvVar:
         False
         """
         value = self._parse(raw)
+        if value is _BAD and self.kind == "secret":  # the value is never shown
+            raise BadInput(f"{self.name} is set to a value evalkit cannot send: expected {self.accepted}")
         if value is _BAD:
             raise BadInput(f"{self.name}={raw!r}: expected {self.accepted}")
         return value
@@ -90,6 +99,9 @@ class EnvVar:
         text = raw.strip()
         if self.kind == "text":
             return raw
+        if self.kind == "secret":
+            ok = 0 < len(raw) <= MAX_SECRET_CHARS and all("!" <= c <= "~" for c in raw)
+            return raw if ok else _BAD
         if not text:  # set to blanks only
             return _BAD
         if self.kind == "flag":
@@ -155,6 +167,9 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("USE_HUB_KERNELS", "text", None,
            "transformers' own hub-kernel switch: evalkit sets it to 0 in its process unless "
            "`EVALKIT_HUB_KERNELS` (or `--model-args use_kernels=True`) opts in; then transformers reads it as set."),
+    EnvVar(DEFAULT_API_KEY_VAR, "secret", None,
+           "API key the server engine (`--model server`) sends as `Authorization: Bearer` to its `base_url`'s "
+           "host only; `--model-args api_key_env=NAME` reads it from another variable. Never stored or shown."),
     EnvVar("GITHUB_STEP_SUMMARY", "path", None, "File `evalkit gate` appends its verdict to (set by GitHub Actions)."),
     EnvVar("RANK", "int", "0", "This process's global rank in a distributed launch; only rank 0 stores the run.",
            low=0),
@@ -221,6 +236,21 @@ def heartbeat_s() -> float:
 def debug() -> bool:
     """Whether EVALKIT_DEBUG asks for tracebacks."""
     return cast(bool, VARS["EVALKIT_DEBUG"].get())
+
+
+def api_key(name: str | None = None) -> str | None:
+    """The server engine's API key: the variable `name` names (`--model-args api_key_env=NAME`), which
+    must then be set, else $EVALKIT_API_KEY (None when unset). BadInput (one line that never shows
+    the value) for a name that is no variable name, an unset named variable, or a value that cannot
+    be an HTTP header's token."""
+    if name is None or name == DEFAULT_API_KEY_VAR:
+        return cast("str | None", VARS[DEFAULT_API_KEY_VAR].get())
+    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+        raise BadInput(f"--model-args api_key_env={name!r}: expected the name of an environment variable")
+    var = EnvVar(name, "secret", None, "the API key --model-args api_key_env names")
+    if var.raw() is None:
+        raise BadInput(f"--model-args api_key_env={name}: {name} is not set (or empty); set it to the API key")
+    return cast(str, var.get())
 
 
 def cache() -> Path | None:

@@ -20,6 +20,9 @@ MarginKind = Literal["delta", "relative"]
 ThresholdOp = Literal[">=", ">", "<=", "<", "=="]
 # what exit 3 (inconclusive) becomes under `evalkit gate --on-inconclusive`
 OnInconclusive = Literal["pass", "fail"]
+# the shipped gate rule sets (docs/gate.md): "same" = the same model, cheaper (equivalence of the
+# first-token distribution included); "upgrade" = no worse (non-inferiority on quality only)
+RuleSet = Literal["same", "upgrade"]
 
 # --- the metric registry (`scoring.registry.Metric`) ---
 # where a metric's value is read: the response text, the first-step distribution, N samples,
@@ -38,6 +41,12 @@ KVPolicyKind = Literal["full", "window", "sinkwindow", "fp8", "quantized", "ggml
 # what computes a run's numbers (runs.engine): transformers in this process, llama.cpp's kernels in
 # this process, an OpenAI-compatible server's logprobs, vLLM in this process
 Engine = Literal["transformers", "llama.cpp", "openai-server", "vllm"]
+# what a run's tokenizer identity was hashed from (runs.tokenizer_source): a transformers fast
+# tokenizer's tokenizer.json, a slow (Python) transformers tokenizer, a GGUF's vocabulary read by llama.cpp
+TokenizerKind = Literal["tokenizer.json", "slow tokenizer", "GGUF vocabulary"]
+# how two runs' first-token distributions are compared (docs/metrics.md §1.5): by token id (one
+# tokenizer), or by the first non-whitespace character each token adds (two tokenizers)
+EventSpace = Literal["token_id", "first_char"]
 KVQuantBackend = Literal["quanto", "hqq"]  # the library of a quantized:BACKEND:BITS cache
 # how a `--quant` variant reaches the weights: cast after loading | quantized while loading |
 # quantized after loading | a checkpoint already quantized (backends/quant.py)
@@ -54,6 +63,7 @@ ShownStatus = Literal["running", "done", "failed", "interrupted", "kept", "aband
 ROW_STATUSES: tuple[str, ...] = get_args(RowStatus)
 MARGIN_KINDS: tuple[str, ...] = get_args(MarginKind)
 ON_INCONCLUSIVE: tuple[str, ...] = get_args(OnInconclusive)
+RULE_SETS: tuple[str, ...] = get_args(RuleSet)
 THRESHOLD_OPS: tuple[str, ...] = get_args(ThresholdOp)
 METRIC_LEVELS: tuple[str, ...] = get_args(MetricLevel)
 KV_POLICY_KINDS: tuple[str, ...] = get_args(KVPolicyKind)

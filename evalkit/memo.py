@@ -8,7 +8,8 @@ once per such identity and keeps them in the cache folder (`EVALKIT_CACHE`); wit
 computes them every time. `counts` keeps a GGUF's tensor types the same way (the run row's
 `gguf_tensor_types`: parsing the file's metadata costs about 2 CPU-seconds a load), keyed by the
 file's stamp. A file that does not read as what was written is recomputed and replaced, never
-trusted. Does not: decide anything about the names (the caller does, the same way either way).
+trusted; the folder and its files follow the rule of every cache evalkit keeps (`cachedir`: this
+user's, writable by no one else, created without following links; what breaks it is ignored). Does not: decide anything about the names (the caller does, the same way either way).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from evalkit import envvars
+from evalkit import cachedir
 from evalkit.version import __version__
 
 FORMAT = 1
@@ -63,46 +64,49 @@ def counts(kind: str, identity: dict[str, Any], compute: Callable[[], dict[str, 
                        lambda v: isinstance(v, dict) and all(isinstance(k, str) and type(n) is int for k, n in v.items()))
 
 
+def entry(kind: str, identity: dict[str, Any]) -> tuple[Path | None, dict[str, Any]]:
+    """Where the list of `kind` for `identity` is kept (None: the cache is off or ignored, see
+    `cachedir`), and the identity as written beside it."""
+    identity = {"format": FORMAT, "evalkit": __version__, "kind": kind, **identity}
+    text = json.dumps(identity, sort_keys=True, default=str)
+    try:
+        folder = cachedir.folder("names")
+    except OSError:  # cannot be made: computed every time
+        folder = None
+    path = None if folder is None else folder / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
+    return path, json.loads(text)
+
+
 def _remembered(kind: str, identity: dict[str, Any], compute: Callable[[], Any], valid: Callable[[Any], bool]) -> Any:
     """`compute()`'s JSON value, kept under the cache folder's `names/` keyed by `identity`; a kept file
     that does not read as what was written for this identity, or whose value is not `valid`, is
-    recomputed and replaced."""
-    folder = envvars.cache()
-    if folder is None:
+    recomputed and replaced; one that breaks the cache's rule (`cachedir`) is ignored."""
+    path, written = entry(kind, identity)
+    if path is None:
         return compute()
-    identity = {"format": FORMAT, "evalkit": __version__, "kind": kind, **identity}
-    text = json.dumps(identity, sort_keys=True, default=str)
-    path = folder / "names" / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:24]}.json"
-    kept = _read(path, identity)
+    kept = _read(path, written)
     if kept is not None and valid(kept):
         return kept
     found = compute()
     if found is not None:
-        _write(path, {"identity": json.loads(text), "names": found})
+        _write(path, {"identity": written, "names": found})
     return found
 
 
 def _read(path: Path, identity: dict[str, Any]) -> Any:
+    raw = cachedir.read(path, MAX_BYTES)
     try:
-        if path.stat().st_size > MAX_BYTES:
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = None if raw is None else json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
-    if not isinstance(data, dict) or data.get("identity") != json.loads(json.dumps(identity, default=str)):
+    if not isinstance(data, dict) or data.get("identity") != identity:
         return None
     return data.get("names")
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
     """Best effort: a cache that cannot be written costs the next run the same seconds, nothing more."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(tmp, path)
+        cachedir.write(path, json.dumps(data).encode("utf-8"))
     except OSError:
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        pass

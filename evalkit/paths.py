@@ -334,15 +334,51 @@ def atomic_folder(path: str | os.PathLike, what: str = "output") -> Iterator[Pat
 MAX_YAML_BYTES = 4 << 20  # a templates file or an opener lexicon: small files a person writes
 
 
+def shown(path: str | os.PathLike) -> str:
+    """A path as a message shows it: a byte that is not UTF-8 as `\\xNN`, never a lone surrogate.
+
+    >>> shown(os.fsdecode(b"/tmp/a\\xffb.duckdb"))
+    '/tmp/a\\\\xffb.duckdb'
+    """
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def utf8_path(path: str | os.PathLike, what: str) -> str:
+    """`path` as text DuckDB can take: BadInput (one line) when it holds a byte that is not UTF-8,
+    which DuckDB's own path handling cannot represent (it fails inside with std::bad_cast)."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"{what} {shown(path)} holds a byte that is not UTF-8; DuckDB opens only UTF-8 paths "
+                       "(rename it, or choose another path)") from None
+    return text
+
+
+def distrust(st: os.stat_result, private: bool = False) -> str | None:
+    """Why a file or folder (its `os.lstat`) is not one evalkit may take as its own: not this user's,
+    or writable by others (`private`: open to them at all); None when it may. The one rule of
+    evalkit's own folders and files: the spool's, every cache's (`cachedir`)."""
+    uid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not {uid}"
+    if st.st_mode & (0o077 if private else 0o022):
+        return f"open to other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 @contextlib.contextmanager
-def open_input(path: str | os.PathLike, what: str, limit: int, *, follow_links: bool = True) -> Iterator[_Capped]:
+def open_input(path: str | os.PathLike, what: str, limit: int, *, follow_links: bool = True,
+               owned: bool = False) -> Iterator[_Capped]:
     """An input file the user (or another process) handed evalkit, open for reading in binary.
 
     The one door for untrusted input files: BadInput (one line naming `what` and the path)
     when it is missing or unreadable, a link and `follow_links` is off, not a regular file (a
     device such as /dev/zero, a FIFO, a socket, a folder: opened without waiting, never
-    read), or larger than `limit` bytes. Read it whole (`read_input`) or line by line
-    (`read_lines`); both stop at `limit` even when the file grows while read.
+    read), larger than `limit` bytes, or, when `owned` (a file evalkit wrote for itself: a
+    cache entry), another user's or writable by others (`distrust`). Read it whole
+    (`read_input`) or line by line (`read_lines`); both stop at `limit` even when the file
+    grows while read.
     """
     p = Path(path)
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)  # a FIFO opens without waiting for a writer
@@ -360,6 +396,9 @@ def open_input(path: str | os.PathLike, what: str, limit: int, *, follow_links: 
             raise BadInput(f"cannot read {what} {p}: it is {kind_of(st.st_mode)}, not a regular file")
         if st.st_size > limit:
             raise BadInput(f"{what} {p} is {st.st_size:,} bytes; at most {limit:,} are read")
+        why = distrust(st) if owned else None
+        if why:
+            raise BadInput(f"{what} {p} is {why}; evalkit reads only its own files here")
         os.set_blocking(fd, True)
         fh = os.fdopen(fd, "rb")
     except BaseException:
@@ -420,10 +459,49 @@ def read_lines(fh: _Capped, what: str, path: str | os.PathLike, max_line: int) -
         yield line
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of a file's bytes, read now in 1 MiB blocks (a kept run's, a converted model's)."""
+ANY_SIZE = 1 << 62  # `open_input`'s limit for a file of any size (model weights: hashed, never held)
+
+
+def file_sha256(path: str | os.PathLike, what: str = "file") -> str:
+    """The SHA-256 of a file's bytes, read now in 1 MiB blocks (a kept run's, a converted model's,
+    a model's weights); BadInput when it is not a regular file (`open_input`: a FIFO is never waited on)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_input(path, what, ANY_SIZE) as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def check_input_path(path: str | os.PathLike, what: str, kind: str = "file",
+                     limit: int | None = None) -> Path:
+    """The door for inputs a library opens by path (transformers, tokenizers, gguf, llama.cpp): BadInput
+    (one line naming `what` and the path) unless `path` is a regular file (`kind="file"`, at most
+    `limit` bytes), a folder (`"folder"`) or either (`"either"`), links followed. A folder's own
+    entries are checked too, since the library opens those by name: any that is a FIFO, a
+    device or a socket is refused (a FIFO would hold the load forever, a device feed it without
+    end). Returns the path as a Path.
+    """
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        raise BadInput(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+    wanted = {"file": (stat.S_ISREG,), "folder": (stat.S_ISDIR,), "either": (stat.S_ISREG, stat.S_ISDIR)}[kind]
+    if not any(test(st.st_mode) for test in wanted):
+        expected = {"file": "a regular file", "folder": "a folder", "either": "a regular file or a folder"}[kind]
+        raise BadInput(f"cannot read {what} {p}: it is {kind_of(st.st_mode)}, not {expected}")
+    if stat.S_ISREG(st.st_mode) and limit is not None and st.st_size > limit:
+        raise BadInput(f"{what} {p} is {st.st_size:,} bytes; at most {limit:,} are read")
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            entries = list(os.scandir(p))
+        except OSError as exc:
+            raise BadInput(f"cannot read {what} {p}: {exc.strerror or exc}") from None
+        for entry in sorted(entries, key=lambda e: e.name):
+            try:
+                mode = entry.stat().st_mode  # links followed: the library follows them too
+            except OSError:
+                continue  # a dangling link: the library names it when it needs it
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise BadInput(f"cannot read {what} {p}: {entry.name} in it is {kind_of(mode)}, not a regular file")
+    return p

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tmp DB for every test, the tiny random Llama, a fake lm-eval LM, the CLI in-process."""
+"""Shared fixtures: a tmp DB for every test, the tiny random Llama, the model zoo on real tokenizers, a fake
+lm-eval LM, the CLI in-process."""
 
 from __future__ import annotations
 
@@ -71,3 +72,23 @@ def fake_run(invoke):
         return re.search(r"^run (\S+)\s+done", res.stdout, re.MULTILINE).group(1)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory):
+    """`zoo(family)`: that family's tiny peaked model and its permuted-id twin (tests/zoo.py), built
+    once per session on first use; skips, saying why, when its vocabulary GGUF is not there."""
+    from tests import zoo as zoo_module
+
+    root = tmp_path_factory.mktemp("zoo")
+    built: dict = {}
+
+    def pair(family: str):
+        reason = zoo_module.missing(family)
+        if reason:
+            pytest.skip(reason)
+        if family not in built:
+            built[family] = zoo_module.build_pair(family, root)
+        return built[family]
+
+    return pair

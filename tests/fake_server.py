@@ -40,6 +40,7 @@ class FakeServer:
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
         self.requests: list[tuple[str, str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each request's headers, in the order of `requests`
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -57,6 +58,7 @@ class FakeServer:
                     body = data
                 path = self.path.removeprefix("/v1")
                 outer.requests.append((method, path, body))
+                outer.headers.append(dict(self.headers.items()))
                 reply = outer.answer(method, path, body)
                 raw = reply.raw()
                 head = f"HTTP/1.1 {reply.status} X\r\n"

@@ -28,7 +28,8 @@ PACKAGE = ROOT / "evalkit"
 LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "floor": (("evalkit.errors", "evalkit.kinds", "evalkit.defaults", "evalkit.envvars", "evalkit.version",
                "evalkit.install", "evalkit.labels", "evalkit.contract", "evalkit.paths", "evalkit.progress",
-               "evalkit.memo"),
+               "evalkit.memo", "evalkit.cachedir", "evalkit.loaderrors",
+               "evalkit.redact", "evalkit.textsafe"),
               frozenset()),
     "scoring": (("evalkit.scoring",), frozenset({"floor"})),
     "prompts": (("evalkit.prompts",), frozenset({"floor", "scoring"})),

@@ -168,7 +168,7 @@ def test_junit_file_parses_and_counts_failures(invoke, runs, tmp_path):
     assert int(suite.get("tests")) == len(cases) and int(suite.get("failures")) == len(failed) >= 4
     assert {c.get("name") for c in failed} >= {"firsttoken_en/ft_hit", "firsttoken_zh/opener_rate"}
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
-    assert props == {"candidate": runs["bad"], "baseline": runs["base"], "outcome": "fail"}
+    assert props == {"candidate": runs["bad"], "baseline": runs["base"], "outcome": "fail", "rules": "built-in rules 'same'"}
 
 
 def test_github_step_summary_is_appended(invoke, runs, tmp_path):
@@ -249,7 +249,7 @@ def test_promote_then_gate_against_the_tag(invoke, runs):
 
     res = invoke("gate", "--candidate", runs["equal"], "--baseline", "tag:prod")
     assert res.exit_code == 0, res.output
-    assert f"vs baseline `{runs['base']}`" in res.stdout
+    assert f"vs baseline {runs['base']}" in res.stdout
     assert invoke("gate", "--candidate", runs["bad"], "--baseline", "tag:prod").exit_code == 1
 
     # promoting a newer run moves tag:prod to it; the first keeps its row

@@ -62,6 +62,8 @@ EXPECTED_TABLES = {
         "attn_implementation": "VARCHAR",
         "engine": "VARCHAR",
         "unavailable": "VARCHAR",
+        "tokenizer_hash": "VARCHAR",  # m021
+        "tokenizer_source": "VARCHAR",
         "batch_positions": "INTEGER",
         "trie_positions": "INTEGER",
         "memory_budget": "BIGINT",

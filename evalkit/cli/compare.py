@@ -13,10 +13,10 @@ import click
 from evalkit.cli.options import db_option, format_option
 from evalkit.cli.output import render
 
-DRIFT_COLUMNS = ["task", "n", "top5_mass_a", "top5_mass_b", "top5_overlap", "js_div", "flip_rate"]
+DRIFT_COLUMNS = ["task", "n", "top5_mass_a", "top5_mass_b", "top5_overlap", "js_div", "flip_rate", "space"]
 DELTA_COLUMNS = ["task", "metric", "n", "mean_a", "mean_b", "delta", "ci_lo", "ci_hi"]
 SWEEP_DRIFT_COLUMNS = ["task", "run", "quant", "n", "top5_mass_base", "top5_mass", "top5_overlap", "js_div",
-                       "flip_rate"]
+                       "flip_rate", "space"]
 SWEEP_DELTA_COLUMNS = ["task", "metric", "run", "quant", "n", "mean_base", "mean", "delta", "ci_lo", "ci_hi"]
 
 
@@ -30,6 +30,9 @@ def compare_command(runs, db, fmt):
     Prints the first-token drift per task (top-5 mass of each run, top-5 overlap,
     Jensen-Shannon divergence in bits, share of flipped top-1 tokens) and, for every
     per-sample metric, the paired delta candidate - baseline with a bootstrap 95% CI.
+    Runs on one tokenizer compare tokens by id; runs on different tokenizers compare the
+    first non-whitespace character each token adds (the `space` column says which;
+    docs/metrics.md). Top-k lists of different K are cut to the shorter.
     With several candidates (e.g. a --quant sweep) both tables hold a row per candidate.
     RUN: id, unique prefix, latest, tag:NAME, or a run name.
 
@@ -63,6 +66,8 @@ def _two(m, fmt) -> None:
         out["deltas"] = [dict(zip(DELTA_COLUMNS, row)) for row in deltas]
         out["quant_a"], out["quant_b"] = (a.quant if a else None), (b.quant if b else None)
         out["quant_detail_a"], out["quant_detail_b"] = (a.quant_detail if a else None), (b.quant_detail if b else None)
+        out["tokenizer_a"] = {"hash": a.tokenizer_hash, "source": a.tokenizer_source} if a else None
+        out["tokenizer_b"] = {"hash": b.tokenizer_hash, "source": b.tokenizer_source} if b else None
         click.echo(json.dumps(out, ensure_ascii=False, indent=2))
         return
     if fmt == "csv":
@@ -78,6 +83,10 @@ def _two(m, fmt) -> None:
     click.echo(f"A = {c.run_a}   B = {c.run_b}   shared prompts: {c.n_shared}")
     if c.dimensions:
         click.echo("runs differ in: " + _differ(c.dimensions))
+    click.echo(f"A tokenizer  {_tokenizer(a)}")
+    click.echo(f"B tokenizer  {_tokenizer(b)}")
+    if c.tokenizers:
+        click.echo(f"tokenizers: {c.tokenizers}")
     if (a and a.quant) or (b and b.quant):
         click.echo(f"A quant  {a.quant_summary if a else '-'}")
         click.echo(f"B quant  {b.quant_summary if b else '-'}")
@@ -102,7 +111,7 @@ def _sweep(m, fmt) -> None:
 
     order = {c.run_b: i for i, c in enumerate(m.comparisons)}
     drift = sorted(([r.task, c.run_b, quant(c.run_b), r.n, r.top5_mass_a, r.top5_mass_b, r.top5_overlap, r.js_div,
-                     r.flip_rate] for c in m.comparisons for r in c.drift),
+                     r.flip_rate, r.space] for c in m.comparisons for r in c.drift),
                    key=lambda row: (row[0] == "all", row[0], order[row[1]]))
     deltas = sorted(([d.task, d.metric, c.run_b, quant(c.run_b), d.n, d.mean_a, d.mean_b, d.delta, d.lo, d.hi]
                      for c in m.comparisons for d in c.deltas),
@@ -132,6 +141,8 @@ def _sweep(m, fmt) -> None:
     for c in m.comparisons:
         info = m.runs.get(c.run_b)
         click.echo(f"run      {c.run_b}  {info.quant_summary if info else ''}  (shared prompts: {c.n_shared})")
+        if c.tokenizers and not c.tokenizers.startswith("same tokenizer"):
+            click.echo(f"         tokenizers: {c.tokenizers}")
         others = {k: v for k, v in c.dimensions.items() if k != "quant"}
         if others:
             click.echo(f"         differs from the baseline in: {_differ(others)}")
@@ -166,8 +177,19 @@ def _by_position_table(comparisons) -> None:
 
 
 def _differ(dimensions: dict[str, tuple]) -> str:
-    """The run dimensions two runs differ in: "kv_cache full -> window:256; quant bf16 -> int8-weight"."""
-    return "; ".join(f"{k} {x} -> {y}" for k, (x, y) in dimensions.items())
+    """The run dimensions two runs differ in: "kv_cache full -> window:256; quant bf16 -> int8-weight"
+    (a tokenizer hash by its first 12 digits)."""
+    def show(k, v):
+        return v[:12] if k == "tokenizer_hash" and isinstance(v, str) else v
+
+    return "; ".join(f"{k} {show(k, x)} -> {show(k, y)}" for k, (x, y) in dimensions.items())
+
+
+def _tokenizer(info) -> str:
+    """A run's tokenizer identity as one line: its hash's first 12 digits and where it came from."""
+    if info is None or info.tokenizer_hash is None:
+        return "unknown (stored before tokenizer identities, or the engine gave none)"
+    return f"{info.tokenizer_hash[:12]}  {info.tokenizer_source or ''}".rstrip()
 
 
 def _metric_rank(metric: str) -> int:

@@ -6,13 +6,16 @@ import click
 
 from evalkit.cli.options import db_option
 from evalkit.kinds import ON_INCONCLUSIVE
+from evalkit.textsafe import term_text
 
 
 @click.command("gate")
 @click.option("--candidate", required=True, help="The run to judge: id, unique prefix, latest, tag:NAME, or a run name.")
 @click.option("--baseline", required=True, help="The run to compare against, e.g. tag:prod.")
-@click.option("--rules", "rules_file", type=click.Path(dir_okay=False), default=None,
-              help="YAML rules (thresholds, regressions); default: regression limits on the headline metrics.")
+@click.option("--rules", "rules_file", metavar="same|upgrade|FILE", default=None,
+              help="The question the gate answers: 'same' (the same model, cheaper: quality no worse and the "
+                   "first-token distribution unchanged; the default), 'upgrade' (no worse: quality only), or a YAML "
+                   "rules file (thresholds, regressions; 'extends: same|upgrade' builds on a set).")
 @click.option("--junit", "junit_file", type=click.Path(dir_okay=False), default=None,
               help="Also write the verdict as JUnit XML to this file.")
 @click.option("--on-inconclusive", type=click.Choice(ON_INCONCLUSIVE), default=None,
@@ -28,9 +31,14 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
     Prints the verdict as a markdown table and appends it to $GITHUB_STEP_SUMMARY when
     that is set. Only reads the DB. See docs/gate.md.
 
+    Two questions, two shipped rule sets: --rules same (the default) asks whether the
+    candidate is the same model, cheaper (a quantization, a cast, a KV policy); --rules
+    upgrade asks whether it is no worse (a new model, a fine-tune, another template).
+
     \b
     Examples:
       evalkit gate --candidate latest --baseline tag:prod
+      evalkit gate --candidate new-model --baseline tag:prod --rules upgrade
       evalkit gate --candidate 2612021005 --baseline tag:prod --rules examples/gate-rules.yaml --junit gate.xml
       evalkit gate --candidate latest --baseline tag:prod --on-inconclusive fail
     """
@@ -59,7 +67,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
         raise RunFailed(f"gate failed for candidate {result.candidate_id}: {reasons[0]}{more}")
     what = f"gate inconclusive for candidate {result.candidate_id}: {reasons[0]}{more}"
     if on_inconclusive == "pass":
-        click.echo(f"evalkit: note: {what} (--on-inconclusive pass: exit 0)", err=True)
+        click.echo(term_text(f"evalkit: note: {what} (--on-inconclusive pass: exit 0)"), err=True)
         return
     if on_inconclusive == "fail":
         raise RunFailed(f"{what} (--on-inconclusive fail)")
@@ -81,7 +89,7 @@ def promote_command(run, tag, db):
     from evalkit.release.db import promote
 
     run_id, added = promote(db, run, tag)
-    click.echo(f"run {run_id} tagged {tag}" if added else f"run {run_id} already tagged {tag}")
+    click.echo(term_text(f"run {run_id} tagged {tag}" if added else f"run {run_id} already tagged {tag}"))
 
 
 COMMANDS = [gate_command, promote_command]

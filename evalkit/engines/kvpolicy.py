@@ -147,7 +147,7 @@ FULL = KVPolicy("full")
 
 
 def _int(text: str, what: str, spec: str, lo: int) -> int:
-    if not text.isdigit() or not lo <= int(text) <= MAX_WINDOW:
+    if not (text.isascii() and text.isdigit()) or not lo <= int(text) <= MAX_WINDOW:
         raise BadInput(f"--kv-cache {spec!r}: {what} must be a whole number from {lo} to {MAX_WINDOW}, got {text!r}")
     return int(text)
 

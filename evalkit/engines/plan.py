@@ -66,7 +66,11 @@ def parse_model_args(text: str | None) -> dict[str, Any]:
             raise BadInput(f"malformed --model-args {text!r}: expected K=V,K=V (bad part {part!r})")
         if key in out:
             raise BadInput(f"malformed --model-args: {key!r} given twice")
-        out[key] = _typed(value.strip())
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            raise BadInput(f"--model-args {key}={value}: the quotes are part of the value here (a shell's quotes "
+                           f"go around the whole option); write {key}={value[1:-1]}")
+        out[key] = _typed(value)
     return out
 
 
@@ -74,19 +78,52 @@ def _typed(value: str):
     """A model-arg value typed as lm-eval types it (lm_eval.utils.handle_arg_string,
     restated here because importing lm_eval.utils costs a third of a second).
 
-    >>> _typed("True"), _typed("8"), _typed("0.5"), _typed("bfloat16")
-    (True, 8, 0.5, 'bfloat16')
+    >>> _typed("True"), _typed("8"), _typed("0.5"), _typed("bfloat16"), _typed("²"), _typed("١٢")
+    (True, 8, 0.5, 'bfloat16', '²', '١٢')
     """
     if value.lower() == "true":
         return True
     if value.lower() == "false":
         return False
-    if value.isnumeric():
+    if not value.isascii():  # "²", "٣", "½": digits to str.isnumeric, a number to int() or float()
+        return value          # at most by accident; a value stays text unless written in ASCII
+    if value.isdigit():
         return int(value)
     try:
         return float(value)
     except ValueError:
         return value
+
+
+# the model args that name a file or folder a library opens by path (`check_local_files`)
+PATH_ARGS = ("pretrained", "tokenizer", "gguf_file", "model", "peft", "delta")
+
+
+def local_files(args: dict[str, Any]) -> list[tuple[str, Path]]:
+    """(key, path) of each model arg naming a local file or folder that exists (a hub id or a
+    served model's name does not), `gguf_file` taken under `pretrained` when relative."""
+    out = []
+    pretrained = args.get("pretrained")
+    for key in PATH_ARGS:
+        value = args.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        path = Path(os.path.expanduser(value))
+        if key == "gguf_file" and not path.is_absolute() and isinstance(pretrained, str):
+            path = Path(os.path.expanduser(pretrained)) / path
+        if os.path.lexists(path):
+            out.append((key, path))
+    return out
+
+
+def check_local_files(args: dict[str, Any]) -> None:
+    """The door for the files a library opens by path (transformers, tokenizers, gguf, llama.cpp,
+    vLLM): every model arg naming a local path must be a regular file or a folder whose own
+    entries are no FIFO, device or socket (`paths.check_input_path`); BadInput naming the key."""
+    from evalkit.paths import check_input_path
+
+    for key, path in local_files(args):
+        check_input_path(path, f"--model-args {key}=", "either")
 
 
 @dataclass(frozen=True)
@@ -174,9 +211,11 @@ def fingerprint(model_args: dict[str, Any]) -> str | None:
         return f"{pretrained}@{model_args.get('revision', 'main')}"
     if len(files) == 1:
         return "sha256:" + sha256(files[0])
+    from evalkit.paths import ANY_SIZE, open_input
+
     h = hashlib.sha256()  # several files: one digest over their bytes in order
     for f in files:
-        with open(f, "rb") as fh:
+        with open_input(f, "model weights", ANY_SIZE) as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return "sha256:" + h.hexdigest()
@@ -197,4 +236,4 @@ def sha256(path: Path) -> str:
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
     from evalkit.paths import file_sha256
 
-    return file_sha256(Path(path))
+    return file_sha256(Path(path), "model weights")

@@ -10,6 +10,7 @@ does not wrap), and loading a plan the same way for `evalkit run` and `evalkit i
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
@@ -25,10 +26,15 @@ from evalkit.engines import OTHER_RESOLVER, engine_for, kvpolicy, load_resolver
 from evalkit.engines.plan import (  # noqa: F401  (fingerprint: read as resolve.fingerprint by the runner)
     ModelPlan,
     ModelRequest,
+    check_local_files,
     fingerprint,
     is_local,
+    local_files,
+    parse_model_args,
 )
+from evalkit import redact
 from evalkit.errors import BadInput
+from evalkit.loaderrors import loading
 
 
 def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, quant_name: str | None = None,
@@ -55,7 +61,10 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
                        top_k=top_k, temperature=temperature, first_temperature=first_temperature,
                        ban_openers=ban_openers, seed=seed, kv_policy=policy, attention=attention)
     resolver = record.resolve_with() if record is not None else load_resolver(OTHER_RESOLVER)
-    return resolver(record, ask)
+    check_local_files(parse_model_args(model_args))  # before any resolver reads a file named there
+    plan = resolver(record, ask)
+    check_local_files(plan.args)
+    return dataclasses.replace(plan, label=redact.text(plan.label))  # shown in bars, stored in the row
 
 
 def model_class(name: str):
@@ -78,14 +87,20 @@ def model_class(name: str):
 
 
 def load(plan: ModelPlan, *, batch_size: int | str = DEFAULT_BATCH_SIZE):
-    """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`); `batch_size`
-    "auto" goes to the model type as lm-eval's own "auto" (evalkit-hf derives it, `engines.caps`)."""
+    """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`): its
+    local files through the door first (`check_local_files`), and any exception the load raises on
+    them (a config, a tokenizer, weights, a GGUF, a missing optional package) one BadInput line
+    naming the model and its path (`loaderrors.loading`). `batch_size` "auto" goes to the model type as
+    lm-eval's own "auto" (evalkit-hf derives it, `engines.caps`)."""
     from evalkit.progress import phases
 
     if is_local(plan.args):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    check_local_files(plan.args)  # again: the files may have changed since the plan was made
+    files = local_files(plan.args)
     variant = f" ({plan.quant})" if plan.quant else ""
-    with phases(f"loading {plan.label}{variant}", ["loading the model"]) as step:
+    with phases(f"loading {plan.label}{variant}", ["loading the model"]) as step, \
+            loading(f"model {plan.label}", files[0][1] if files and not plan.embedded else None):
         step("loading the model")
         return model_class(plan.model_type).create_from_arg_obj(
             {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import yaml
 
 from evalkit import envvars
 from evalkit.errors import BadInput
+from evalkit.paths import MAX_YAML_BYTES, check_input_path, read_input
 
 PROMPTS_TASK = "firsttoken_user"  # the task of `--prompts FILE`
 # the built-in first-token tasks' prompt files, under the tasks folder
@@ -54,13 +56,27 @@ class _Loader(yaml.SafeLoader):
 _Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
 
 
-def _declared(path: Path) -> set[str]:
+def read_yaml(path: Path) -> Any:
+    """A task YAML through the door (`paths.read_input`: a regular file of at most MAX_YAML_BYTES,
+    a FIFO never waited on), parsed as lm-eval parses it (`!function` tags as plain strings);
+    BadInput for a file of the wrong kind or size, None for one that does not parse (lm-eval
+    reports a broken file itself when it loads it)."""
+    raw = read_input(path, "task file", MAX_YAML_BYTES)
     try:
-        cfg = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
-        return set()  # lm-eval reports broken files itself when it loads them
+        return yaml.load(raw.decode("utf-8"), Loader=_Loader)
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _declared(path: Path) -> set[str]:
+    cfg = read_yaml(path)
     if not isinstance(cfg, dict):
         return set()
+    include = cfg.get("include")
+    if isinstance(include, str):  # lm-eval reads it too: through the same door first
+        target = Path(include) if Path(include).is_absolute() else path.parent / include
+        if os.path.lexists(target):
+            check_input_path(target, "task file", "file", MAX_YAML_BYTES)
     names: set[str] = set()
     for key in ("task", "group", "tag"):
         value = cfg.get(key)
@@ -69,11 +85,21 @@ def _declared(path: Path) -> set[str]:
     return names
 
 
+def yaml_files(folder: Path) -> list[Path]:
+    """The `*.yaml` files under `folder`, as lm-eval's TaskManager finds them (`**/*.yaml`)."""
+    return sorted(Path(folder).rglob("*.yaml"))
+
+
 def task_names(folders: Iterable[Path]) -> set[str]:
-    """Every `task`, `group` and `tag` name declared in the YAML files under `folders`."""
+    """Every `task`, `group` and `tag` name declared in the YAML files under `folders`; BadInput
+    for one lm-eval could not read either (a FIFO, a device, a folder, over MAX_YAML_BYTES), and
+    for a FIFO, device or socket anywhere in the folders (lm-eval imports and reads files there
+    by name)."""
     names: set[str] = set()
     for folder in folders:
-        for path in sorted(Path(folder).rglob("*.yaml")):
+        for here, _, _ in os.walk(folder):  # lm-eval also imports `!function` modules and reads data files here
+            check_input_path(here, "task folder", "folder")
+        for path in yaml_files(folder):
             names |= _declared(path)
     return names
 
@@ -85,7 +111,7 @@ def expand(names: Iterable[str]) -> list[str]:
     ['firsttoken_en', 'firsttoken_zh', 'needle_en']
     """
     groups: dict[str, list[str]] = {}
-    for path in sorted(tasks_path().rglob("*.yaml")):
+    for path in yaml_files(tasks_path()):
         cfg = _yaml_config(str(path))
         if isinstance(cfg.get("group"), str) and isinstance(cfg.get("task"), list):
             groups[cfg["group"]] = [t for t in cfg["task"] if isinstance(t, str)]
@@ -97,7 +123,7 @@ def expand(names: Iterable[str]) -> list[str]:
 
 @functools.lru_cache(maxsize=64)
 def _yaml_config(path: str) -> dict[str, Any]:
-    cfg = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=_Loader)
+    cfg = read_yaml(Path(path))
     return cfg if isinstance(cfg, dict) else {}
 
 
@@ -107,7 +133,7 @@ def generation_kwargs(task: str) -> dict[str, Any]:
     Raises BadInput for a name that is not a built-in task with generation settings.
     """
     root = tasks_path()
-    for path in sorted(root.rglob("*.yaml")):
+    for path in yaml_files(root):
         cfg = _yaml_config(str(path))
         if cfg.get("task") != task:
             continue
@@ -122,8 +148,10 @@ def generation_kwargs(task: str) -> dict[str, Any]:
 
 
 def task_manager(include_path: str | None = None, metadata: dict[str, Any] | None = None):
-    """lm-eval's TaskManager over evalkit's tasks (and `include_path`), without the built-ins."""
+    """lm-eval's TaskManager over evalkit's tasks (and `include_path`), without the built-ins; every
+    YAML lm-eval will read there is checked first (`task_names`: BadInput, never a wait on a FIFO)."""
     from lm_eval.tasks import TaskManager
 
     paths = [str(tasks_path())] + ([str(include_path)] if include_path else [])
+    task_names(Path(p) for p in paths)
     return TaskManager(include_path=paths, include_defaults=False, metadata=metadata)

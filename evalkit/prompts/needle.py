@@ -21,8 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 from evalkit.defaults import MIDDLE_BAND
 from evalkit.errors import BadInput
+from evalkit.paths import read_input
 from evalkit.prompts.catalog import data_path
 from evalkit.prompts.presets import DEFAULT_LENGTHS
+
+MAX_HAYSTACK_BYTES = 64 << 20  # a haystack's filler text: a few hundred kB
 
 LANGS = ("en", "zh")
 DEFAULT_DEPTHS = tuple(round(i / 10, 1) for i in range(11))  # 0.0, 0.1, ..., 1.0
@@ -73,9 +76,9 @@ def load_haystack(lang: str) -> list[str]:
     _check_lang(lang)
     path = data_path("needle", "data", f"haystack_{lang}.txt")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BadInput(f"needle haystack {path} cannot be read: {exc.strerror or exc}") from exc
+        text = read_input(path, "needle haystack", MAX_HAYSTACK_BYTES).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"needle haystack {path} is not UTF-8 text ({exc.reason})") from exc
     sentences = split_sentences(text, lang)
     if not sentences:
         raise BadInput(f"needle haystack {path} is empty")

@@ -14,7 +14,9 @@ values a backend read off the prefill, passed through). Does not: build document
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from evalkit.contract import CONFLICT, NEEDLE, FirstStepResult, response_text
@@ -34,8 +36,16 @@ _TOKENIZERS: dict[str, Any] = {}
 def _load_tokenizer(path: str, gguf_file: str | None):
     from transformers import AutoTokenizer
 
+    from evalkit.loaderrors import loading
+    from evalkit.paths import check_input_path
+
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    return AutoTokenizer.from_pretrained(path, **kwargs)
+    if os.path.lexists(path):  # a local folder (else a hub id)
+        check_input_path(path, "tokenizer", "either")
+        if gguf_file:
+            check_input_path(Path(path) / gguf_file, "GGUF file", "file")
+    with loading("tokenizer", path):
+        return AutoTokenizer.from_pretrained(path, **kwargs)
 
 
 def token_counter(tokenizer, *, chat: bool, system: str | None) -> Callable[[str], int]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from evalkit.errors import BadInput
+from evalkit.scoring.registry import RULE_SET_QUESTIONS
 from evalkit.store.db import db_path, now, open_reader
 from evalkit.store.queries import resolve_run, shown_status
 from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
@@ -34,6 +35,9 @@ class GateResult:
     baseline_id: str
     markdown: str
     junit: str
+    rules: str = ""  # the rules' source: "built-in rules 'same'" or the file
+    question: str | None = None  # the question the rules answer (RULE_SET_QUESTIONS), None: a file's own
+    note: str | None = None  # the runs differ in model or tokenizer: which question this is, how to ask the other
 
     @property
     def passed(self) -> bool:
@@ -98,25 +102,28 @@ def with_distances(con, cand, base):
 
     A distance metric (the registry's ``DISTANCE_METRICS``: ``js_div``) is a property of the pair,
     not of one run. The gate checks it as a regression like any other: the candidate's value on a
-    prompt is its distance from the baseline there (``compare.prompt_drift`` on both runs' stored
-    top-k), the baseline's is its distance from itself, 0; the paired drop is then the mean
-    distance, tested against an absolute margin. Prompts without top-k in either run get no value
-    (a text-only engine's run: the rule is then ``skipped``, neither run having the metric).
+    prompt is its distance from the baseline there (``compare.pair_topk`` on both runs' stored
+    top-k: by token id on one tokenizer, on the first-character events across two), the
+    baseline's is its distance from itself, 0; the paired drop is then the mean distance, tested
+    against an absolute margin. A run that stored no top-k for the shared prompts (a text-only
+    engine) is recorded in ``RunData.lacks``: the rule then fails as a metric missing on one side
+    (`decide`), and is skipped only when neither run has a top-k.
     """
-    from evalkit.compare import paired_topk, prompt_drift
+    from evalkit.compare import pair_topk
     from evalkit.release.decide import RunData
     from evalkit.scoring.registry import DISTANCE_METRICS
 
-    topk_c, topk_b = paired_topk(con, cand.run_id, base.run_id)
-    dist: dict[tuple[str, str], dict[str, float]] = {}
-    for key in topk_c.keys() & topk_b.keys():
-        drift = prompt_drift(topk_b[key], topk_c[key])
-        dist[key] = {m: drift[m] for m in DISTANCE_METRICS}
+    pairing = pair_topk(con, base.run_id, cand.run_id)
+    dist = {key: {m: d[m] for m in DISTANCE_METRICS} for key, d in pairing.prompts.items()}
+    lacks = {run_id: f"run {run_id} stored no first-token top-k for the prompts the two runs share"
+             for run_id in pairing.missing}
 
     def added(run, own: bool) -> RunData:
         samples = {key: {**values, **({m: 0.0 for m in dist[key]} if own else dist[key])} if key in dist else values
                    for key, values in run.samples.items()}
-        return RunData(run_id=run.run_id, metrics=run.metrics, samples=samples, intervals=run.intervals)
+        why = lacks.get(run.run_id)
+        return RunData(run_id=run.run_id, metrics=run.metrics, samples=samples, intervals=run.intervals,
+                       lacks={m: why for m in DISTANCE_METRICS} if why else {}, pairing=pairing)
 
     return added(cand, cand.run_id == base.run_id), added(base, True)
 
@@ -138,16 +145,58 @@ def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
         cand = load_run_data(con, cand_id)
         base = cand if base_id == cand_id else load_run_data(con, base_id)
         cand, base = with_distances(con, cand, base)
+        differ = _model_or_tokenizer_differs(con, cand_id, base_id)
     check_names(rules, cand, base)
     verdict = decide(cand, base, rules)
     check_verdict(verdict, rules)
+    head = rules_lines(rules, differ, cand.pairing)
     return GateResult(
         verdict=verdict,
         candidate_id=cand_id,
         baseline_id=base_id,
-        markdown=to_markdown(verdict, cand_id, base_id),
-        junit=to_junit(verdict, cand_id, base_id),
+        markdown=to_markdown(verdict, cand_id, base_id, head=head),
+        junit=to_junit(verdict, cand_id, base_id, rules=rules.source),
+        rules=rules.source,
+        question=RULE_SET_QUESTIONS.get(rules.question or ""),
+        note=head[1] if len(head) > 1 and differ else None,
     )
+
+
+def _model_or_tokenizer_differs(con, a: str, b: str) -> str | None:
+    """What sets two runs apart as models ("model fingerprint", "tokenizer"), None when neither does.
+    An unknown value (NULL) is not taken for a difference."""
+    rows = dict((r[0], r[1:]) for r in con.execute(
+        "SELECT id, model_fingerprint, tokenizer_hash FROM runs WHERE id IN (?, ?)", [a, b]).fetchall())
+    fa, fb = rows.get(a, (None, None)), rows.get(b, (None, None))
+    found = [name for name, x, y in (("model fingerprint", fa[0], fb[0]), ("tokenizer", fa[1], fb[1]))
+             if x is not None and y is not None and x != y]
+    return " and ".join(found) or None
+
+
+def rules_lines(rules, differ: str | None, pairing) -> list[str]:
+    """The lines above the verdict table: which rules, which question they answer; when the runs are
+    different models under `same`, how to ask "no worse?" instead; how js_div was paired."""
+    from evalkit.kinds import RULE_SETS
+
+    question = rules.question
+    what = f"rules: {rules.source}" + (f" (extends {question!r})" if rules.extends else "")
+    if question:
+        what += f": {RULE_SET_QUESTIONS[question]}"
+    lines = [what]
+    if differ and question == "same":
+        other = next(s for s in RULE_SETS if s != "same")
+        lines.append(f"The runs differ in {differ}: these rules ask whether the candidate is the same model, "
+                     f"cheaper, and js_div fails any real change of model. To ask whether it is no worse, "
+                     f"run `evalkit gate ... --rules {other}` (or a rules file with `extends: {other}`).")
+    elif differ and question is None:
+        lines.append(f"The runs differ in {differ}; the shipped sets: --rules same (the same model, cheaper) "
+                     "or --rules upgrade (no worse).")
+    if pairing is not None and not pairing.missing and any(r.metric == "js_div" for r in rules.regressions):
+        how = ("by token id (one tokenizer)" if pairing.space == "token_id" else
+               f"on the first non-whitespace character each token adds ({pairing.relation.why})")
+        cut = f"; top-k lists cut to the shorter K = {pairing.k}" if pairing.k is not None else ""
+        lines.append(f"js_div compares the runs' stored first-token top-k {how}{cut}.")
+    return lines
 
 
 def promote(db, ref: str, tag: str) -> tuple[str, bool]:

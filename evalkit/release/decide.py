@@ -29,7 +29,9 @@ Rows that are decided without a test (all surface, never silently):
 * A regression rule whose metric neither run has (say ``needle_recall`` under the
   default rules, gating two first-token runs) is a ``skipped`` row, not a failure.
   A metric only the baseline has fails (the candidate lost it); one only the
-  candidate has is skipped (nothing to compare against).
+  candidate has is skipped (nothing to compare against). A pair metric (js_div) that
+  cannot be computed because one run has no first-token top-k (``RunData.lacks``) fails
+  the same way, naming that run; it is skipped only when both runs lack it.
 * A regression where both runs have the metric but no shared prompt has a per-sample
   value on both sides, and no interval is stored on both sides, is inconclusive.
 * Two runs sharing no prompt at all, or regression rules without a baseline, are
@@ -43,7 +45,7 @@ from typing import Any
 from evalkit.errors import BadInput
 from evalkit.kinds import GateOutcome, RowStatus, RuleKind
 from evalkit.release import paired
-from evalkit.release.rules import DEFAULT_RULES, OPS, Regression, Rules, Threshold
+from evalkit.release.rules import OPS, Regression, Rules, Threshold
 from evalkit.scoring import registry
 
 TWIN_WORDS = "left to its exact twin"  # how a row left to its twin begins (`_twins_speak`)
@@ -62,6 +64,9 @@ class RunData:
     samples: dict[tuple[str, str], dict[str, float]]  # (task, doc_id) -> {metric: value}
     # (task, metric) -> (ci_lo, ci_hi, n) stored with an aggregate (group tasks, derived metrics, AUROCs)
     intervals: dict[tuple[str, str], tuple[float, float, int | None]] = field(default_factory=dict)
+    # pair metric -> why this run cannot have it against the other (no first-token top-k stored)
+    lacks: dict[str, str] = field(default_factory=dict)
+    pairing: Any = None  # compare.Pairing of the two runs' top-k (event space, K cut, tokenizers); None: not paired
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,7 @@ def decide(
     Raises ``BadInput`` when there are regression rules but no baseline, or the
     two runs share no prompt at all.
 
-    ``twins`` (default: only under ``DEFAULT_RULES``): a 0/1 regression that its outcomes cannot
+    ``twins`` (default: only under a shipped rule set, `same` or `upgrade`): a 0/1 regression that its outcomes cannot
     decide at this size is left to its exact, continuous twin on the same task (the registry's
     ``twin``: answer_hit -> answer_prob) when the twin's row passes; the 0/1 row is then
     ``skipped`` and says so (`_twins_speak`).
@@ -213,6 +218,10 @@ def decide(
                 tasks = sorted(cand_tasks.get(rule.metric, set()) | base_tasks.get(rule.metric, set()))
                 if not tasks:  # aggregates only (e.g. middle_gap): tested on their stored intervals
                     tasks = sorted({t for t, m in {**candidate.metrics, **baseline.metrics} if m == rule.metric})
+            lacking = _lacking(rule.metric, candidate, baseline)
+            if lacking:
+                rows.append(lacking(rule, None, rules))
+                continue
             if not tasks:
                 rows.append(
                     VerdictRow(
@@ -242,7 +251,7 @@ def decide(
                 )
 
     rows, family = _holm(rows, alpha)
-    if twins if twins is not None else rules is DEFAULT_RULES:
+    if twins if twins is not None else rules.shipped is not None:
         rows = _twins_speak(rows)
     if any(r.status == "fail" for r in rows):
         outcome: GateOutcome = "fail"
@@ -251,6 +260,24 @@ def decide(
     else:
         outcome = "pass"
     return Verdict(outcome=outcome, rows=rows, family=family)
+
+
+def _lacking(metric: str, candidate: RunData, baseline: RunData):
+    """A maker of the row for a pair metric one run cannot have (`RunData.lacks`): a fail, as a metric
+    only the baseline has fails ("metric missing", naming the run); a skip when both runs lack it.
+    None when neither lacks it."""
+    why = [run.lacks[metric] for run in (candidate, baseline) if metric in run.lacks]
+    if not why:
+        return None
+    both = len(why) == 2
+
+    def row(rule: Regression, task: str | None, rules: Rules) -> VerdictRow:
+        return VerdictRow(
+            kind="regression", task=task, metric=rule.metric, status="skipped" if both else "fail",
+            reason=(f"neither run can have {rule.metric!r}: " if both else "metric missing: ") + "; ".join(why),
+            margin=str(rule.margin), higher_is_better=rules.is_higher_better(task, rule.metric))
+
+    return row
 
 
 def _twins_speak(rows: list[VerdictRow]) -> list[VerdictRow]:
@@ -406,6 +433,9 @@ def _check_regression(
     )
     if rule.margin.kind == "delta":
         common["limit"] = rule.margin.value
+    lacking = _lacking(rule.metric, candidate, baseline)
+    if lacking:
+        return lacking(rule, task, rules)
     if not in_cand and not in_base:
         return VerdictRow(
             status="skipped", reason=f"neither run has metric {rule.metric!r} for this task", **common

@@ -1,10 +1,12 @@
 """The gate's rules: the rules file format, its validation, and the built-in default rules.
 
 Owns: `Threshold` and `Regression` rules, `Rules` (with per-metric direction overrides;
-the directions and the default margins themselves come from the metric registry),
-`DEFAULT_RULES` (every headline metric under its registered margin), and
-`load_rules` / `parse_rules`, which refuse a malformed file with one line naming the
-file and the key. Does not: decide (`decide`), render (`render`) or read the DB (`db`).
+the directions and the default margins themselves come from the metric registry), the
+shipped rule sets `RULE_SETS` built from the registry's `RULE_SET_METRICS` — `same` ("the same
+model, cheaper": quality and js_div, the default, `DEFAULT_RULES`) and `upgrade` ("no worse":
+quality only) — and `load_rules` / `parse_rules`, which take a set's name or a rules file (which
+may say `extends: same|upgrade`) and refuse a malformed file with one line naming the file and
+the key. Does not: decide (`decide`), render (`render`) or read the DB (`db`).
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from typing import Any, cast
 import yaml
 
 from evalkit.errors import BadInput
-from evalkit.kinds import MARGIN_KINDS, MarginKind, ThresholdOp
+from evalkit.kinds import MARGIN_KINDS, RULE_SETS, MarginKind, RuleSet, ThresholdOp
 from evalkit.paths import read_input
 from evalkit.scoring import registry
 from evalkit.scoring.registry import HEADLINE_METRICS, Margin
 
-__all__ = ["DEFAULT_RULES", "HEADLINE_METRICS", "Margin", "Regression", "Rules", "Threshold", "load_rules",
-           "parse_rules"]
+__all__ = ["DEFAULT_RULES", "HEADLINE_METRICS", "RULE_SETS", "Margin", "Regression", "Rules", "Threshold",
+           "load_rules", "parse_rules", "rule_set"]
 
 OPS = {  # threshold operator -> comparison
     ">=": lambda x, y: x >= y,
@@ -38,7 +40,7 @@ OPS = {  # threshold operator -> comparison
 _OPS_TEXT = ", ".join(OPS)
 _THRESHOLD_RE = re.compile(r"^\s*(>=|<=|==|>|<)\s*(\S+)\s*$")
 _KEY_RE = re.compile(r"^[^\s/]+(/[^\s/]+)?$")
-_SECTIONS = ("thresholds", "regressions", "higher_is_better")
+_SECTIONS = ("extends", "thresholds", "regressions", "higher_is_better")
 MAX_RULES_BYTES = 1 << 20  # a rules file is a few lines; a device or a huge file is refused unread
 
 
@@ -86,7 +88,14 @@ class Rules:
     regressions: tuple[Regression, ...] = ()
     # "metric" or "task/metric" -> True when higher is better; overrides the registry
     higher_is_better: Mapping[str, bool] = field(default_factory=dict)
-    source: str = "built-in default rules"
+    source: str = "built-in rules 'same'"
+    shipped: RuleSet | None = None  # the shipped set these rules are (None: a rules file)
+    extends: RuleSet | None = None  # the shipped set a rules file builds on (its `extends:`)
+
+    @property
+    def question(self) -> RuleSet | None:
+        """The question the rules answer: the shipped set they are or extend."""
+        return self.shipped or self.extends
 
     def is_higher_better(self, task: str | None, metric: str) -> bool:
         if task is not None and f"{task}/{metric}" in self.higher_is_better:
@@ -97,9 +106,26 @@ class Rules:
         return True if known is None else known
 
 
-DEFAULT_RULES = Rules(
-    regressions=tuple(Regression(m, registry.METRICS[m].margin) for m in HEADLINE_METRICS),  # type: ignore[arg-type]
-)
+def _shipped(name: RuleSet) -> Rules:
+    metrics = registry.RULE_SET_METRICS[name]
+    return Rules(regressions=tuple(Regression(m, registry.METRICS[m].margin) for m in metrics),  # type: ignore[arg-type]
+                 source=f"built-in rules {name!r}", shipped=name)
+
+
+RULE_SET_RULES: dict[str, Rules] = {name: _shipped(name) for name in RULE_SETS}  # type: ignore[arg-type]
+DEFAULT_RULES = RULE_SET_RULES["same"]
+
+
+def rule_set(name: str) -> Rules:
+    """A shipped rule set by name; BadInput listing the sets for any other name.
+
+    >>> [r.metric for r in rule_set("upgrade").regressions][-1], rule_set("same").regressions[-1].metric
+    ('needle_recall', 'js_div')
+    """
+    if name not in RULE_SET_RULES:
+        raise BadInput(f"unknown rule set {name!r}{registry.suggest(name, list(RULE_SETS))} "
+                       f"(shipped sets: {', '.join(RULE_SETS)}; or give a rules file)")
+    return RULE_SET_RULES[name]
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -143,14 +169,22 @@ _StrictLoader.add_implicit_resolver(
 
 
 def load_rules(path: str | os.PathLike[str] | None) -> Rules:
-    """Rules from a YAML file, or ``DEFAULT_RULES`` when ``path`` is None.
+    """The rules a `--rules` value names: a shipped set (`same`, `upgrade`), a YAML file, or
+    ``DEFAULT_RULES`` (`same`) when ``path`` is None. A set's name wins over a file of that name
+    (write ./same for the file).
 
-    Raises ``BadInput`` (one line naming the file and the problem) when the file
-    cannot be read, is not YAML, or its content is malformed (see ``parse_rules``).
+    Raises ``BadInput`` (one line naming the file and the problem) when the value is a bare word
+    that is neither a shipped set nor an existing file (listing the sets), or the file cannot be read, is not YAML,
+    or its content is malformed (see ``parse_rules``).
     """
     if path is None:
         return DEFAULT_RULES
     name = os.fspath(path)
+    if name in RULE_SET_RULES:
+        return RULE_SET_RULES[name]
+    if not os.path.lexists(name) and not re.search(r"[/\\.]", name):  # a bare word: meant as a set's name
+        raise BadInput(f"--rules {name!r} is neither a shipped rule set{registry.suggest(name, list(RULE_SETS))} "
+                       f"({', '.join(RULE_SETS)}) nor a rules file")
     try:
         text = read_input(name, "rules file", MAX_RULES_BYTES).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -206,6 +240,12 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
         if key not in _SECTIONS:
             raise bad(f"unknown top-level key {key!r} (expected one of {', '.join(_SECTIONS)})")
 
+    base: Rules | None = None
+    if "extends" in obj:
+        if obj["extends"] not in RULE_SET_RULES:
+            raise bad(f"extends: {_clip(repr(obj['extends']))} is not a shipped rule set (known: {', '.join(RULE_SETS)})")
+        base = RULE_SET_RULES[obj["extends"]]
+
     def section(name: str) -> Mapping[Any, Any]:
         value = obj.get(name)
         if value is None:
@@ -238,13 +278,15 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
         value = _finite_float(number)
         if value is None:
             raise bad(f"{where}: bad number {_clip(number)} in {_clip(repr(spec))}")
+        _check_bound(where, metric, op, value, bad)
         thresholds.append(Threshold(metric=metric, op=cast(ThresholdOp, op), value=value, task=task))
 
     regressions = []
     for key, spec in section("regressions").items():
         task, metric = split_key("regressions", key)
-        regressions.append(Regression(metric=metric, margin=_margin(f"regressions.{key}", metric, spec, bad),
-                                      task=task))
+        margin = _margin(f"regressions.{key}", metric, spec, bad)
+        _check_margin(f"regressions.{key}", metric, margin, bad)
+        regressions.append(Regression(metric=metric, margin=margin, task=task))
 
     directions: dict[str, bool] = {}
     for key, spec in section("higher_is_better").items():
@@ -257,6 +299,9 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
                       "this section gives directions to metrics evalkit does not know, never flips a known one")
         directions[key] = spec
 
+    if base is not None:  # the file's rules replace the set's rule of the same key and add the others
+        own = {r.key for r in regressions}
+        regressions = [r for r in base.regressions if r.key not in own] + regressions
     for name, rules in (("thresholds", thresholds), ("regressions", regressions)):
         _check_precedence(name, rules, bad)
 
@@ -267,6 +312,7 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
         regressions=tuple(regressions),
         higher_is_better=directions,
         source=source,
+        extends=base.shipped if base is not None else None,
     )
 
 
@@ -350,6 +396,36 @@ def _margin(where: str, metric: str, spec: Any, bad) -> Margin:
     if spec < 0:
         raise bad(f"{where}: {kind} must be >= 0, got {spec!r}")
     return Margin(kind, float(spec))
+
+
+def _range_text(lo: float, hi: float | None) -> str:
+    return f"[{lo:g}, ∞)" if hi is None else f"[{lo:g}, {hi:g}]"
+
+
+def _check_bound(where: str, metric: str, op: str, value: float, bad) -> None:
+    """A threshold whose bound lies outside the registry's range of `metric` (``ft_hit >= 1.01``,
+    ``entropy <= -1``), or that no value in it can meet (``ft_hit > 1``), is a mistake in the rules:
+    the gate would decide a check that cannot be reached."""
+    span = registry.value_range(metric)
+    if span is None:
+        return
+    lo, hi = span
+    outside = value < lo or (hi is not None and value > hi)
+    never = (op == ">" and hi is not None and value >= hi) or (op == "<" and value <= lo)
+    if outside or never:
+        raise bad(f"{where}: {op} {value:g} is outside what {metric} can reach ({metric} lies in "
+                  f"{_range_text(lo, hi)})")
+
+
+def _check_margin(where: str, metric: str, margin: Margin, bad) -> None:
+    """A tolerated drop wider than the registry's range of `metric` could never be exceeded."""
+    span = registry.value_range(metric)
+    if span is None or span[1] is None or margin.kind != "delta":
+        return
+    width = span[1] - span[0]
+    if margin.value > width:
+        raise bad(f"{where}: a drop of {margin.value:g} is more than {metric} can move ({metric} lies in "
+                  f"{_range_text(*span)}, a width of {width:g}); the check could never fail")
 
 
 def _clip(text: str, width: int = 40) -> str:

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from evalkit import redact
 from evalkit.compare import DIMENSIONS, quant_summary
 from evalkit.errors import BadInput
 from evalkit.labels import model_label
@@ -81,6 +82,7 @@ def read_report(con, refs: list[str], prompts: int) -> ReportData:
         WHERE r.id IN {IDS}
         ORDER BY r.created_at, r.id
     """, [ids, ids])
+    runs = [redact.value(r) for r in runs]  # a run stored before URLs were redacted shows none of its credentials
     _label_runs(runs)
     done = [r["id"] for r in runs if r["status"] == "done"]
 
@@ -182,7 +184,10 @@ def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
     and its top-k mass."""
     chosen = _rows(con, f"""
         WITH top1 AS (
-            SELECT run_id, task, doc_id, arg_min(token_id, rank) AS token_id,
+            -- across tokenizers an id means different texts: the top-1 tokens are told apart by text
+            SELECT run_id, task, doc_id,
+                   CASE WHEN (SELECT count(DISTINCT tokenizer_hash) FROM runs WHERE id IN {IDS}) > 1
+                        THEN arg_min(token, rank) ELSE CAST(arg_min(token_id, rank) AS VARCHAR) END AS token_id,
                    exp(arg_min(logprob, rank)) AS p
             FROM first_token_topk WHERE run_id IN {IDS}
             GROUP BY run_id, task, doc_id
@@ -199,7 +204,7 @@ def _first_token_prompts(con, run_ids: list[str], limit: int) -> list[dict]:
         WHERE n_runs = (SELECT max(n_runs) FROM per_prompt)
         ORDER BY is_first_token DESC, n_top1 DESC, p_spread DESC, p_top1, task, doc_id
         LIMIT ?
-    """, [run_ids, run_ids, limit])
+    """, [run_ids, run_ids, run_ids, limit])
     if not chosen:
         return []
     tasks = [c["task"] for c in chosen]

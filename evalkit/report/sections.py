@@ -265,17 +265,22 @@ def first_token_section(data: ReportData, out_dir: Path, prompts: int) -> Sectio
     for prompt in data.ft_prompts:
         title = f"{prompt['task']} / {prompt['doc_id']}"
         asked = prompt.get("question") or ""
-        # tokens: the union of each run's top ranks, most probable first
-        best: dict[int, tuple[float, Any]] = {}
+        # tokens: the union of each run's top ranks, most probable first; runs on different tokenizers
+        # (runs.tokenizer_hash) share a bar where their tokens' texts are the same, not their ids
+        by_text = len({runs[r].get("tokenizer_hash") for r in prompt["runs"]}) > 1
+        key = (lambda t: t["token"]) if by_text else (lambda t: t["token_id"])
+        best: dict[Any, tuple[float, Any]] = {}
         for dist in prompt["runs"].values():
             for tok in dist["tokens"][:TOKENS_PER_PROMPT]:
                 p = tok["p"]
-                if tok["token_id"] not in best or p > best[tok["token_id"]][0]:
-                    best[tok["token_id"]] = (p, tok)
+                if key(tok) not in best or p > best[key(tok)][0]:
+                    best[key(tok)] = (p, tok)
         token_ids = sorted(best, key=lambda t: -best[t][0])[:TOKENS_PER_PROMPT]
         probs = {}
         for run_id, dist in prompt["runs"].items():
-            by_id = {t["token_id"]: t["p"] for t in dist["tokens"]}
+            by_id: dict[Any, float] = {}
+            for t in dist["tokens"]:
+                by_id[key(t)] = by_id.get(key(t), 0.0) + t["p"] if by_text else t["p"]
             probs[runs[run_id]["label"]] = [by_id.get(t, 0.0) for t in token_ids]
         panels.append({"title": title, "question": asked, "tokens": [token_label(*_shown_token(best[t][1])) for t in token_ids],
                        "probs": probs})
@@ -381,6 +386,9 @@ def lead_section(data: ReportData, out_dir: Path) -> Section:
     undefined = sorted({r["reason"] for r in data.lead if r["auroc"] is None and r["reason"]})
     if undefined:
         section.notes.append("Undefined cells: " + "; ".join(undefined) + ".")
+    no_interval = sorted({r["reason"] for r in data.lead if r["auroc"] is not None and r["reason"]})
+    if no_interval:
+        section.notes.append("Cells without an interval: " + "; ".join(no_interval) + ".")
     if len(with_answers) - len(flat) > MAX_ROC_RUNS:
         section.notes.append(f"ROC curves of the {MAX_ROC_RUNS} newest of the {len(with_answers) - len(flat)} runs "
                              "with a curve to draw; the table covers all of them.")

@@ -108,3 +108,6 @@ def check_against_model(plan: RunPlan, lm: Any) -> None:
         check_needle_grid(plan, tokenizer, max_length)
     if max_length is not None and tokenizer is not None and callable(tokenizer):
         check_prompts_fit(plan, tokenizer, max_length)
+    from evalkit.runner.drift import check_tokenizer
+
+    check_tokenizer(lm)  # drift by position: the base's token ids must mean the same texts here

@@ -46,6 +46,7 @@ class Session:
     base: dict = field(default_factory=dict)  # (task, doc_id) -> store.drift.BaseItem
     seconds: dict[str, float] = field(default_factory=dict)  # run id -> seconds of its teacher-forced pass
     base_bytes: int = 0  # bytes of distribution values the base stored
+    base_tokenizer: tuple[str, str] | None = None  # the base run's (tokenizer hash, source); None: unknown
 
 
 _ACTIVE: list[Session] = []
@@ -76,6 +77,9 @@ def session(cfg) -> Iterator[Session | None]:
         with open_reader(cfg.db) as con:
             s.base_run_id = resolve_run(con, ref)
             s.base = store.load_base(con, s.base_run_id)
+            found = con.execute("SELECT tokenizer_hash, tokenizer_source FROM runs WHERE id = ?",
+                                [s.base_run_id]).fetchone()
+            s.base_tokenizer = (found[0], found[1] or "") if found and found[0] else None
         s.keep = False  # the base is stored already
     elif ref == FIRST:
         from evalkit.engines.transformers import quant
@@ -88,6 +92,38 @@ def session(cfg) -> Iterator[Session | None]:
         yield s
     finally:
         _ACTIVE.remove(s)
+
+
+def check_tokenizer(lm) -> None:
+    """Refuse (BadInput) a drift candidate whose tokenizer is not the base's: it would teacher-force
+    the base's token ids, which name other texts under another tokenizer. Drift by position
+    compares distributions over one vocabulary, position by position, so it does not cross
+    tokenizers; `evalkit compare` compares such runs on what their tokens say (docs/drift.md).
+    A tokenizer unknown on either side (a base stored before tokenizer identities), or hashed from
+    another kind of source (a transformers tokenizer.json against a GGUF vocabulary: the same GGUF
+    through both engines is a pair drift compares), is not refused."""
+    if not _ACTIVE:
+        return
+    s = _ACTIVE[-1]
+    mine = _identity(lm)
+    if not s.compare or s.base_run_id is None or s.base_tokenizer is None or mine is None:
+        return
+    (base_hash, base_source), (my_hash, my_source) = s.base_tokenizer, mine
+    if my_hash != base_hash and _kind(my_source) == _kind(base_source):
+        raise BadInput(f"drift by position needs the base's tokenizer: base run {s.base_run_id} has tokenizer "
+                       f"{base_hash[:12]}, this model {my_hash[:12]}, so the base's token ids would mean other "
+                       "texts; compare runs on different tokenizers with `evalkit compare` (it compares what their "
+                       "tokens say)")
+
+
+def _identity(lm) -> tuple[str, str] | None:
+    """(tokenizer hash, source) the loaded engine computed (`engines.tokenizer_id`); None: it gave none."""
+    tid = getattr(lm, "tokenizer_id", None)
+    return (tid.hash, tid.source) if tid is not None else None
+
+
+def _kind(source: str) -> str:
+    return source.rsplit(": ", 1)[-1]
 
 
 def logged_items(results: dict) -> dict[tuple[str, str], tuple[str, list[int]]]:
@@ -157,6 +193,7 @@ def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> Non
     dists = base_pass(model, forced, eps=s.eps, batch_size=batch_size, pad_id=pad)
     s.seconds[run_id] = SECONDS[run_id] = time.monotonic() - t0
     s.base_run_id = run_id
+    s.base_tokenizer = _identity(lm)
     s.base = {k: store.BaseItem(items[k][0], items[k][1], d) for k, d in zip(keys, dists)}
     with transaction(s.db) as con:
         s.base_bytes = store.write_base(con, run_id, s.base, keep=s.keep, eps=s.eps)

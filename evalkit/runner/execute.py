@@ -27,7 +27,7 @@ from typing import Any
 
 import duckdb
 
-from evalkit import envvars
+from evalkit import envvars, redact
 from evalkit.engines import resolve as models
 from evalkit.errors import BadInput, DatabaseBusy, ResultsKept, RunFailed, StorageFault
 from evalkit.prompts.catalog import task_manager
@@ -133,13 +133,19 @@ def _whole_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _tokenizer(lm: Any) -> dict[str, str | None]:
+    """The tokenizer identity the engine computed at load (`engines.tokenizer_id`); NULL when it gave none."""
+    tid = getattr(lm, "tokenizer_id", None)
+    return {"tokenizer_hash": getattr(tid, "hash", None), "tokenizer_source": getattr(tid, "source", None)}
+
+
 def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
     """The `runs` row of a run as it starts (`lm`: the loaded model, which says what `--quant` applied
     and which attention implementation it runs)."""
     cfg, model = plan.cfg, plan.model
     detail = getattr(lm, "quant_detail", None)
     caps = getattr(lm, "caps", None)  # an in-process engine's `engines.caps.Caps`, derived at load
-    return {
+    return redact.value({  # credentials in a URL (base_url=http://user:pass@...) are never stored
         "id": run_id,
         "created_at": now(),
         "status": "running",
@@ -175,9 +181,10 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "attn_implementation": attn_implementation(plan, lm),
         "engine": model.engine,
         "unavailable": _unavailable(lm),
+        **_tokenizer(lm),
         **_versions(),
         **rows.this_process(),
-    }
+    })
 
 
 def execute(cfg: RunConfig, *, on_start: Callable[[str], None] | None = None) -> RunResult:
@@ -247,7 +254,7 @@ def fingerprint(plan: RunPlan, row: dict[str, Any]) -> dict[str, Any]:
     config = json.loads(plan.cfg.to_json())
     for key in ("name", "db"):
         config.pop(key, None)
-    out = {"config": config, **{c: row.get(c) for c in FINGERPRINT_COLUMNS}}
+    out = redact.value({"config": config, **{c: row.get(c) for c in FINGERPRINT_COLUMNS}})
     if plan.cfg.prompts_file:
         out["prompts_sha256"] = file_sha256(Path(plan.cfg.prompts_file))
     return out

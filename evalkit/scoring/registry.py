@@ -30,7 +30,7 @@ import difflib
 from dataclasses import asdict, dataclass
 
 from evalkit.defaults import MIDDLE_BAND, SINK_EPSILON, SINK_TOKENS, UNSTABLE_BELOW
-from evalkit.kinds import METRIC_LEVELS, Aggregation, MarginKind, MetricLevel, MetricUnit
+from evalkit.kinds import METRIC_LEVELS, RULE_SETS, Aggregation, MarginKind, MetricLevel, MetricUnit
 
 LEVELS = METRIC_LEVELS  # kinds.MetricLevel, in this order
 
@@ -184,14 +184,17 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            aggregation="mean over pairs"),
     Metric("top5_mass", "pair", True, "mass of the 5 most likely first tokens of each run", unit="probability",
            aggregation="mean over shared prompts"),
-    Metric("top5_overlap", "pair", True, "|top-5 of A and top-5 of B| / 5", aggregation="mean over shared prompts"),
-    Metric("js_div", "pair", False, "Jensen-Shannon divergence of the two first-token distributions",
+    Metric("top5_overlap", "pair", True, "|top-5 of A and top-5 of B| / 5 (across tokenizers: of the top-5 "
+           "first-character events)", aggregation="mean over shared prompts"),
+    Metric("js_div", "pair", False, "Jensen-Shannon divergence of the two first-token distributions (by token id "
+           "on one tokenizer, over the first character each token adds across tokenizers)",
            unit="bits", aggregation="mean over shared prompts",
            margin=Margin("delta", 0.02, "a distance on a fixed 0-1 scale (bits): benign changes of the default model "
                          "measure 0.002-0.008 (bf16, int8 weight-only, the same GGUF on llama.cpp), a broken one "
                          "(int8-dynamic) 0.085-0.095; it catches a candidate that changes much in no one direction, "
                          "which a drop of a mean cannot see")),
-    Metric("flip_rate", "pair", False, "share of shared prompts whose most likely first token differs",
+    Metric("flip_rate", "pair", False, "share of shared prompts whose most likely first token (across "
+           "tokenizers: first-character event) differs",
            aggregation="mean over shared prompts"),
     Metric("drift_kld@0", "pair", False,
            "KL(base || run) in nats at the first response token, the run teacher-forcing the base's greedy "
@@ -203,13 +206,25 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
 
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
 
-# the metrics the gate's default rules check, each under its registered margin
-HEADLINE_METRICS = ("ft_hit", "ft_hit_prob", "answer_hit", "answer_prob", "opener_rate", "opener_mass",
-                    "needle_recall", "js_div")
+# the quality metrics: what "no worse" means (the gate's `upgrade` rules, non-inferiority only)
+QUALITY_METRICS = ("ft_hit", "ft_hit_prob", "answer_hit", "answer_prob", "opener_rate", "opener_mass",
+                   "needle_recall")
+# the metrics the gate's default rules (`same`) check, each under its registered margin: quality, and
+# the first-token distribution staying where it was (an equivalence check)
+HEADLINE_METRICS = QUALITY_METRICS + ("js_div",)
+# the gate's shipped rule sets (kinds.RuleSet; docs/gate.md): each metric under its registered margin
+RULE_SET_METRICS: dict[str, tuple[str, ...]] = {"same": HEADLINE_METRICS, "upgrade": QUALITY_METRICS}
+RULE_SET_QUESTIONS: dict[str, str] = {
+    "same": "is the candidate the same model, cheaper? (quality no worse and the first-token distribution "
+            "unchanged: a quantization, a cast, a KV-cache policy)",
+    "upgrade": "is the candidate no worse? (quality only, no equivalence check: a new model, a fine-tune, "
+               "another template)",
+}
 # pair metrics the gate checks per prompt: the candidate's distance from the baseline on each shared prompt
 # (`release.db.with_distances`, from both runs' stored top-k); the baseline's own distance is 0
 DISTANCE_METRICS = ("js_div",)
 assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric without a default margin"
+assert tuple(RULE_SET_METRICS) == RULE_SETS == tuple(RULE_SET_QUESTIONS), "a rule set without its metrics or question"
 assert all(METRICS[t].per_sample and not METRICS[t].binary for m in METRICS.values() if (t := m.twin)), "a bad twin"
 _FAMILIES = {m.family: m for m in _METRICS if m.family}
 
@@ -248,6 +263,17 @@ def get(name: str) -> Metric | None:
         if name.startswith(prefix) and _MEMBERS[metric.name[len(prefix):]](name[len(prefix):]):
             return metric
     return None
+
+
+def value_range(name: str) -> tuple[float, float | None] | None:
+    """The range (lo, hi; hi None: unbounded) an aggregate of `name` can take; None for a metric the
+    registry does not know.
+
+    >>> value_range("ft_hit"), value_range("entropy"), value_range("needle_gap"), value_range("x")
+    ((0.0, 1.0), (0.0, None), None, None)
+    """
+    metric = get(name)
+    return None if metric is None else (metric.lo, metric.hi)
 
 
 def margin(name: str) -> Margin | None:

@@ -27,15 +27,18 @@ import duckdb
 
 from evalkit import envvars
 from evalkit.errors import BadInput, DatabaseBusy, StorageFault
-from evalkit.paths import is_duckdb_file, kind_of
+from evalkit.paths import is_duckdb_file, kind_of, utf8_path
 from evalkit.store.migrations import APPLICATION_ID, MIGRATIONS
 
 MIGRATION_NAMES = [m.__name__ for m in MIGRATIONS]
 
 
 def db_path(path: str | os.PathLike | None = None) -> Path:
-    """The DB file to use: the argument, else $EVALKIT_DB, else reports/evalkit.duckdb."""
-    return Path(path) if path else envvars.db()
+    """The DB file to use: the argument, else $EVALKIT_DB, else reports/evalkit.duckdb; BadInput for a
+    path DuckDB cannot open (a byte that is not UTF-8, `paths.utf8_path`)."""
+    chosen = Path(path) if path else envvars.db()
+    utf8_path(chosen, "the DB path")
+    return chosen
 
 
 def now() -> dt.datetime:
@@ -62,6 +65,7 @@ def open_waiting(path: Path, open_fn: Callable[[], duckdb.DuckDBPyConnection]):
     """`open_fn()` (a connect or ATTACH of `path`), retried with backoff and jitter while another
     process holds DuckDB's file lock, for up to $EVALKIT_LOCK_TIMEOUT seconds (then DatabaseBusy);
     any other DuckDB error means the file is not a readable DuckDB file (BadInput)."""
+    utf8_path(path, "the DB path")  # every connect and ATTACH comes here: DuckDB takes UTF-8 paths only
     timeout = envvars.lock_timeout()
     deadline = time.monotonic() + timeout
     delay = 0.05

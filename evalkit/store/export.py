@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from evalkit.errors import BadInput
-from evalkit.paths import atomic_folder, check_output_dir
+from evalkit.paths import atomic_folder, check_output_dir, utf8_path
 from evalkit.store.db import db_path, open_reader
 from evalkit.store.sandbox import TABLES
 
@@ -35,6 +35,7 @@ def export_parquet(db: str | os.PathLike | None, out_dir: str | os.PathLike) -> 
     """
     import duckdb
 
+    utf8_path(out_dir, "--parquet")  # DuckDB's COPY TO takes UTF-8 paths only
     out = check_output_dir(out_dir, "--parquet", [f"{t}.parquet" for t in TABLES], protect=[db_path(db)],
                            whole=True)
     written = []

@@ -603,7 +603,63 @@ def m020_answer_prob(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE samples ADD COLUMN answer_prob DOUBLE")
 
 
-def m021_run_caps(con: duckdb.DuckDBPyConnection) -> None:
+def m021_tokenizer_identity(con: duckdb.DuckDBPyConnection) -> None:
+    # Which tokenizer a run's token ids belong to (docs/metrics.md §1.5): a sha256 of the
+    # vocabulary, merges / model type, normalizer, pre-tokenizer and added tokens
+    # (`engines.tokenizer_id`), and the engine's words for where it came from. Runs from before
+    # m021 hold NULL ("unknown"; `compare` then decides from the model fingerprint and the stored
+    # top-k texts). first_token_drift pairs token ids, which mean one thing only within one
+    # tokenizer: it gains `same_tokenizer` (NULL where either run's is unknown); `evalkit compare`
+    # compares runs on different tokenizers by what their tokens say.
+    con.execute("ALTER TABLE runs ADD COLUMN tokenizer_hash VARCHAR")
+    con.execute("ALTER TABLE runs ADD COLUMN tokenizer_source VARCHAR")
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW first_token_drift AS
+        WITH top AS (
+            SELECT run_id, task, doc_id,
+                   list(token_id ORDER BY rank) FILTER (WHERE rank < 5) AS top5,
+                   sum(exp(logprob)) FILTER (WHERE rank < 5) AS top5_mass,
+                   min_by(token_id, rank) AS top1
+            FROM first_token_topk
+            GROUP BY run_id, task, doc_id
+        )
+        SELECT a.run_id AS run_a, b.run_id AS run_b, a.task, a.doc_id,
+               a.top5_mass AS top5_mass_a, b.top5_mass AS top5_mass_b,
+               len(list_intersect(a.top5, b.top5)) / 5.0 AS top5_overlap,
+               CAST(a.top1 <> b.top1 AS INTEGER) AS flipped,
+               ra.tokenizer_hash = rb.tokenizer_hash AS same_tokenizer
+        FROM top a JOIN top b
+          ON a.task = b.task AND a.doc_id = b.doc_id AND a.run_id <> b.run_id
+        JOIN runs ra ON ra.id = a.run_id
+        JOIN runs rb ON rb.id = b.run_id
+        """
+    )
+
+
+def m022_no_interval_from_few_prompts(con: duckdb.DuckDBPyConnection) -> None:
+    # No interval from too few prompts (docs/gate.md): the leaderboard shows a stored interval
+    # from 10 prompts on (a proportion's score interval; new runs store a mean's bootstrap one
+    # from 20), and value ± 1.96 stderr, for rows stored before evalkit kept intervals, from 20.
+    # The counts are written out: a migration states what its schema was (defaults.MIN_* today).
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_name, r.model_fingerprint, r.quant, r.template,
+               r.kv_cache, r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               CASE WHEN m.n < 10 THEN NULL WHEN m.ci_lo IS NOT NULL THEN m.ci_lo
+                    WHEN m.n >= 20 THEN m.value - 1.96 * m.stderr END AS ci_lo,
+               CASE WHEN m.n < 10 THEN NULL WHEN m.ci_hi IS NOT NULL THEN m.ci_hi
+                    WHEN m.n >= 20 THEN m.value + 1.96 * m.stderr END AS ci_hi,
+               r.quant_detail, r.engine
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
+def m023_run_caps(con: duckdb.DuckDBPyConnection) -> None:
     # the caps an in-process engine ran under (`engines.caps`), derived from the model's shapes and a
     # working-memory budget: runs.batch_size holds the prompts a batch (what `--batch-size auto` chose),
     # these the padded positions a batch and a candidate-trie level, and the budget in bytes. NULL for
@@ -636,5 +692,7 @@ MIGRATIONS: list[Migration] = [
     m019_drift_by_position,
     m018_engine,  # after m019: appended in the order it was written
     m020_answer_prob,
-    m021_run_caps,
+    m021_tokenizer_identity,
+    m022_no_interval_from_few_prompts,
+    m023_run_caps,
 ]

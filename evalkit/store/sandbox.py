@@ -24,7 +24,7 @@ from typing import TypeVar
 import duckdb
 
 from evalkit.errors import BadInput
-from evalkit.paths import is_duckdb_file
+from evalkit.paths import ANY_SIZE, is_duckdb_file, open_input
 from evalkit.store.db import (
     SANDBOX_CONFIG,
     db_path,
@@ -178,15 +178,17 @@ def _attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str) -> None:
 def is_parquet_file(path: Path) -> bool:
     """A Parquet file begins and ends with the magic bytes 'PAR1'."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-            fh.seek(0, os.SEEK_END)
-            if fh.tell() < 12:  # magic, a footer length, magic
+        with open_input(path, "Parquet file", ANY_SIZE) as fh:  # a FIFO or device: no Parquet file, never waited on
+            size = os.fstat(fh.fileno()).st_size
+            if size < 12:  # magic, a footer length, magic
                 return False
-            fh.seek(-4, os.SEEK_END)
-            return head == PARQUET_MAGIC and fh.read(4) == PARQUET_MAGIC
-    except OSError:
+            return head_and_tail(fh.fileno(), size) == (PARQUET_MAGIC, PARQUET_MAGIC)
+    except (OSError, BadInput):
         return False
+
+
+def head_and_tail(fd: int, size: int) -> tuple[bytes, bytes]:
+    return os.pread(fd, 4, 0), os.pread(fd, 4, size - 4)
 
 
 def _parquet_files(folder: Path) -> dict[str, Path]:
@@ -266,6 +268,32 @@ def view_definitions() -> list[str]:
         scratch.close()
 
 
+# the source each run id is read from when several hold it (a DB and its own export, two copies of one
+# file): a done copy first, then the first source named (--db before --parquet, in command order)
+OWNER_TABLE = "evalkit_run_source"
+
+
+def _union_by_run(con: duckdb.DuckDBPyConnection, sources: list[dict[str, str]]) -> None:
+    """One view per table over every source, each run counted once (idempotent by run id): a run's
+    rows come from the one source `OWNER_TABLE` names for it, so merging a DB with its own export,
+    or an export twice over, adds nothing. A tag is kept once per (tag, run)."""
+    runs = " UNION ALL ".join(f"SELECT id, status, {i} AS src FROM {src['runs']}" for i, src in enumerate(sources))
+    con.execute(f"CREATE TABLE {OWNER_TABLE} AS SELECT id, arg_min(src, (status IS DISTINCT FROM 'done', src)) "
+                f"AS src FROM ({runs}) GROUP BY id")
+    for table in TABLES:
+        key = "id" if table == "runs" else "run_id"
+        parts = [f"SELECT * FROM {src[table]} WHERE {key} NOT IN "
+                 f"(SELECT id FROM {OWNER_TABLE} WHERE src <> {i})" for i, src in enumerate(sources) if table in src]
+        if table == "tags":
+            parts = [p.split(" WHERE ")[0] for p in parts]  # every source's tags, each (tag, run) once below
+        if not parts:
+            continue
+        union = " UNION ALL BY NAME ".join(parts)
+        if table == "tags":
+            union = f"SELECT DISTINCT ON (tag, run_id) * FROM ({union}) ORDER BY tag, run_id, created_at"
+        con.execute(f"CREATE VIEW {table} AS {union}")
+
+
 def merged_query(
     db_paths: Sequence[str | os.PathLike] = (),
     parquet_dirs: Sequence[str | os.PathLike] = (),
@@ -280,7 +308,8 @@ def merged_query(
     over all sources, the DB's own views (leaderboard, ...) are rebuilt on top, and
     only then is external access turned off and the configuration locked, so the
     user's SQL reaches the named sources and nothing else. Each source counts once: one
-    named twice is refused (`_distinct_sources`). `timeout` bounds the user's SQL, not
+    named twice is refused (`_distinct_sources`); and each run counts once, from one source,
+    however many hold it (`_union_by_run`: a DB merged with its own export is the DB). `timeout` bounds the user's SQL, not
     the loading of the sources; Ctrl-C stops either.
     """
     timeout = check_timeout(timeout)
@@ -303,10 +332,7 @@ def merged_query(
             files = _parquet_files(folder)
             interruptible(con, functools.partial(_load_parquet, con, files, f"evalkit_pq{j}_"))
             sources.append({t: f"evalkit_pq{j}_{t}" for t in TABLES})
-        for table in TABLES:
-            parts = [f"SELECT * FROM {src[table]}" for src in sources if table in src]
-            if parts:
-                con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
+        _union_by_run(con, sources)
         for definition in view_definitions():
             try:
                 con.execute(definition)

@@ -38,7 +38,7 @@ from typing import Any
 import duckdb
 
 from evalkit.errors import BadInput
-from evalkit.paths import file_sha256, read_input
+from evalkit.paths import distrust, file_sha256, read_input
 from evalkit.store import rows
 from evalkit.store.db import db_path, in_transaction, inspect_con, migrate, open_writer
 
@@ -138,11 +138,8 @@ def _check_folder(folder: Path, private: bool) -> None:
     """UntrustedFolder unless `folder` is a real folder (not a link) owned by this user and, when
     `private`, closed to everyone else (no group or other bits), else at least not writable by them."""
     st = os.lstat(folder)
-    uid = os.geteuid() if hasattr(os, "geteuid") else st.st_uid
     why = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder" if not stat.S_ISDIR(st.st_mode)
-           else f"owned by uid {st.st_uid}, not {uid}" if st.st_uid != uid
-           else f"open to other users (mode {stat.S_IMODE(st.st_mode):o})"
-           if st.st_mode & (0o077 if private else 0o022) else None)
+           else distrust(st, private))
     if why:
         raise UntrustedFolder(f"the spool folder {folder} is {why}; evalkit uses only a folder of its user's, "
                               "closed to others (remove it, or fix its owner and mode)")

@@ -14,7 +14,7 @@ Owns, for one GGUF file loaded with llama-cpp-python (`LlamaCppEngine`):
   alternatives, evaluated side by side. The tree's cells are removed afterwards;
 - greedy decoding from the prompt (`generate`) and the KV cache's types (`KV_TYPES`).
 
-Does not: know lm-eval, tasks or metrics (`llamacpp.model` turns these numbers into a
+Does not: know lm-eval, tasks or metrics (`llamacpp.probe` and `llamacpp.model` turn these numbers into a
 `FirstStepResult`), apply sampling beyond what its caller asks, or touch torch.
 
 llama-cpp-python's high-level `Llama` keeps only the last position's logits unless it is
@@ -114,6 +114,9 @@ class LlamaCppEngine:
         context. `flash_attn`: llama.cpp's flash attention (see `set_kv_type`)."""
         import llama_cpp
 
+        from evalkit.paths import check_input_path
+
+        check_input_path(path, "GGUF file", "file")  # llama.cpp maps the file: a FIFO would hold it forever
         self.lib = llama_cpp
         _silence(llama_cpp)
         llama_cpp.llama_backend_init()
@@ -498,7 +501,7 @@ def _file_type_name(value: str | None) -> str:
     >>> _file_type_name("3"), _file_type_name("15"), _file_type_name(None)
     ('Q4_1', 'Q4_K_M', 'unknown')
     """
-    if value is None or not str(value).strip().isdigit():
+    if value is None or not (str(value).strip().isascii() and str(value).strip().isdigit()):
         return "unknown"
     from gguf import LlamaFileType
 

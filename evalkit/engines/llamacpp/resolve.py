@@ -26,6 +26,7 @@ from evalkit.engines.plan import (
     whole,
 )
 from evalkit.errors import BadInput
+from evalkit.paths import ANY_SIZE, open_input
 
 LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretrained": "a folder, with gguf_file=",
                  "gguf_file": "the .gguf file in pretrained=", "n_ctx": "context cells (default: the model's, <= 8192; at least 256)",
@@ -63,11 +64,8 @@ def gguf_file_type(path: Path) -> str:
     vocabulary, and this runs before the model loads."""
     import struct
 
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(64 << 20)  # the header: far less than this for any vocabulary
-    except OSError as exc:
-        raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    with open_input(path, "GGUF file", ANY_SIZE) as fh:  # a regular file; a FIFO is never waited on
+        data = fh.read(64 << 20)  # the header: far less than this for any vocabulary
     if data[:4] != b"GGUF":
         raise BadInput(f"{path} is not a GGUF file (no GGUF magic)")
     value = None

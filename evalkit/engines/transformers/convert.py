@@ -25,6 +25,11 @@ and the hashes are cheap next to the load they guard: sha256 reads 100 MB in 0.0
 (2 loaded cores, SHA-NI), the default model's converted folder (538 MB of float32
 safetensors) in 0.5 s, against a few seconds to load it. The stat fields are kept for a
 reader of the manifest; only a size that differs skips the hash.
+
+The folder follows the rule of every cache evalkit keeps (`cachedir`): `models/` and each
+converted folder are this user's and writable by no one else, their files regular files (not
+links); one that breaks it is ignored with one warning (the GGUF is then loaded and converted in
+memory, never kept), neither read nor removed.
 """
 
 from __future__ import annotations
@@ -39,14 +44,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from evalkit import envvars
+from evalkit import cachedir, envvars
 from evalkit.errors import BadInput
 from evalkit.engines.plan import sha256
-from evalkit.paths import file_sha256
+from evalkit.loaderrors import loading
+from evalkit.paths import check_input_path, file_sha256
 
 DONE = "evalkit-converted.txt"  # written last: the folder is complete
 MANIFEST = "evalkit-manifest.json"  # written before DONE: {"files": {name: {size, mtime_ns, sha256}}}
 MANIFEST_FORMAT = 1
+MAX_MANIFEST_BYTES = 16 << 20  # a name, size, mtime and sha256 per file: kB for any model
 # llama.cpp's architecture names that transformers spells otherwise (its load_gguf_checkpoint)
 GGUF_ARCHITECTURES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss",
                       "minimax-m2": "minimax_m2"}
@@ -80,6 +87,7 @@ def _gguf_model_type(path: str, size: int, mtime_ns: int) -> str:
     from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
+    check_input_path(path, "GGUF file", "file")  # the reader maps the file: a FIFO or device is no GGUF
     try:
         architecture = GGUFReader(path).fields["general.architecture"].contents()
     except KeyError:
@@ -102,7 +110,7 @@ def write_manifest(folder: Path) -> None:
         st = path.stat()
         files[path.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": file_sha256(path)}
     text = json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1, sort_keys=True)
-    (folder / MANIFEST).write_text(text + "\n", encoding="utf-8")
+    cachedir.create(folder / MANIFEST, (text + "\n").encode("utf-8"))
 
 
 def changed(folder: Path) -> str | None:
@@ -110,12 +118,13 @@ def changed(folder: Path) -> str | None:
     file missing, added or changed), or None when every file hashes as the manifest says.
 
     Every file is rehashed (see the module docstring); a size that differs skips the hash."""
-    try:
-        files = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
-        written = {name: (int(rec["size"]), str(rec["sha256"])) for name, rec in files.items()}
-    except FileNotFoundError:
+    raw = cachedir.read(folder / MANIFEST, MAX_MANIFEST_BYTES)
+    if raw is None and not os.path.lexists(folder / MANIFEST):
         return f"{MANIFEST} is missing"
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+    try:
+        files = json.loads((raw or b"").decode("utf-8"))["files"]
+        written = {name: (int(rec["size"]), str(rec["sha256"])) for name, rec in files.items()}
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return f"{MANIFEST} is unreadable"
     present = {p.name for p in folder.iterdir()} - {MANIFEST, DONE}
     missing, added = sorted(set(written) - present), sorted(present - set(written))
@@ -126,8 +135,8 @@ def changed(folder: Path) -> str | None:
     for name, (size, digest) in sorted(written.items()):
         path = folder / name
         try:
-            same = path.is_file() and path.stat().st_size == size and file_sha256(path) == digest
-        except OSError:
+            same = path.is_file() and path.stat().st_size == size and file_sha256(path, "cached file") == digest
+        except (OSError, BadInput):  # gone, or no longer a regular file
             same = False
         if not same:
             return f"{name} changed since it was written"
@@ -142,18 +151,19 @@ def convert(gguf: Path, folder: Path, trust_remote_code: bool = False) -> Path:
     from evalkit.progress import phases
 
     transformers.utils.logging.disable_progress_bar()
-    folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
         # the first load of a GGUF here: ~45 s on 2 idle cores for the default model, minutes under load
         with phases(f"converting {gguf.name} once into the model cache", CONVERT_STEPS) as step:
             step(CONVERT_STEPS[0])
-            with _quiet_tensor_bar():
+            check_input_path(gguf, "GGUF file", "file")
+            with _quiet_tensor_bar(), loading("GGUF model", gguf):
                 model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                                              trust_remote_code=trust_remote_code)
             step(CONVERT_STEPS[1])
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
-                                                      trust_remote_code=trust_remote_code)
+            with loading("GGUF tokenizer", gguf):
+                tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                          trust_remote_code=trust_remote_code)
             # transformers keeps a GGUF model marked as quantized (its quantizer refuses to save), though
             # its weights are plain dequantised tensors: unmark it so they save as they are
             model.hf_quantizer = None
@@ -163,8 +173,10 @@ def convert(gguf: Path, folder: Path, trust_remote_code: bool = False) -> Path:
             model.save_pretrained(work, safe_serialization=True)
             tokenizer.save_pretrained(work)
             step(CONVERT_STEPS[3])
+            for path in work.iterdir():  # the cache's rule: writable by no one else, whatever the umask
+                path.chmod(path.stat().st_mode & ~0o022)
             write_manifest(work)
-            (work / DONE).write_text(f"converted from {gguf}\n", encoding="utf-8")
+            cachedir.create(work / DONE, f"converted from {gguf}\n".encode("utf-8"))
         try:
             os.replace(work, folder)
         except OSError:  # another process finished the same conversion first: keep theirs
@@ -195,10 +207,16 @@ def _quiet_tensor_bar():
         gguf_utils.tqdm = real
 
 
-def cached_folder(gguf: Path) -> Path | None:
-    """Where the GGUF file `gguf` is (or would be) kept converted; None when the cache is off."""
-    root = cache_root()
-    return None if root is None else root / "models" / sha256(gguf)
+def cached_folder(gguf: Path, make: bool = False) -> Path | None:
+    """Where the GGUF file `gguf` is (or would be) kept converted; None when the cache is off, or
+    when the models folder or this entry breaks the cache's rule (`cachedir`: one warning, and
+    the GGUF is loaded without the cache). `make`: the models folder is made when missing (OSError
+    when it cannot be)."""
+    models = cachedir.folder("models", make)
+    if models is None:
+        return None
+    folder = models / sha256(gguf)
+    return None if cachedir.problem(folder) else folder
 
 
 def cached_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -206,8 +224,14 @@ def cached_args(args: dict[str, Any]) -> dict[str, Any]:
     when the folder no longer holds what was written: `changed`); `args` unchanged when the
     cache is off or they name no local GGUF file."""
     gguf = gguf_path(args)
-    folder = None if gguf is None else cached_folder(gguf)
-    if gguf is None or folder is None:
+    if gguf is None:
+        return args
+    try:
+        folder = cached_folder(gguf, make=True)
+    except OSError as exc:
+        raise BadInput(f"cannot write the converted-model cache at {cache_root()} ({exc.strerror or exc}); "
+                       "set EVALKIT_CACHE to a writable folder, or EVALKIT_CACHE=none") from exc
+    if folder is None:
         return args
     why = changed(folder) if (folder / DONE).is_file() else None
     if why is not None:

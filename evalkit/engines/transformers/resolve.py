@@ -33,9 +33,13 @@ from evalkit.engines.plan import (
     is_local,
     parse_model_args,
 )
-from evalkit.engines.transformers import offline, quant
+from evalkit.engines.transformers import offline, quant, quantize
 from evalkit.errors import BadInput
 from evalkit.labels import model_label
+from evalkit.loaderrors import loading
+from evalkit.paths import check_input_path, read_input
+
+MAX_CONFIG_BYTES = 16 << 20  # a model's config.json: kB; far larger is not one
 
 # model args that say which model to load: with none of them, `hf` runs the embedded SmolLM2
 IDENTITY_ARGS = ("pretrained", "gguf_file", "tokenizer", "peft", "delta")
@@ -167,12 +171,12 @@ def check_hf_model(args: dict[str, Any]) -> None:
         return
     source = _config_source(args)
     if source is None or args.get("trust_remote_code"):  # no file to key on, or code that may answer any name
-        with quant.quiet_imports():  # transformers' model classes import torchao, which warns on import
+        with quantize.quiet_imports():  # transformers' model classes import torchao, which warns on import
             config = model_config(args)
             known = hf_model_keys()
         taken = {key for key in args if key in known or hasattr(config, key)}
     else:
-        with quant.quiet_imports():  # as above, when the lists are computed
+        with quantize.quiet_imports():  # as above, when the lists are computed
             attrs = memo.names("hf-config-attrs", source, lambda: _config_names(args))  # refuses a bad file first
             known = memo.names("hf-model-args", _keys_identity(), hf_model_keys)
         taken = {key for key in args if key in known or key in attrs}
@@ -219,7 +223,7 @@ def _config_names(args: dict[str, Any]) -> set[str]:
     config = model_config(args)
     names = set(dir(config)) | set(getattr(config, "attribute_map", None) or {})
     # reading a deprecated property logs a warning each time
-    with quant.quiet_imports(also=("transformers",)), warnings.catch_warnings():
+    with quantize.quiet_imports(also=("transformers",)), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return {n for n in names if hasattr(config, n)}
 
@@ -255,8 +259,8 @@ def model_config(args: dict[str, Any]):
         hint = f"; for its GGUF file add gguf_file={ggufs[0].name}" if ggufs else ""
         raise BadInput(f"{path} holds no config.json: not a model folder{hint}")
     try:
-        json.loads(config_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        json.loads(read_input(config_file, "model config", MAX_CONFIG_BYTES).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise BadInput(f"{config_file} is not JSON ({exc})") from exc
     return _causal_config(str(path), trust, str(path))
 
@@ -265,11 +269,9 @@ def _causal_config(folder: str, trust: bool, where: str):
     """AutoConfig of `folder`, refused unless transformers knows it as a causal LM."""
     from transformers import AutoConfig
 
-    try:
+    check_input_path(folder, "model folder", "folder")
+    with loading("config of the model", where):
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust, local_files_only=True)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BadInput(f"{where}: transformers cannot read its config ({why})") from exc
     remote = trust and "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
     if not remote:
         _config_of_type(config.model_type, where)

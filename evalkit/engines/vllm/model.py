@@ -49,7 +49,7 @@ from lm_eval.models.vllm_causallms import VLLM
 from tqdm import tqdm
 from vllm import SamplingParams
 
-from evalkit.engines import firststep, validate
+from evalkit.engines import firststep, tokenizer_id, validate
 from evalkit.engines.vllm.resolve import logprobs_k
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
@@ -141,6 +141,7 @@ class EvalkitVLLM(VLLM):
 
     def __init__(self, pretrained, *, top_k: int = DEFAULT_TOP_K, temperature: float = DEFAULT_TEMPERATURE, **kwargs: Any) -> None:
         super().__init__(pretrained, **kwargs)
+        self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"vllm {pretrained}")
         self.top_k = int(top_k)
         self.temperature = float(temperature)
         self.logprobs_k = logprobs_k(self.top_k, self._max_logprobs())
