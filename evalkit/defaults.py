@@ -28,6 +28,14 @@ DEFAULT_BATCH_SIZE: Final = 32
 # (its KV cache, and the prefill's per-layer attention scores), so a needle run at 2048 tokens
 # peaks at 1.44 / 1.87 / 2.27 GB with 1 / 2 / 3 prompts a batch, against the 2 GB budget
 BATCH_TOKENS: Final = 4608
+# the working memory (bytes) an in-process engine's tensors may take beyond the weights: its batch, trie
+# and decode caps are derived from it and the model's shapes (`engines.caps`); the default model gets
+# DEFAULT_BATCH_SIZE prompts, BATCH_TOKENS positions and 512-position trie levels from it
+MEMORY_BUDGET: Final = 2**30
+# `--batch-size auto` on a GPU: the share of the device memory free after the load that is the budget
+AUTO_DEVICE_SHARE: Final = 0.8
+AUTO_BATCH: Final = "auto"  # --batch-size auto: the prompts a batch derived like its positions
+MAX_BATCH_SIZE: Final = 4096  # the largest --batch-size taken (and the most prompts `auto` derives)
 # first-token candidates stored per prompt; the prior-drift support rule needs k >= 50 (SPEC §1.3)
 DEFAULT_TOP_K: Final = 50
 MIN_TOP_K: Final = 50

@@ -143,6 +143,36 @@ def test_a_token_budget_changes_the_batches_not_the_results(tiny, contexts):
         probe(model, tokenizer, contexts, batch_tokens=0)
 
 
+def test_trie_positions_change_the_trie_forwards_not_the_results(tiny, contexts):
+    """`trie_positions` (the caps' trie-level size) only cuts the batch's candidate rows into more groups."""
+    model, tokenizer = tiny
+    cands = [["Sure", "The capital", "Of course", "好的", "当然", "Recursion is"]] * len(contexts)
+
+    def run(**caps):
+        prober = engine.Prober(model, tokenizer, top_k=10, max_new_tokens=2, batch_size=6, tolerance=0.0, **caps)
+        forward, calls = prober.engine.forward, []
+
+        def counted(input_ids, *args, **kwargs):
+            calls.append(int(input_ids.shape[0]))
+            return forward(input_ids, *args, **kwargs)
+
+        prober.engine.forward = counted
+        prober.submit(None, contexts, cands)
+        ((_, steps),) = prober.finish()
+        return steps, len(calls)
+
+    wide, n_wide = run()
+    narrow, n_narrow = run(trie_positions=4)
+    assert n_narrow > n_wide  # more, smaller level forwards
+    for a, b in zip(wide, narrow):
+        assert a.topk_ids == b.topk_ids and a.response_ids == b.response_ids
+        assert a.candidate_positions == b.candidate_positions
+        for c in a.candidate_probs:
+            assert b.candidate_probs[c] == pytest.approx(a.candidate_probs[c], rel=1e-4, abs=1e-9)
+    with pytest.raises(ValueError, match="trie_positions"):
+        engine.Prober(model, tokenizer, trie_positions=0)
+
+
 def test_batched_and_unbatched_agree(tiny, contexts):
     model, tokenizer = tiny
     cands = [["Recursion", "递归", "Paris"], ["巴黎", "递归"], ["Hello", "Hi there"], ["Paris"], ["递归"], ["Hello"]]

@@ -64,6 +64,9 @@ EXPECTED_TABLES = {
         "unavailable": "VARCHAR",
         "tokenizer_hash": "VARCHAR",  # m021
         "tokenizer_source": "VARCHAR",
+        "batch_positions": "INTEGER",  # m025
+        "trie_positions": "INTEGER",
+        "memory_budget": "BIGINT",
     },
     "metrics": {
         "run_id": "VARCHAR",
@@ -132,13 +135,13 @@ EXPECTED_TABLES = {
         "unit": "VARCHAR",
     },
     "tags": {"tag": "VARCHAR", "run_id": "VARCHAR", "created_at": "TIMESTAMP"},
-    "gates": {  # m023
+    "gates": {  # m024
         "id": "VARCHAR", "created_at": "TIMESTAMP", "candidate": "VARCHAR", "baseline": "VARCHAR",
         "baseline_ref": "VARCHAR", "rules_name": "VARCHAR", "rules_digest": "VARCHAR", "verdict": "VARCHAR",
         "n_pass": "INTEGER", "n_fail": "INTEGER", "n_inconclusive": "INTEGER", "n_skipped": "INTEGER",
         "holm_family": "INTEGER", "evalkit_version": "VARCHAR",
     },
-    "gate_checks": {  # m023
+    "gate_checks": {  # m024
         "gate_id": "VARCHAR", "position": "INTEGER", "kind": "VARCHAR", "task": "VARCHAR", "metric": "VARCHAR",
         "status": "VARCHAR", "observed": "DOUBLE", "baseline_value": "DOUBLE", "bound": "DOUBLE", "margin": "VARCHAR",
         "drop": "DOUBLE", "ci_lo": "DOUBLE", "ci_hi": "DOUBLE", "n": "INTEGER", "method": "VARCHAR",

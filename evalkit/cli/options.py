@@ -25,7 +25,7 @@ import click
 
 from evalkit.engines import kvpolicy
 from evalkit.engines.transformers import quant
-from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TEMPLATE
+from evalkit.defaults import AUTO_BATCH, DEFAULT_TEMPERATURE, DEFAULT_TEMPLATE
 
 F = TypeVar("F", bound=Callable[..., Any])
 INT_MAX = 2**31 - 1  # the largest whole number an option takes: runs store them as INTEGER (runner.config.INT32_MAX)
@@ -54,6 +54,34 @@ def whole(minimum: int, maximum: int = INT_MAX) -> WholeNumber:
     if not minimum <= maximum <= INT_MAX:
         raise ValueError(f"an option's range [{minimum}, {maximum}] must lie within [.., {INT_MAX}]")
     return WholeNumber(minimum, maximum)
+
+
+class WholeOrAuto(WholeNumber):
+    """A whole number in range, or "auto" (any case): `--batch-size`, as lm-eval users spell it."""
+
+    name = "whole number or auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower() == AUTO_BATCH:
+            return AUTO_BATCH
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter:
+            option = param.opts[0] if param is not None and param.opts else "the value"
+            self.fail(f"{option} must be a whole number from {self.min} to {self.max} or {AUTO_BATCH}, "
+                      f"got {str(value)[:40]!r}", param, ctx)
+
+
+def whole_or_auto(minimum: int, maximum: int = INT_MAX) -> WholeOrAuto:
+    """`whole`, or "auto".
+
+    >>> whole_or_auto(1).convert("AUTO", None, None), whole_or_auto(1).convert("8", None, None)
+    ('auto', 8)
+    """
+    whole(minimum, maximum)  # the same range checks
+    return WholeOrAuto(minimum, maximum)
+
+
 Variant = Literal["run", "inspect"]  # the command an option group is for: `run` sweeps, `inspect` looks once
 
 db_option = click.option(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options, whole
+from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options, whole, whole_or_auto
 from evalkit.cli.output import lead_table, metric_table, next_steps
-from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
+from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
 from evalkit.engines import model_help
 from evalkit.prompts.presets import LENGTH_PRESETS
 
@@ -46,9 +46,10 @@ def _csv_list(kind, presets=None):
                    "pair by pair); the needle grid always runs whole: narrow it with --needle-lengths / "
                    "--needle-depths.")
 @click.option("--seed", type=whole(0), default=DEFAULT_SEED, show_default=True)
-@click.option("--batch-size", type=whole(1), default=DEFAULT_BATCH_SIZE, show_default=True,
-              help=f"Prompts per batch; a batch also holds at most {BATCH_TOKENS} padded positions "
-              "(long prompts go fewer at a time).")
+@click.option("--batch-size", type=whole_or_auto(1, MAX_BATCH_SIZE), default=DEFAULT_BATCH_SIZE, show_default=True,
+              help="Prompts per batch, or auto: derived, like a batch's padded positions (on the default "
+              f"model {BATCH_TOKENS}: long prompts go fewer at a time), from the model's shapes and a "
+              "memory budget (on a GPU, the memory free after the load; docs/performance.md).")
 @click.option("--top-k", type=whole(1), default=DEFAULT_TOP_K, show_default=True,
               help=f"First-token candidates stored per prompt (>= {MIN_TOP_K}).")
 @first_step_options("run")

@@ -86,11 +86,12 @@ def model_class(name: str):
         raise BadInput(f"model type {name!r} needs a package that is not installed: {exc}") from exc
 
 
-def load(plan: ModelPlan, *, batch_size: int = DEFAULT_BATCH_SIZE):
+def load(plan: ModelPlan, *, batch_size: int | str = DEFAULT_BATCH_SIZE):
     """The lm-eval LM of a plan, loaded (the same way for `evalkit run` and `evalkit inspect`): its
     local files through the door first (`check_local_files`), and any exception the load raises on
     them (a config, a tokenizer, weights, a GGUF, a missing optional package) one BadInput line
-    naming the model and its path (`loaderrors.loading`)."""
+    naming the model and its path (`loaderrors.loading`). `batch_size` "auto" goes to the model type as
+    lm-eval's own "auto" (evalkit-hf derives it, `engines.caps`)."""
     from evalkit.progress import phases
 
     if is_local(plan.args):

@@ -19,16 +19,18 @@ import math
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from evalkit.engines.resolve import ModelPlan, resolve
 from evalkit.defaults import (
+    AUTO_BATCH,
     DEFAULT_BATCH_SIZE,
     DEFAULT_MODEL,
     DEFAULT_SEED,
     DEFAULT_TEMPERATURE,
     DEFAULT_TEMPLATE,
     DEFAULT_TOP_K,
+    MAX_BATCH_SIZE,
     MIN_TOP_K,
 )
 from evalkit.errors import BadInput
@@ -37,7 +39,7 @@ from evalkit.prompts.templates import Template, get_template
 from evalkit.scoring.lexicon import Lexicon, load_lexicon
 
 INT32_MAX = 2**31 - 1  # INTEGER columns (seed, batch_size, sample_limit, top_k, needle_length)
-MAX_BATCH = 4096
+MAX_BATCH = MAX_BATCH_SIZE
 MAX_NAME = 200
 
 
@@ -53,7 +55,8 @@ class RunConfig:
     quant: str | None = None
     limit: int | None = None
     seed: int = DEFAULT_SEED
-    batch_size: int = DEFAULT_BATCH_SIZE
+    # prompts a batch, or "auto": derived from the model's shapes and the memory budget (`engines.caps`)
+    batch_size: int | Literal["auto"] = DEFAULT_BATCH_SIZE
     name: str | None = None
     db: str | None = None
     prompts_file: str | None = None
@@ -156,7 +159,11 @@ def check_device(device: str | None) -> None:
 def _check_numbers(cfg: RunConfig) -> None:
     if cfg.limit is not None:
         _whole("--limit", cfg.limit, 1)
-    _whole("--batch-size", cfg.batch_size, 1, MAX_BATCH)
+    if cfg.batch_size != AUTO_BATCH:
+        if isinstance(cfg.batch_size, str):
+            raise BadInput(f"--batch-size must be a whole number from 1 to {MAX_BATCH} or {AUTO_BATCH!r}, "
+                           f"got {cfg.batch_size!r}")
+        _whole("--batch-size", cfg.batch_size, 1, MAX_BATCH)
     _whole("--seed", cfg.seed, 0)
     _whole("--top-k", cfg.top_k, MIN_TOP_K)  # the prior-drift support rule needs k >= 50; the vocabulary caps it later
     _finite("--temperature", cfg.temperature, above=0)

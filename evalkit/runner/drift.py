@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from evalkit import engines
+from evalkit.defaults import DEFAULT_BATCH_SIZE
 from evalkit.errors import BadInput
 from evalkit.scoring import drift as stats_drift
 
@@ -146,11 +147,20 @@ def observe(plan, lm, run_id: str, results: dict | None) -> list[dict[str, Any]]
         return []
     s = _ACTIVE[-1]
     if s.base_run_id is None:  # this run is the base
-        _as_base(s, lm, run_id, results, plan.cfg.batch_size)
+        _as_base(s, lm, run_id, results, _batch(lm, plan.cfg.batch_size))
         return []
     if not s.compare or s.base_run_id == run_id:
         return []
-    return _as_candidate(s, lm, run_id, plan.cfg.batch_size)
+    return _as_candidate(s, lm, run_id, _batch(lm, plan.cfg.batch_size))
+
+
+def _batch(lm, asked) -> int:
+    """The prompts a teacher-forced batch holds: the loaded engine's caps (`--batch-size auto` resolved
+    at load), else the number asked."""
+    caps = getattr(lm, "caps", None)
+    if caps is not None:
+        return int(caps.batch_prompts)
+    return asked if isinstance(asked, int) else DEFAULT_BATCH_SIZE
 
 
 def _model_of(lm):

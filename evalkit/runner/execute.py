@@ -128,6 +128,11 @@ def _unavailable(lm: Any) -> str | None:
     return json.dumps(found, sort_keys=True) if isinstance(found, dict) and found else None
 
 
+def _whole_or_none(value: Any) -> int | None:
+    """A backend's own batch size when it is a number (llama.cpp's under `auto`), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _tokenizer(lm: Any) -> dict[str, str | None]:
     """The tokenizer identity the engine computed at load (`engines.tokenizer_id`); NULL when it gave none."""
     tid = getattr(lm, "tokenizer_id", None)
@@ -139,6 +144,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
     and which attention implementation it runs)."""
     cfg, model = plan.cfg, plan.model
     detail = getattr(lm, "quant_detail", None)
+    caps = getattr(lm, "caps", None)  # an in-process engine's `engines.caps.Caps`, derived at load
     return redact.value({  # credentials in a URL (base_url=http://user:pass@...) are never stored
         "id": run_id,
         "created_at": now(),
@@ -157,7 +163,12 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "system_prompt": plan.template.system,
         "tasks": plan.tasks,
         "seed": cfg.seed,
-        "batch_size": cfg.batch_size,
+        # the prompts a batch held: what `--batch-size auto` chose, else as asked (NULL: auto, left to the backend)
+        "batch_size": caps.batch_prompts if caps is not None else cfg.batch_size if isinstance(cfg.batch_size, int)
+        else _whole_or_none(getattr(lm, "batch_size", None)),
+        "batch_positions": caps.batch_positions if caps is not None else None,
+        "trie_positions": caps.trie_positions if caps is not None else None,
+        "memory_budget": caps.budget if caps is not None else None,
         "sample_limit": cfg.limit,
         "top_k": model.top_k,  # top-k rows stored per prompt (NULL: the backend stores none)
         "first_temperature": cfg.first_temperature,

@@ -735,6 +735,16 @@ def m024_gates(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m025_run_caps(con: duckdb.DuckDBPyConnection) -> None:
+    # the caps an in-process engine ran under (`engines.caps`), derived from the model's shapes and a
+    # working-memory budget: runs.batch_size holds the prompts a batch (what `--batch-size auto` chose),
+    # these the padded positions a batch and a candidate-trie level, and the budget in bytes. NULL for
+    # engines without them and for runs from before
+    con.execute("ALTER TABLE runs ADD COLUMN batch_positions INTEGER")
+    con.execute("ALTER TABLE runs ADD COLUMN trie_positions INTEGER")
+    con.execute("ALTER TABLE runs ADD COLUMN memory_budget BIGINT")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -762,4 +772,5 @@ MIGRATIONS: list[Migration] = [
     m022_no_interval_from_few_prompts,
     m023_tag_history,
     m024_gates,
+    m025_run_caps,
 ]

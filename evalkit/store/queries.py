@@ -143,7 +143,8 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         run_id = resolve_run(con, ref)
         cur = con.execute(
             "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
-            "engine, quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, first_temperature, "
+            "engine, quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, batch_size, "
+            "batch_positions, trie_positions, memory_budget, first_temperature, "
             "ban_openers, unavailable, "
             "attention, attn_implementation, opener_lexicon_version, model_fingerprint, tokenizer_hash, tokenizer_source, "
             "lm_eval_version, git_commit, "

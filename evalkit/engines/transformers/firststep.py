@@ -58,7 +58,7 @@ from evalkit.engines.kvpolicy import KVPolicy
 from evalkit.engines.transformers.decoder import _Decoder, _Queued, _Row
 from evalkit.engines.transformers.prefill import _read_attention
 from evalkit.engines.transformers.shared import PREFILL_SHARE
-from evalkit.engines.transformers.trie import _Trie
+from evalkit.engines.transformers.trie import TRIE_POSITIONS, _Trie
 
 
 def probe(
@@ -158,16 +158,19 @@ class Prober:
                  stop: Sequence[str] = (), batch_size: int = DEFAULT_BATCH_SIZE,
                  first_temperature: float | None = None, add_special_tokens: bool = False,
                  tolerance: float = 0.0, kv_policy: KVPolicy | None = None, unit_ranks: int = 0,
-                 batch_tokens: int = BATCH_TOKENS) -> None:
+                 batch_tokens: int = BATCH_TOKENS, trie_positions: int = TRIE_POSITIONS) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+        if trie_positions < 1:
+            raise ValueError(f"trie_positions must be >= 1, got {trie_positions}")
         if not 0 <= tolerance < 1:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
         self.batch_size, self.batch_tokens = batch_size, batch_tokens
         self.engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature, frozenset(), 0,
                               add_special_tokens, tolerance, kv_policy, unit_ranks, None)
+        self.engine.trie_positions = trie_positions
         # rows are stepped while more than three quarters of a batch go, so a step feeds 24 to 56 rows at
         # batch size 32 (a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8; a whole
         # batch kept took the suite's peak to 2.02 GB); batch size 1 keeps its meaning, one prompt in every

@@ -33,6 +33,7 @@ from lm_eval.models.huggingface import HFLM
 from evalkit import envvars
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.engines import firststep as shared
+from evalkit.engines import caps as caps_of
 from evalkit.engines import kvpolicy, tokenizer_id, validate
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
@@ -40,11 +41,14 @@ from evalkit.engines.transformers import quant as quantization
 from evalkit.engines.transformers import quantdetail, quantize
 from evalkit.engines.transformers.convert import cached_args
 from evalkit.defaults import (
+    AUTO_BATCH,
+    AUTO_DEVICE_SHARE,
     DEFAULT_ANSWER_TOKENS,
     DEFAULT_BATCH_SIZE,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOLERANCE,
     DEFAULT_TOP_K,
+    MEMORY_BUDGET,
 )
 from evalkit.errors import BadInput
 from evalkit.progress import bar as progress_bar
@@ -195,6 +199,24 @@ class EvalkitHFLM(HFLM):
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
         self.set_kv_policy(policy)
+        self.caps = self._derive_caps(device)
+        if str(self.batch_size).lower().startswith(AUTO_BATCH):
+            # lm-eval's own paths (loglikelihood, sampled generation) read the same number, so HFLM
+            # never searches for a batch size of its own
+            self.batch_size_per_gpu = self.caps.batch_prompts
+
+    def _derive_caps(self, device) -> caps_of.Caps:
+        """The batch, position and trie caps of this model (`engines.caps`): under `--batch-size auto` on
+        a GPU the budget is a share of the device memory free after the load, else `MEMORY_BUDGET`; an
+        explicit batch size is kept."""
+        asked = str(self.batch_size).lower()
+        auto = asked.startswith(AUTO_BATCH)
+        budget = MEMORY_BUDGET
+        if auto and str(device).startswith("cuda") and torch.cuda.is_available():
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            budget = max(MEMORY_BUDGET, int(free * AUTO_DEVICE_SHARE))
+        batch = None if auto else int(asked) if asked.isdigit() else DEFAULT_BATCH_SIZE
+        return caps_of.derive(caps_of.shapes_of(self._model), budget, batch)
 
     def _share_requests(self) -> None:
         """Under a data-parallel launch (torchrun, `accelerate launch`: HFLM made an Accelerator of
@@ -347,7 +369,8 @@ class EvalkitHFLM(HFLM):
             prober = firststep.Prober(self.model, self.tokenizer, top_k=self.top_k, max_new_tokens=max_new,
                                       stop=until, batch_size=bs, first_temperature=self.first_temperature,
                                       tolerance=self.tolerance, kv_policy=self.kv_policy,
-                                      unit_ranks=firststep.UNIT_RANKS)
+                                      unit_ranks=firststep.UNIT_RANKS, batch_tokens=self.caps.batch_positions,
+                                      trie_positions=self.caps.trie_positions)
             for start in range(0, len(idxs), bs):
                 chunk = idxs[start : start + bs]
                 contexts = [requests[i].args[0] for i in chunk]
@@ -393,8 +416,7 @@ class EvalkitHFLM(HFLM):
         return out
 
     def _bs(self) -> int:
-        text = str(self.batch_size)
-        return int(text) if text.isascii() and text.isdigit() else DEFAULT_BATCH_SIZE
+        return self.caps.batch_prompts
 
     def _candidates(self, doc: dict) -> tuple[list[str], int]:
         """Answer-start strings, then checkable answers (answer_prob), then lexicon openers; returns

@@ -30,7 +30,8 @@ from evalkit.engines.transformers.shared import FIRST_STEP_SHARE, PREFILL_SHARE
 # whole firsttoken suite, with the decoder's rows beside it, 2048 peaked at 2.16 GiB RSS and 1024 at
 # 1.88 GiB (2.02 GB, over the 2 GB budget). Where the whole forward runs, a level's logits are
 # positions x vocabulary floats (512 x 49152 x 4 bytes = 100 MB on the default model; 1024 took a
-# default run of 64 prompts to 1.98 GB RSS). 512 either way
+# default run of 64 prompts to 1.98 GB RSS). 512 either way. The default of `Prober`: evalkit-hf derives its
+# own from the model's shapes (`engines.caps`), 512 on the default model
 TRIE_POSITIONS = 512
 FORWARD_POSITIONS = 24  # what a forward costs before its first position, in positions (docs/performance.md)
 PAD_SHARE = 0.15  # a trie group may pad this share of its positions
@@ -59,6 +60,8 @@ def _truncate_cache(cache, length: int) -> None:
 
 class _Trie(_Forwards):
     """The candidate trie and the first units of one batch, read in level forwards after its prompts."""
+
+    trie_positions: int = TRIE_POSITIONS  # padded node positions a level holds; the caps may set fewer or more
 
     def in_context(self, context: str, context_ids: list[int], candidate: str) -> list[int]:
         """`candidate_ids(context, candidate)`, computed once per template frame where the tokenizer allows.
@@ -204,7 +207,7 @@ class _Trie(_Forwards):
         deeper levels are alike too). A forward costs about FORWARD_POSITIONS positions before it computes
         any (the weights are read from memory once a forward), so a row joins the group before it while
         the padding that adds stays under that, or under PAD_SHARE of the group's positions; a group
-        holds at most TRIE_POSITIONS padded positions a level."""
+        holds at most `trie_positions` padded positions a level (TRIE_POSITIONS unless the caps say otherwise)."""
         B = len(first_level)
         if self.policy.rounds:  # a rounded cache is never copied: one group
             return [list(range(B))]
@@ -216,7 +219,7 @@ class _Trie(_Forwards):
             if g is not None:
                 padded = (len(g) + 1) * width[r]
                 padding = padded - sum(width[i] for i in g) - width[r]
-                if padded <= TRIE_POSITIONS and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
+                if padded <= self.trie_positions and padding <= max(FORWARD_POSITIONS, PAD_SHARE * padded):
                     g.append(r)
                     continue
             groups.append([r])
