@@ -77,7 +77,7 @@ def requantize(kind: str, folder: Path) -> Path:
 def decode_ms_per_token(repeats: int, threads: int | None, gguf: Path | None = None) -> dict[str, float]:
     """Batch-1 greedy decode cost of each engine on one chat prompt, ms per token (best of `repeats`)."""
     from evalkit.engines.transformers import firststep as engine
-    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp
     from evalkit.engines.resolve import load, resolve
     from evalkit.prompts.templates import get_template, render_prompt
 

@@ -69,8 +69,8 @@ class MetricDelta:
     mean_a: float
     mean_b: float
     delta: float  # mean_b − mean_a
-    lo: float  # 95 % paired bootstrap CI of delta
-    hi: float
+    lo: float | None  # 95 % paired bootstrap CI of delta; None from fewer than MIN_BOOTSTRAP_PROMPTS pairs
+    hi: float | None
 
 
 @dataclass(frozen=True)
@@ -439,8 +439,9 @@ def metric_deltas(keys, values: dict[str, list[tuple]], metrics: list[str]) -> l
             a_vals = [va for va, _ in pairs]
             b_vals = [vb for _, vb in pairs]
             d = stats.paired_bootstrap(b_vals, a_vals, n_boot=N_BOOT, seed=SEED)
+            few = d.n < stats.min_prompts(binary=False)  # no interval from too few prompts, as the gate
             out.append(MetricDelta(scope, metric, d.n, mean_a=d.mean_b, mean_b=d.mean_a,
-                                   delta=d.delta, lo=d.lo, hi=d.hi))
+                                   delta=d.delta, lo=None if few else d.lo, hi=None if few else d.hi))
     return out
 
 

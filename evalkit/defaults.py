@@ -31,6 +31,14 @@ BATCH_TOKENS: Final = 4608
 # first-token candidates stored per prompt; the prior-drift support rule needs k >= 50 (SPEC §1.3)
 DEFAULT_TOP_K: Final = 50
 MIN_TOP_K: Final = 50
+# The fewest prompts an interval may rest on, printed or stored (docs/gate.md "Too few prompts"): a score
+# interval (Wilson's, Tango's) keeps close to its level from about 10; a percentile bootstrap draws the
+# interval from the sample's own spread and runs narrow on small samples, so it waits for 20; an AUROC's
+# bootstrap resamples each class, so it needs that many of each: with one right answer of 42 every
+# resample that holds it ranks it alike and the interval collapses to a point
+MIN_SCORE_INTERVAL_PROMPTS: Final = 10
+MIN_BOOTSTRAP_PROMPTS: Final = 20
+MIN_AUROC_CLASS: Final = 10
 DEFAULT_TEMPERATURE: Final = 0.8  # T of top3_mass@T (SPEC §1.4)
 # opener probability a prompt may leave unscored in the candidate trie (0: exact); ft_hit_prob is always exact
 DEFAULT_TOLERANCE: Final = 1e-4

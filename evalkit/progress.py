@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 from tqdm import tqdm
 
+from evalkit.textsafe import term_line
+
 BAR_FORMAT = "{desc}: {n}/{total}{postfix} [{elapsed}]"
 TICK_S = 1.0  # seconds between redraws of a bar on a terminal
 LOG_TICK_S = 15.0  # ... and into a file or a pipe (a CI log gets a line every 15 s, not every second)
@@ -47,14 +49,14 @@ def phases(desc: str, names: Sequence[str], *, disable: bool | None = None) -> I
     """A bar `desc: k/N, <step> [elapsed]`; call the yielded function with each step's name as it
     starts (one of `names`, in order). The bar closes, complete, when the block ends. Shown on
     a terminal only (`disable=None`, tqdm's rule): a log or a pipe gets no carriage-return noise."""
-    bar = tqdm(total=len(names), desc=desc, bar_format=BAR_FORMAT, disable=disable, leave=True)
+    bar = tqdm(total=len(names), desc=term_line(desc), bar_format=BAR_FORMAT, disable=disable, leave=True)
     started = [0]
 
     def step(name: str) -> None:
         if started[0]:
             bar.update(1)
         started[0] += 1
-        bar.set_postfix_str(name)
+        bar.set_postfix_str(term_line(name))  # a step may name a model or a file
 
     stop = keep_ticking(bar)
     try:

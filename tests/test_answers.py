@@ -224,3 +224,24 @@ def test_answer_max_tokens_is_checked_before_the_model_loads(value, ok):
     else:
         with pytest.raises(BadInput, match="answer_max_tokens must be a whole number from 0 to 4096"):
             models.resolve("hf", f"answer_max_tokens={value}", device="cpu")
+
+
+def _one_right_of(n: int) -> list[dict]:
+    """n checkable prompts, the first one right; every signal ranks it first."""
+    return [{"task": "t", "answer_hit": float(i == 0), "ft_hit_prob": 0.9 if i == 0 else 0.1 + 0.01 * i,
+             "top1_prob": 0.8 if i == 0 else 0.2, "entropy": 0.5 if i == 0 else 2.0, "top3_mass": 0.9,
+             "opener_mass": 0.1, "prior_drift": 0.2, "ft_hit": float(i == 0)} for i in range(n)]
+
+
+def test_lead_auroc_gives_no_interval_from_one_right_answer():
+    # one right answer of 42 printed [1.0000, 1.0000]: every resample that holds it ranks it alike
+    (row,) = [r for r in lead_table("r", _one_right_of(42)) if r["signal"] == "ft_hit_prob"]
+    assert row["auroc"] == 1.0 and row["ci_lo"] is None and row["ci_hi"] is None
+    assert row["reason"] == "no interval: needs 10 right and 10 wrong answers, has 1 right, 41 wrong"
+
+
+def test_lead_auroc_has_an_interval_with_enough_of_each_class():
+    samples = [{"task": "t", "answer_hit": float(i % 2), "ft_hit_prob": (i % 2) * 0.3 + 0.01 * i}
+               for i in range(40)]
+    (row,) = [r for r in lead_table("r", samples) if r["signal"] == "ft_hit_prob"]
+    assert row["reason"] is None and row["ci_lo"] is not None and row["ci_lo"] <= row["auroc"] <= row["ci_hi"]

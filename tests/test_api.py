@@ -15,7 +15,8 @@ def test_run_connect_gate(tmp_path):
     assert run.status == "done" and run.n_samples == 6 and run.db == db
     frame = run.metrics_frame()
     row = frame[(frame.task == "firsttoken_en") & (frame.metric == "ft_hit")].iloc[0]
-    assert row.value == 1.0 and row.n == 3 and 0.0 <= row.ci_lo <= 1.0 <= row.ci_hi + 1e-12
+    ci_lo = row.get("ci_lo")
+    assert row.value == 1.0 and row.n == 3 and (ci_lo is None or ci_lo != ci_lo)  # no interval from 3 prompts
     assert len(run.samples_frame()) == 6
 
     con = evalkit.connect(db)

@@ -298,6 +298,14 @@ CASES: list[Case] = [
     _case("run/name-with-a-newline", ["run", *FAKE, "--tasks", "firsttoken", "--name", "nightly\nrun", "--db", "{db}"],
           "control character"),
     _case("run/name-empty", ["run", *FAKE, "--tasks", "firsttoken", "--name", "  ", "--db", "{db}"], "--name is empty"),
+    _case("run/name-latest", ["run", *FAKE, "--tasks", "firsttoken", "--name", "latest", "--db", "{db}"],
+          "could never name this run: `latest` always means the newest run"),
+    _case("run/name-a-tag", ["run", *FAKE, "--tasks", "firsttoken", "--name", "tag:prod", "--db", "{db}"],
+          "could never name this run: `tag:...` always names a tag"),
+    _case("run/include-path-yaml-too-large", ["run", *FAKE, "--tasks", "firsttoken", "--include-path",
+                                              "{big_yaml_tasks}", "--db", "{db}"], "at most 4,194,304 are read"),
+    _case("gate/rule-bound-out-of-range", [*RULES, "{rules_out_of_range}"],
+          "thresholds.ft_hit: >= 1.01 is outside what ft_hit can reach"),
     _case("run/quant-on-a-text-backend", ["run", *FAKE, "--tasks", "firsttoken", "--quant", "bf16", "--db", "{db}"],
           "hf backend only"),
     # ---- --quant variants and sweeps: refused before anything is loaded or written --------
@@ -494,6 +502,7 @@ def make_inputs(folder: Path, db: Path, db2: Path, prefix: str, tiny: Path | Non
         "rules_nothing": b"regressions:\n  needle_recall: 0.05\n",
         "rules_no_direction": b"regressions:\n  my_score: 0.05\nthresholds:\n  my_score: \">= 0\"\n",
         "rules_descriptive": b"regressions:\n  ft_hit: 0.02\n  sink_rate: 0.05\n",
+        "rules_out_of_range": b'thresholds:\n  ft_hit: ">= 1.01"\n',
         "long_prompts": ('{"id": "long-1", "prompt": "' + "word " * 200 + '", "answers": ["x"], "lang": "en"}\n'
                          '{"id": "short-1", "prompt": "Hi", "answers": ["x"], "lang": "en"}\n').encode(),
         "deep_jsonl": b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
@@ -504,13 +513,20 @@ def make_inputs(folder: Path, db: Path, db2: Path, prefix: str, tiny: Path | Non
     }
     suffix = {"text_db": ".duckdb", "empty_db": ".duckdb", "not_yaml": ".yaml", "bad_rules": ".yaml",
               "good_rules": ".yaml", "rules_metric_typo": ".yaml", "rules_task_typo": ".yaml",
-              "rules_nothing": ".yaml", "rules_no_direction": ".yaml", "rules_descriptive": ".yaml"}
+              "rules_nothing": ".yaml", "rules_no_direction": ".yaml", "rules_descriptive": ".yaml",
+              "rules_out_of_range": ".yaml"}
     paths = {"tmp": str(folder), "db": str(db), "db2": str(db2), "prefix": prefix, "tiny": str(tiny or "")}
     paths.update(_special_dbs(folder))
     shadow = folder / "shadow_tasks"
     shadow.mkdir()
     (shadow / "mine.yaml").write_text("task: firsttoken_en\ndataset_path: nowhere\n", encoding="utf-8")
     paths["shadow_tasks"] = str(shadow)
+    big = folder / "big_yaml_tasks"
+    big.mkdir()
+    from evalkit.paths import MAX_YAML_BYTES
+
+    (big / "big.yaml").write_bytes(b"task: big_task\n# " + b"x" * MAX_YAML_BYTES + b"\n")
+    paths["big_yaml_tasks"] = str(big)
     (folder / "text.gguf").write_text("this is a text file, not a GGUF model\n", encoding="utf-8")
     paths["text_gguf"] = str(folder / "text.gguf")
     bad_config = folder / "bad_config_model"

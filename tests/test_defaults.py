@@ -108,11 +108,12 @@ def test_every_backend_starts_from_the_same_defaults():
     assert _signature_defaults(models.load)["batch_size"] == defaults.DEFAULT_BATCH_SIZE
     pytest.importorskip("llama_cpp")
     from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp_probe
 
     native = _signature_defaults(llamacpp.EvalkitLlamaCpp.__init__)
     assert (native["top_k"], native["temperature"], native["tolerance"], native["answer_max_tokens"],
             native["batch_size"], native["max_gen_toks"]) == (
         defaults.DEFAULT_TOP_K, defaults.DEFAULT_TEMPERATURE, defaults.DEFAULT_TOLERANCE,
         defaults.DEFAULT_ANSWER_TOKENS, defaults.DEFAULT_BATCH_SIZE, defaults.DEFAULT_MAX_GEN_TOKS)
-    probe = _signature_defaults(llamacpp.probe)
+    probe = _signature_defaults(llamacpp_probe.probe)
     assert (probe["top_k"], probe["batch_size"]) == (defaults.DEFAULT_TOP_K, defaults.DEFAULT_BATCH_SIZE)

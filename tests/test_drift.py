@@ -475,7 +475,7 @@ def test_llama_cpp_teacher_forcing_matches_its_own_reference_and_drifts_little_f
         default_model_available):
     llama_cpp = pytest.importorskip("llama_cpp")
     from evalkit.engines import resolve as models
-    from evalkit.engines.llamacpp.model import GGUFTokenizer
+    from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
     from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
     from evalkit.engines.llamacpp.firststep import LlamaCppEngine
     from evalkit.engines.transformers.teacher import Forced, base_pass, drift_pass, forced

@@ -167,3 +167,21 @@ def test_rank_zero_of_two_writes(monkeypatch, tmp_path):
     run_id = execute(RunConfig(tasks=["firsttoken"], model="evalkit-fake", model_args="mode=hit", limit=2,
                                db=str(db))).run_id
     assert read_query(db, "SELECT id, status FROM runs")[1] == [(run_id, "done")]
+
+
+def test_merging_a_db_with_its_own_export_counts_each_run_once(two_dbs, tmp_path):
+    # every run of a DB merged with its own export was counted twice
+    a, b, ids_a, ids_b = two_dbs
+    export_parquet(a, tmp_path / "a")
+    export_parquet(a, tmp_path / "a2")
+    for table in TABLES:
+        alone = all_rows(lambda sql: read_query(a, sql), table)
+        for dbs, exports in (([a], [tmp_path / "a"]), ([], [tmp_path / "a", tmp_path / "a2"])):
+            assert all_rows(lambda sql: merged_query(dbs, exports, sql), table) == alone, (table, dbs, exports)
+    # with a second machine's DB beside it, its runs are added once
+    n = merged_query([a, b], [tmp_path / "a"], "SELECT count(*), count(DISTINCT id) FROM runs")[1][0]
+    assert n == (3, 3)
+    n_samples = merged_query([a, b], [tmp_path / "a"], "SELECT count(*) FROM samples")[1][0][0]
+    assert n_samples == sum(read_query(x, "SELECT count(*) FROM samples")[1][0][0] for x in (a, b))
+    _, lb = merged_query([a], [tmp_path / "a"], "SELECT count(*) FROM leaderboard")
+    assert lb == read_query(a, "SELECT count(*) FROM leaderboard")[1]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from evalkit.errors import BadInput
 from evalkit.release.rules import Rules, load_rules
+from evalkit.scoring import registry
 from tests.fuzz import fingerprint, fuzz, one_line
 
 METRICS = ["ft_hit", "ft_hit_prob", "opener_rate", "entropy", "sink_rate", "my_metric", "needle_recall@depth0.5"]
@@ -92,8 +93,12 @@ def test_generated_rules_documents(tmp_path_factory, doc):
         assert math.isfinite(rule.value)
         written = doc["thresholds"][rule.key]
         assert float(written.lstrip("<>=! ")) == rule.value
+        span = registry.value_range(rule.metric)  # and a bound the metric can reach
+        assert span is None or span[0] <= rule.value and (span[1] is None or rule.value <= span[1])
     for rule in rules.regressions:
         assert math.isfinite(rule.margin.value) and rule.margin.value >= 0
+        span = registry.value_range(rule.metric)
+        assert rule.margin.kind != "delta" or span is None or span[1] is None or rule.margin.value <= span[1] - span[0]
 
 
 @fuzz(150)

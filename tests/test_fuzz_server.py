@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from evalkit.engines import validate
-from evalkit.engines.server.model import ECHO_PROBE, EvalkitServer, served_models
+from evalkit.engines.server.client import served_models
+from evalkit.engines.server.model import ECHO_PROBE, EvalkitServer
 from evalkit.contract import FirstStepResult
 from evalkit.errors import BadInput
 from tests.fake_server import FakeServer, Reply, completion

@@ -450,7 +450,7 @@ def test_markdown_fail():
     md = to_markdown(verdict, "cand", "base")
     header = md.splitlines()[0]
     assert "FAIL" in header and "PASS" not in header
-    assert "`cand`" in header and "`base`" in header
+    assert "candidate cand vs baseline base" in header
     table = [line for line in md.splitlines() if line.startswith("|")]
     assert table[0].startswith("| status | kind | task | metric |")
     assert len(table) == 2 + len(verdict.rows)

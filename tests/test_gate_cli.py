@@ -249,7 +249,7 @@ def test_promote_then_gate_against_the_tag(invoke, runs):
 
     res = invoke("gate", "--candidate", runs["equal"], "--baseline", "tag:prod")
     assert res.exit_code == 0, res.output
-    assert f"vs baseline `{runs['base']}`" in res.stdout
+    assert f"vs baseline {runs['base']}" in res.stdout
     assert invoke("gate", "--candidate", runs["bad"], "--baseline", "tag:prod").exit_code == 1
 
     # promoting a newer run moves tag:prod to it; the first keeps its row

@@ -61,7 +61,7 @@ def ref(gguf):
 
 @pytest.fixture(scope="module")
 def context(eng):
-    from evalkit.engines.llamacpp.model import GGUFTokenizer
+    from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
 
     return GGUFTokenizer(eng).apply_chat_template([{"role": "user", "content": PROMPT}])
 
@@ -81,7 +81,7 @@ def ref_logprobs(ref, ids: list[int]) -> np.ndarray:
 def test_chat_template_renders_as_llama_cpp_pythons_own_formatter(eng, context):
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    from evalkit.engines.llamacpp.model import GGUFTokenizer
+    from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
 
     tok = GGUFTokenizer(eng)
     theirs = Jinja2ChatFormatter(template=tok.chat_template, eos_token=tok.eos_token, bos_token=tok.bos_token,
@@ -91,7 +91,7 @@ def test_chat_template_renders_as_llama_cpp_pythons_own_formatter(eng, context):
 
 
 def test_first_step_equals_the_reference_softmax(eng, ref, context):
-    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp
 
     step = llamacpp.probe(eng, [context], top_k=50, max_new_tokens=0)[0]
     lp = ref_logprobs(ref, step.context_ids)[-1]
@@ -108,7 +108,7 @@ def test_first_step_equals_the_reference_softmax(eng, ref, context):
 def test_candidate_trie_in_one_batch_matches_teacher_forcing(eng, ref, context):
     """ft_hit_prob's terms: the trie over the cached prompt (one batch, several sequences per token)
     against the product of softmax terms of the reference run on prompt + candidate tokens."""
-    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp
 
     step = llamacpp.probe(eng, [context], [CANDIDATES], max_new_tokens=0, tolerance=0.0)[0]
     assert step.unscored_mass == 0.0 and step.candidate_positions > 0
@@ -124,7 +124,7 @@ def test_candidate_trie_in_one_batch_matches_teacher_forcing(eng, ref, context):
 
 
 def test_tolerance_leaves_out_at_most_its_mass_and_keeps_answers_exact(eng, context):
-    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp
     from evalkit.scoring.lexicon import load_lexicon
 
     cands = ["Paris", *load_lexicon().entries]
@@ -142,7 +142,7 @@ def test_tolerance_leaves_out_at_most_its_mass_and_keeps_answers_exact(eng, cont
 
 
 def test_greedy_response_is_the_references_greedy_continuation(eng, ref, context):
-    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp
 
     step = llamacpp.probe(eng, [context], max_new_tokens=8)[0]
     ref.reset()
@@ -158,7 +158,7 @@ def test_greedy_response_is_the_references_greedy_continuation(eng, ref, context
 def test_units_complete_a_split_character(eng):
     """A byte token of a split Chinese character has no whole character alone; its unit is the
     character its greedy continuation completes."""
-    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp
 
     ids = eng.tokenize("递归")
     assert len(ids) >= 2 and "\ufffd" in eng.decode(ids[:1])
@@ -191,7 +191,7 @@ def test_loglikelihood_against_the_reference(gguf, ref):
 
 
 def test_kv_cache_types_map_onto_llama_cpp(eng, context):
-    from evalkit.engines.llamacpp import model as llamacpp
+    from evalkit.engines.llamacpp import probe as llamacpp
     from evalkit.engines.llamacpp.firststep import KV_TYPES
 
     assert set(kvpolicy.GGML_TYPES) <= set(KV_TYPES)

@@ -74,7 +74,8 @@ def test_prompts_whose_trie_does_not_fit_are_refused_before_any_is_computed(defa
 
 
 def test_cells_needed_counts_the_trie_of_every_candidate(default_model_available):
-    from evalkit.engines.llamacpp.model import EvalkitLlamaCpp, candidate_ids
+    from evalkit.engines.llamacpp.model import EvalkitLlamaCpp
+    from evalkit.engines.llamacpp.probe import candidate_ids
 
     lm = EvalkitLlamaCpp(str(default_model_dir() / DEFAULT_GGUF), n_ctx=1024)
     context = lm.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])

@@ -271,20 +271,20 @@ def test_a_gguf_s_tensor_types_are_read_once_per_file(tmp_path, monkeypatch):
     back the next time, read again once the file changes or the kept list does not read."""
     import os
 
-    from evalkit.engines.transformers import quant
+    from evalkit.engines.transformers import quantdetail
 
     monkeypatch.setenv("EVALKIT_CACHE", str(tmp_path / "cache"))
     path = write_gguf(tmp_path / "m.gguf", "llama")
     parsed: list[str] = []
-    parse = quant._gguf_tensor_types
-    monkeypatch.setattr(quant, "_gguf_tensor_types", lambda p: parsed.append(str(p)) or parse(p))
-    assert quant.gguf_tensor_types(path) == {"F32": 1}
-    assert quant.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 1  # read back, not parsed
+    parse = quantdetail._gguf_tensor_types
+    monkeypatch.setattr(quantdetail, "_gguf_tensor_types", lambda p: parsed.append(str(p)) or parse(p))
+    assert quantdetail.gguf_tensor_types(path) == {"F32": 1}
+    assert quantdetail.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 1  # read back, not parsed
     (kept,) = (tmp_path / "cache" / "names").glob("gguf-tensor-types-*.json")
     kept.write_text(kept.read_text().replace('"F32": 1', '"F32": "many"'), encoding="utf-8")
-    assert quant.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 2  # not a count: parsed again
+    assert quantdetail.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 2  # not a count: parsed again
     os.utime(path, ns=(0, 12345))
-    assert quant.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 3  # another stamp: parsed again
+    assert quantdetail.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 3  # another stamp: parsed again
     monkeypatch.setenv("EVALKIT_CACHE", "none")
-    assert quant.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 4
-    assert quant.gguf_tensor_types(tmp_path / "missing.gguf") is None
+    assert quantdetail.gguf_tensor_types(path) == {"F32": 1} and len(parsed) == 4
+    assert quantdetail.gguf_tensor_types(tmp_path / "missing.gguf") is None

@@ -28,7 +28,8 @@ def test_a_comparison_holds_a_plain_decimal_number_only(tmp_path, spec):
 @pytest.mark.parametrize("spec, value", [('">= 0.5"', 0.5), ('">= .5"', 0.5), ('"<= 5."', 5.0),
                                          ('">= 1e-3"', 1e-3), ('"> -2.5E+2"', -250.0), ('">= 1e308"', 1e308)])
 def test_a_comparison_reads_every_decimal_form(tmp_path, spec, value):
-    (rule,) = load_rules(rules_file(tmp_path, f"thresholds:\n  ft_hit: {spec}\n")).thresholds
+    # a metric the registry gives no range (a range would refuse most of these bounds)
+    (rule,) = load_rules(rules_file(tmp_path, f"thresholds:\n  my_score: {spec}\n")).thresholds
     assert rule.value == value
 
 
@@ -36,7 +37,7 @@ def test_a_comparison_reads_every_decimal_form(tmp_path, spec, value):
                                          ("1", 1.0)])
 def test_an_unquoted_margin_is_the_number_it_reads_as(tmp_path, text, value):
     # PyYAML (YAML 1.1) read 1e308 as a string and the user was told a number is not a number
-    (rule,) = load_rules(rules_file(tmp_path, f"regressions:\n  ft_hit: {text}\n")).regressions
+    (rule,) = load_rules(rules_file(tmp_path, f"regressions:\n  my_score: {text}\n")).regressions
     assert rule.margin.value == value
 
 
@@ -118,3 +119,26 @@ def test_task_rules_without_a_metric_rule_are_independent():
                          "thresholds": {"zh/ft_hit": ">= 0.1", "en/ft_hit": "<= 0.9"}})
     assert len(rules.regressions) == 2 and len(rules.thresholds) == 2
     assert rules.thresholds[0] == Threshold("ft_hit", ">=", 0.1, task="zh")
+
+
+@pytest.mark.parametrize("key, spec", [("ft_hit", ">= 1.01"), ("ft_hit", "> 1"), ("ft_hit_prob", "<= -0.1"),
+                                       ("t/opener_mass", "== 1.5"), ("entropy", "< 0"), ("start_gap", ">= -1.5"),
+                                       ("lead_auroc.entropy", ">= 2"), ("needle_recall@depth0.5", "<= -1"),
+                                       ("answer_hit", "< 0")])
+def test_a_bound_outside_the_metrics_range_is_refused(tmp_path, key, spec):
+    # ft_hit >= 1.01 was decided as if a share could pass it
+    with pytest.raises(BadInput, match=rf"thresholds\.{key}: {spec} is outside what .* can reach"):
+        load_rules(rules_file(tmp_path, f'thresholds:\n  {key}: "{spec}"\n'))
+
+
+@pytest.mark.parametrize("key, spec", [("ft_hit", ">= 1"), ("ft_hit", "<= 0"), ("ft_hit", ">= 0"), ("entropy", "<= 50"),
+                                       ("start_gap", ">= -1"), ("drift_first_ratio", "<= 1000")])
+def test_a_bound_at_the_edge_of_the_range_is_kept(tmp_path, key, spec):
+    (rule,) = load_rules(rules_file(tmp_path, f'thresholds:\n  {key}: "{spec}"\n')).thresholds
+    assert rule.metric == key
+
+
+def test_a_drop_wider_than_the_range_is_refused(tmp_path):
+    with pytest.raises(BadInput, match=r"regressions\.ft_hit: a drop of 1\.5 is more than ft_hit can move"):
+        load_rules(rules_file(tmp_path, "regressions:\n  ft_hit: 1.5\n"))
+    assert load_rules(rules_file(tmp_path, "regressions:\n  start_gap: 2\n")).regressions[0].margin.value == 2

@@ -11,7 +11,8 @@ import duckdb
 import pytest
 
 from evalkit.engines import validate
-from evalkit.engines.server.model import ECHO_PROBE, Client, EvalkitServer, ServerError, completion, read_json, served_models
+from evalkit.engines.server.client import Client, ServerError, completion, read_json, served_models
+from evalkit.engines.server.model import ECHO_PROBE, EvalkitServer
 from evalkit.errors import BadInput, RunFailed
 from tests.fake_server import FakeServer, Reply, healthy
 from tests.fake_server import completion as answer_of

@@ -267,24 +267,36 @@ def test_module_docstring_examples():
 
 
 def test_interval_stays_inside_the_range():
-    from evalkit.scoring.stats import interval
+    from evalkit.scoring.stats import _interval, interval
 
     rng = np.random.default_rng(3)
     for n in (2, 3, 10, 160):
         for p in (0.0, 0.02, 0.5, 1.0):
             values = (rng.random(n) < p).astype(float)
-            lo, hi = interval(values, binary=True)
+            lo, hi = _interval(values, binary=True, confidence=0.95, n_boot=2000, seed=0)  # the formula at any n
             assert 0.0 <= lo <= values.mean() <= hi <= 1.0
         probs = rng.beta(0.3, 3.0, n)
-        lo, hi = interval(probs, binary=False)
+        lo, hi = _interval(probs, binary=False, confidence=0.95, n_boot=2000, seed=0)
         assert probs.min() <= lo <= probs.mean() <= hi <= probs.max()
     # Wilson against its formula: k = 1 of n = 3 at 95 %
     z, k, n = 1.959963984540054, 1, 3
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    assert interval([1, 0, 0], binary=True) == pytest.approx((centre - half, centre + half), abs=1e-9)
+    assert _interval(np.array([1.0, 0, 0]), binary=True, confidence=0.95, n_boot=1, seed=0) == pytest.approx(
+        (centre - half, centre + half), abs=1e-9)
     assert interval([0.5], binary=False) is None
+
+
+@pytest.mark.parametrize("binary, need", [(True, 10), (False, 20)])
+def test_no_interval_from_too_few_prompts(binary, need):
+    # 3 prompts printed a 95 % interval; the gate would not decide on it (docs/gate.md "Too few prompts")
+    from evalkit.scoring.stats import interval
+
+    values = [float(i % 2) for i in range(need)]
+    assert interval(values[:-1], binary=binary) is None
+    lo, hi = interval(values, binary=binary)
+    assert lo < 0.5 < hi
     with pytest.raises(ValueError):
         interval([0.5, 1.0], binary=True)
 

@@ -18,6 +18,7 @@ import click
 from evalkit import envvars, redact
 from evalkit.version import __version__
 from evalkit.errors import BadInput, EvalkitError
+from evalkit.textsafe import term_line, term_text
 
 
 class CliError(click.ClickException):
@@ -30,7 +31,7 @@ class CliError(click.ClickException):
 
     def show(self, file=None) -> None:
         label = f"{self.label}: " if self.label else ""  # a verdict (gate inconclusive) is not an error
-        click.echo(f"evalkit: {label}{redact.text(self.format_message())}", err=True)
+        click.echo(term_text(f"evalkit: {label}{redact.text(self.format_message())}"), err=True)  # names in it stay text
 
 
 class EvalkitGroup(click.Group):
@@ -107,7 +108,7 @@ def main() -> None:
         if debug:
             raise
         first = str(exc).splitlines()[0] if str(exc) else ""
-        click.echo(f"evalkit: internal error: {type(exc).__name__}: {redact.text(first)} (rerun with --debug)",
+        click.echo(term_line(f"evalkit: internal error: {type(exc).__name__}: {redact.text(first)} (rerun with --debug)"),
                    err=True)
         sys.exit(1)
 

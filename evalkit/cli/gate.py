@@ -6,6 +6,7 @@ import click
 
 from evalkit.cli.options import db_option
 from evalkit.kinds import ON_INCONCLUSIVE
+from evalkit.textsafe import term_text
 
 
 @click.command("gate")
@@ -66,7 +67,7 @@ def gate_command(candidate, baseline, rules_file, junit_file, on_inconclusive, d
         raise RunFailed(f"gate failed for candidate {result.candidate_id}: {reasons[0]}{more}")
     what = f"gate inconclusive for candidate {result.candidate_id}: {reasons[0]}{more}"
     if on_inconclusive == "pass":
-        click.echo(f"evalkit: note: {what} (--on-inconclusive pass: exit 0)", err=True)
+        click.echo(term_text(f"evalkit: note: {what} (--on-inconclusive pass: exit 0)"), err=True)
         return
     if on_inconclusive == "fail":
         raise RunFailed(f"{what} (--on-inconclusive fail)")
@@ -88,7 +89,7 @@ def promote_command(run, tag, db):
     from evalkit.release.db import promote
 
     run_id, added = promote(db, run, tag)
-    click.echo(f"run {run_id} tagged {tag}" if added else f"run {run_id} already tagged {tag}")
+    click.echo(term_text(f"run {run_id} tagged {tag}" if added else f"run {run_id} already tagged {tag}"))
 
 
 COMMANDS = [gate_command, promote_command]

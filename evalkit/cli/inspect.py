@@ -18,6 +18,7 @@ from evalkit.defaults import (
     UNSTABLE_BELOW,
 )
 from evalkit.scoring import firsttoken
+from evalkit.textsafe import term_line
 
 BAR_WIDTH = 40  # characters for probability 1
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -35,11 +36,12 @@ def bar(prob: float, width: int = BAR_WIDTH) -> str:
 
 
 def _cells(text: str) -> int:
-    """Terminal columns of `text` (CJK wide and fullwidth characters take two)."""
-    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    """Terminal columns of `text` as `_pad` shows it (CJK wide and fullwidth characters take two)."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in term_line(text))
 
 
 def _pad(text: str, width: int) -> str:
+    text = term_line(text)  # a token may hold any character: shown, never obeyed
     return text + " " * max(0, width - _cells(text))
 
 

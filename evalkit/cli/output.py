@@ -9,6 +9,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from evalkit.defaults import MIN_BOOTSTRAP_PROMPTS, MIN_SCORE_INTERVAL_PROMPTS
+from evalkit.textsafe import term_line
+
 
 def _cell(value: Any) -> str:
     if value is None:
@@ -19,10 +22,11 @@ def _cell(value: Any) -> str:
         return ",".join(map(str, value))
     if isinstance(value, dt.datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
-    return str(value).replace("\n", "\\n")
+    return term_line(value)  # escape sequences and newlines shown, never obeyed
 
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 60) -> str:
+    columns = [term_line(c) for c in columns]
     cells = [[_cell(v)[:max_width] for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
@@ -64,6 +68,9 @@ def metric_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [table(["task", "metric", "value", "95% CI", "n"], body)]
     lines.append("↑ higher is better, ↓ lower is better; what each metric means: `evalkit metrics` "
                  "or docs/metrics.md")
+    if any(r.get("ci_lo") is None and r.get("n") is not None and r["n"] < MIN_BOOTSTRAP_PROMPTS for r in rows):
+        lines.append(f"no 95% CI from too few prompts: a share needs {MIN_SCORE_INTERVAL_PROMPTS}, any other mean "
+                     f"{MIN_BOOTSTRAP_PROMPTS} (the gate's rule)")
     if any(r["metric"] == "ft_hit" for r in rows):
         lines.append("ft_hit counts a response only when its first word is an accepted start: "
                      "\"The capital of France is Paris.\" misses \"Paris\" by design")
@@ -89,5 +96,5 @@ def lead_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([
         "does the first token predict the answer? AUROC of each first-token signal against answer_hit "
         "(0.5 = chance), over the checkable prompts",
-        table(["task", "signal", "auroc", "95% CI", "n", "right", "why undefined"], body, max_width=70),
+        table(["task", "signal", "auroc", "95% CI", "n", "right", "why no value or interval"], body, max_width=70),
     ])

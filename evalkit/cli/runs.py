@@ -45,13 +45,14 @@ def show_command(run, db, fmt):
       evalkit show tag:prod --format json
     """
     from evalkit.store.queries import lead_rows, run_summary
+    from evalkit.textsafe import term_line
 
     info, cols, rows = run_summary(db, run)
     if fmt != "table":
         click.echo(render(cols, rows, fmt))
         return
     for k, v in info.items():
-        click.echo(f"{k:>22}: {'' if v is None else v}")
+        click.echo(f"{k:>22}: {'' if v is None else term_line(v)}")  # a name or a model arg stays text
     click.echo()
     if rows:
         click.echo(metric_table([dict(zip(cols, r)) for r in rows]))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from evalkit.defaults import MIN_BOOTSTRAP_PROMPTS, MIN_SCORE_INTERVAL_PROMPTS
 from evalkit.kinds import CheckStatus
 from evalkit.scoring.stats import bootstrap_means
 
@@ -41,13 +42,13 @@ MAX_DECIDE_N = 1_000_000
 # worse on heavy tails such as zh ft_hit_prob), so it waits for 20; values identical on every prompt
 # pass by identity of computation, which one or two prompts cannot show.
 MIN_PROMPTS: dict[str, int] = {
-    "Tango score interval": 10,
-    "Wilson interval": 10,
-    "paired bootstrap": 20,
-    "bootstrap interval": 20,
-    "identical on every prompt": 10,
-    "stored intervals, unpaired": 20,
-    "stored interval": 20,
+    "Tango score interval": MIN_SCORE_INTERVAL_PROMPTS,
+    "Wilson interval": MIN_SCORE_INTERVAL_PROMPTS,
+    "paired bootstrap": MIN_BOOTSTRAP_PROMPTS,
+    "bootstrap interval": MIN_BOOTSTRAP_PROMPTS,
+    "identical on every prompt": MIN_SCORE_INTERVAL_PROMPTS,
+    "stored intervals, unpaired": MIN_BOOTSTRAP_PROMPTS,
+    "stored interval": MIN_BOOTSTRAP_PROMPTS,
 }
 
 

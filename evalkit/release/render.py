@@ -10,6 +10,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from evalkit.release.decide import Verdict, VerdictRow, fmt
+from evalkit.textsafe import md_cell, md_row, md_text, xml_clean
 
 
 _STATUS_CELL = {"pass": "pass", "fail": "**FAIL**", "inconclusive": "*inconclusive*", "skipped": "skipped"}
@@ -37,10 +38,6 @@ def _estimate_text(row: VerdictRow) -> str:
     return text
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def counts_line(verdict: Verdict) -> str:
     """'11 checks: 1 pass, 1 fail, 8 inconclusive, 1 skipped.'"""
     parts = [f"{verdict.count(s)} {s}" for s in ("pass", "fail", "inconclusive", "skipped")]
@@ -52,9 +49,9 @@ def to_markdown(verdict: Verdict, candidate_id: str, baseline_id: str | None = N
     """The verdict as a header line (PASS / FAIL / INCONCLUSIVE), the `head` lines (which rules, which
     question they answer) and one markdown table row per check."""
     word = _OUTCOME_WORD[verdict.outcome]
-    against = f" vs baseline `{baseline_id}`" if baseline_id else ""
+    against = f" vs baseline {md_text(baseline_id)}" if baseline_id else ""
     lines = [
-        f"## evalkit gate: {word} — candidate `{candidate_id}`{against}",
+        f"## evalkit gate: {word} — candidate {md_text(candidate_id)}{against}",
         "",
         *(f"{line}\n" for line in head or ()),
         counts_line(verdict),
@@ -64,7 +61,6 @@ def to_markdown(verdict: Verdict, candidate_id: str, baseline_id: str | None = N
     ]
     for r in verdict.rows:
         cells = [
-            _STATUS_CELL[r.status],
             r.kind,
             r.task or "*",
             r.metric,
@@ -75,8 +71,8 @@ def to_markdown(verdict: Verdict, candidate_id: str, baseline_id: str | None = N
             "" if r.n is None else str(r.n),
             r.reason,
         ]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    lines += ["", verdict.summary]
+        lines.append(md_row([_STATUS_CELL[r.status], *(md_cell(c) for c in cells)]))  # data as inert text
+    lines += ["", md_text(verdict.summary)]
     return "\n".join(lines) + "\n"
 
 
@@ -122,5 +118,6 @@ def to_junit(verdict: Verdict, candidate_id: str, baseline_id: str | None = None
         else:
             out = ET.SubElement(case, "system-out")
             out.text = r.reason
+    xml_clean(suite)  # names, reasons and ids as text XML 1.0 allows
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"

@@ -278,13 +278,15 @@ def parse_rules(obj: Any, *, source: str = "rules") -> Rules:
         value = _finite_float(number)
         if value is None:
             raise bad(f"{where}: bad number {_clip(number)} in {_clip(repr(spec))}")
+        _check_bound(where, metric, op, value, bad)
         thresholds.append(Threshold(metric=metric, op=cast(ThresholdOp, op), value=value, task=task))
 
     regressions = []
     for key, spec in section("regressions").items():
         task, metric = split_key("regressions", key)
-        regressions.append(Regression(metric=metric, margin=_margin(f"regressions.{key}", metric, spec, bad),
-                                      task=task))
+        margin = _margin(f"regressions.{key}", metric, spec, bad)
+        _check_margin(f"regressions.{key}", metric, margin, bad)
+        regressions.append(Regression(metric=metric, margin=margin, task=task))
 
     directions: dict[str, bool] = {}
     for key, spec in section("higher_is_better").items():
@@ -394,6 +396,36 @@ def _margin(where: str, metric: str, spec: Any, bad) -> Margin:
     if spec < 0:
         raise bad(f"{where}: {kind} must be >= 0, got {spec!r}")
     return Margin(kind, float(spec))
+
+
+def _range_text(lo: float, hi: float | None) -> str:
+    return f"[{lo:g}, ∞)" if hi is None else f"[{lo:g}, {hi:g}]"
+
+
+def _check_bound(where: str, metric: str, op: str, value: float, bad) -> None:
+    """A threshold whose bound lies outside the registry's range of `metric` (``ft_hit >= 1.01``,
+    ``entropy <= -1``), or that no value in it can meet (``ft_hit > 1``), is a mistake in the rules:
+    the gate would decide a check that cannot be reached."""
+    span = registry.value_range(metric)
+    if span is None:
+        return
+    lo, hi = span
+    outside = value < lo or (hi is not None and value > hi)
+    never = (op == ">" and hi is not None and value >= hi) or (op == "<" and value <= lo)
+    if outside or never:
+        raise bad(f"{where}: {op} {value:g} is outside what {metric} can reach ({metric} lies in "
+                  f"{_range_text(lo, hi)})")
+
+
+def _check_margin(where: str, metric: str, margin: Margin, bad) -> None:
+    """A tolerated drop wider than the registry's range of `metric` could never be exceeded."""
+    span = registry.value_range(metric)
+    if span is None or span[1] is None or margin.kind != "delta":
+        return
+    width = span[1] - span[0]
+    if margin.value > width:
+        raise bad(f"{where}: a drop of {margin.value:g} is more than {metric} can move ({metric} lies in "
+                  f"{_range_text(*span)}, a width of {width:g}); the check could never fail")
 
 
 def _clip(text: str, width: int = 40) -> str:

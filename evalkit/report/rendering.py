@@ -15,6 +15,7 @@ import re
 from evalkit.report.fonts import FSI, PDI, font_face_css
 from evalkit.report.reading import ReportData
 from evalkit.report.sections import Section, Table, plural
+from evalkit.textsafe import md_cell, md_cells, md_em, md_row, md_strong, md_target, md_text
 
 # the system's own fonts first; then the fonts embedded in the page (`_FONTS`), which have every character
 _CSS = """
@@ -113,38 +114,41 @@ def to_html(data: ReportData, sections: list[Section]) -> str:
     return "\n".join(head) + "\n" + body + "\n</body></html>\n"
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-
-
 def _md_table(t: Table) -> str:
+    """A table in markdown: each cell's lines (a value, its interval below) on one line, each
+    cell inert text (`textsafe`)."""
+    def one_line(cell: str) -> str:
+        return " ".join(cell.split("\n"))
+
     out = []
     if t.caption:
-        out += [f"*{_md_cell(t.caption)}*", ""]
-    out.append("| " + " | ".join(_md_cell(c) for c in t.columns) + " |")
+        out += [md_em(t.caption), ""]
+    out.append(md_cells(one_line(c) for c in t.columns))
     out.append("|" + "|".join("---:" if t.numeric_from is not None and j >= t.numeric_from else "---"
                               for j in range(len(t.columns))) + "|")
     for i, row in enumerate(t.rows):
-        cells = [f"**{_md_cell(c)}**" if (i, j) in t.strong and c else _md_cell(c) for j, c in enumerate(row)]
-        out.append("| " + " | ".join(cells) + " |")
+        out.append(md_row([md_strong(one_line(c)) if (i, j) in t.strong else md_cell(one_line(c))
+                           for j, c in enumerate(row)]))
     return "\n".join(out)
 
 
 def to_markdown(data: ReportData, sections: list[Section]) -> str:
-    """The report as markdown (summary.md), images as relative links."""
+    """The report as markdown (summary.md), images as relative links. Every piece of text is
+    written by `textsafe` (inert: data cannot make a heading, a link or HTML)."""
     lines = ["# evalkit report", "",
-             f"{plural(len(data.runs), 'run')} from `{data.db}`, generated {data.generated:%Y-%m-%d %H:%M:%S} UTC.", ""]
+             md_text(f"{plural(len(data.runs), 'run')} from {data.db}, "
+                     f"generated {data.generated:%Y-%m-%d %H:%M:%S} UTC."), ""]
     for s in sections:
-        lines += [f"## {s.title}", ""]
+        lines += [f"## {md_text(s.title)}", ""]
         if s.omitted:
-            lines += [f"_Omitted: {s.omitted}._", ""]
+            lines += [md_em(f"Omitted: {s.omitted}.", "_"), ""]
             continue
         if s.intro:
-            lines += [s.intro, ""]
+            lines += [md_text(s.intro), ""]
         for image in s.images:
-            lines += [f"![{image.alt}]({image.name})", ""]
+            lines += [f"![{md_text(image.alt)}]({md_target(image.name)})", ""]
         for t in s.tables:
             lines += [_md_table(t), ""]
         for n in s.notes:
-            lines += [f"_{n}_", ""]
+            lines += [md_em(n, "_"), ""]
     return "\n".join(lines)

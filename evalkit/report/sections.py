@@ -386,6 +386,9 @@ def lead_section(data: ReportData, out_dir: Path) -> Section:
     undefined = sorted({r["reason"] for r in data.lead if r["auroc"] is None and r["reason"]})
     if undefined:
         section.notes.append("Undefined cells: " + "; ".join(undefined) + ".")
+    no_interval = sorted({r["reason"] for r in data.lead if r["auroc"] is not None and r["reason"]})
+    if no_interval:
+        section.notes.append("Cells without an interval: " + "; ".join(no_interval) + ".")
     if len(with_answers) - len(flat) > MAX_ROC_RUNS:
         section.notes.append(f"ROC curves of the {MAX_ROC_RUNS} newest of the {len(with_answers) - len(flat)} runs "
                              "with a curve to draw; the table covers all of them.")

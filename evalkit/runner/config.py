@@ -120,6 +120,18 @@ def check_text(option: str, value: str, *, max_len: int = MAX_NAME) -> str:
     return text
 
 
+def check_run_name(name: str) -> str:
+    """`--name`, checked as a label (`check_text`) and refused when no command could address the run
+    by it (`latest`, `tag:...`: `store.queries.unaddressable_name`)."""
+    from evalkit.store.queries import unaddressable_name
+
+    text = check_text("--name", name)
+    why = unaddressable_name(text)
+    if why is not None:
+        raise BadInput(f"--name {text!r} could never name this run: {why}; choose another name")
+    return text
+
+
 def check_device(device: str | None) -> None:
     """Refuse a device torch does not know or this machine does not have."""
     if device is None:
@@ -195,7 +207,7 @@ def plan_run(cfg: RunConfig) -> RunPlan:
 
     _check_numbers(cfg)
     if cfg.name is not None:
-        cfg.name = check_text("--name", cfg.name)
+        cfg.name = check_run_name(cfg.name)
     template = get_template(cfg.template, cfg.templates_file)
     lexicon = load_lexicon()
     tasks = _check_tasks(cfg)

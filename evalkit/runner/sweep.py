@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from evalkit.engines import kvpolicy
 from evalkit.engines.plan import check_local_files
-from evalkit.engines.transformers import quant
+from evalkit.engines.transformers import quant, quantize
 from evalkit.errors import BadInput, RunFailed
 from evalkit.runner.config import RunConfig, RunPlan, check_text, plan_run
 from evalkit.runner.execute import RunResult, execute_all
@@ -84,7 +84,7 @@ def _skeleton(args: dict):
     kwargs = {k: args[k] for k in ("gguf_file", "revision", "subfolder", "trust_remote_code") if k in args}
     check_local_files(args)  # the door, before transformers opens anything named here
     try:
-        with quant.quiet_imports():  # transformers may import torchao, which warns on import
+        with quantize.quiet_imports():  # transformers may import torchao, which warns on import
             config = AutoConfig.from_pretrained(args["pretrained"], **kwargs)
             with torch.device("meta"):
                 return AutoModelForCausalLM.from_config(config)

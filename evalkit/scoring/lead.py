@@ -5,7 +5,9 @@ pooled over its tasks), each category of it, and each first-token signal, the AU
 signal against whether the whole answer was right, its 95 % bootstrap interval over
 prompts, the number of checkable prompts and how many were right; undefined (NULL, with
 the reason) when every checkable answer is right or every one wrong, or the run has no
-values of the signal. Each signal is oriented by its registry direction, so that a
+values of the signal. The interval alone is NULL, and the reason says what it needs, when
+fewer than `MIN_AUROC_CLASS` answers are right or wrong (`interval_need`): a bootstrap over
+one right answer ranks it alike in every resample and gives a point, not an interval. Each signal is oriented by its registry direction, so that a
 higher value means "this prompt looks better": `entropy`, `opener_mass` and
 `prior_drift` enter negated. The AUROC is scikit-learn's `roc_auc_score`; the bootstrap
 resamples prompts and ranks each resample with scipy's `rankdata` (the Mann–Whitney U),
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from evalkit.defaults import MIN_AUROC_CLASS, MIN_BOOTSTRAP_PROMPTS
 from evalkit.scoring import registry
 
 SIGNALS = registry.LEAD_SIGNALS  # first-token signals whose AUROC against answer_hit is reported
@@ -63,6 +66,24 @@ def bootstrap_interval(scores: Sequence[float], labels: Sequence[float], *, n_bo
     return float(np.quantile(values, alpha)), float(np.quantile(values, 1 - alpha))
 
 
+def interval_need(n_right: int, n_wrong: int) -> str | None:
+    """Why an AUROC over these answers gets no interval (the row says what it needs), None when it
+    may have one: at least `MIN_AUROC_CLASS` right and as many wrong answers, and
+    `MIN_BOOTSTRAP_PROMPTS` in all (the gate's rule for a bootstrap interval).
+
+    >>> interval_need(1, 41)
+    'no interval: needs 10 right and 10 wrong answers, has 1 right, 41 wrong'
+    >>> interval_need(10, 10) is None
+    True
+    """
+    if min(n_right, n_wrong) >= MIN_AUROC_CLASS and n_right + n_wrong >= MIN_BOOTSTRAP_PROMPTS:
+        return None
+    if min(n_right, n_wrong) >= MIN_AUROC_CLASS:
+        return f"no interval: needs {MIN_BOOTSTRAP_PROMPTS} prompts, has {n_right + n_wrong}"
+    return (f"no interval: needs {MIN_AUROC_CLASS} right and {MIN_AUROC_CLASS} wrong answers, "
+            f"has {n_right} right, {n_wrong} wrong")
+
+
 def _oriented(signal: str, value: float) -> float:
     return value if registry.higher_is_better(signal) is not False else -value
 
@@ -75,8 +96,9 @@ def indicator_rows(run_id: str, task: str, category: str, samples: Sequence[dict
     for signal in SIGNALS:
         pairs = [(_oriented(signal, float(s[signal])), float(s["answer_hit"])) for s in checkable
                  if s.get(signal) is not None]
+        n_right = int(sum(y for _, y in pairs))
         row = {"run_id": run_id, "task": task, "category": category, "signal": signal, "auroc": None,
-               "ci_lo": None, "ci_hi": None, "n": len(pairs), "n_right": int(sum(y for _, y in pairs)),
+               "ci_lo": None, "ci_hi": None, "n": len(pairs), "n_right": n_right,
                "base_rate": (sum(labels_all) / len(labels_all)) if labels_all else None, "reason": None}
         if not pairs:
             row["reason"] = f"no {signal} values (a backend without logprobs, or no checkable prompts)"
@@ -87,9 +109,12 @@ def indicator_rows(run_id: str, task: str, category: str, samples: Sequence[dict
         else:
             scores, labels = [p for p, _ in pairs], [y for _, y in pairs]
             row["auroc"] = auroc(scores, labels)
-            ci = bootstrap_interval(scores, labels)
+            row["reason"] = interval_need(n_right, len(pairs) - n_right)
+            ci = None if row["reason"] else bootstrap_interval(scores, labels)
             if ci:
                 row["ci_lo"], row["ci_hi"] = ci
+            elif not row["reason"]:
+                row["reason"] = "no interval: too few bootstrap resamples held both right and wrong answers"
         rows.append(row)
     return rows
 

@@ -265,6 +265,17 @@ def get(name: str) -> Metric | None:
     return None
 
 
+def value_range(name: str) -> tuple[float, float | None] | None:
+    """The range (lo, hi; hi None: unbounded) an aggregate of `name` can take; None for a metric the
+    registry does not know.
+
+    >>> value_range("ft_hit"), value_range("entropy"), value_range("needle_gap"), value_range("x")
+    ((0.0, 1.0), (0.0, None), None, None)
+    """
+    metric = get(name)
+    return None if metric is None else (metric.lo, metric.hi)
+
+
 def margin(name: str) -> Margin | None:
     """The gate's default margin for `name`, None when the registry gives none.
 

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 Event = TypeVar("Event", int, str)  # what a distribution is over: token ids, or text events (`textspace`)
+from evalkit.defaults import MIN_BOOTSTRAP_PROMPTS, MIN_SCORE_INTERVAL_PROMPTS
 
 __all__ = [
     "Delta",
     "bootstrap_means",
     "interval",
+    "min_prompts",
     "jsd",
     "mean_stderr",
     "paired_bootstrap",
@@ -286,27 +288,45 @@ def mean_stderr(values: Sequence[float]) -> tuple[float, float | None]:
     return mean, float(arr.std(ddof=1) / math.sqrt(arr.size))
 
 
+def min_prompts(*, binary: bool) -> int:
+    """The fewest prompts an interval of a mean may rest on, printed or stored (the gate's rule,
+    docs/gate.md "Too few prompts"): a proportion's score interval from `MIN_SCORE_INTERVAL_PROMPTS`,
+    a bootstrap interval from `MIN_BOOTSTRAP_PROMPTS`.
+
+    >>> min_prompts(binary=True), min_prompts(binary=False)
+    (10, 20)
+    """
+    return MIN_SCORE_INTERVAL_PROMPTS if binary else MIN_BOOTSTRAP_PROMPTS
+
+
 def interval(values: Sequence[float], *, binary: bool, confidence: float = 0.95,
              n_boot: int = 2000, seed: int = 0) -> tuple[float, float] | None:
     """A confidence interval for the mean of per-prompt values that stays inside their range.
 
     0/1 values (`binary`): the Wilson score interval of the proportion
     (`scipy.stats.binomtest(...).proportion_ci`); others: the bootstrap percentile interval
-    (`scipy.stats.bootstrap`), which never leaves [min, max] of the values. None for
-    fewer than two values (no interval to give).
+    (`scipy.stats.bootstrap`), which never leaves [min, max] of the values. None for fewer
+    values than `min_prompts` (no interval from too few prompts: the gate's rule, everywhere).
 
     Example::
 
         >>> lo, hi = interval([1, 0, 0, 0, 0, 0, 0, 0, 0, 0], binary=True)
         >>> round(lo, 4), round(hi, 4)   # mean 0.1 ± 1.96·stderr would reach below 0
         (0.0179, 0.4042)
+        >>> interval([1, 0, 0], binary=True) is None
+        True
     """
     arr = _finite_array(values, "interval")
-    if arr.size < 2:
+    if binary and not np.all((arr == 0) | (arr == 1)):
+        raise ValueError("interval: binary=True needs values that are 0 or 1")
+    if arr.size < min_prompts(binary=binary):
         return None
+    return _interval(arr, binary=binary, confidence=confidence, n_boot=n_boot, seed=seed)
+
+
+def _interval(arr: np.ndarray, *, binary: bool, confidence: float, n_boot: int, seed: int) -> tuple[float, float]:
+    """`interval`'s computation on at least two values, whatever their count."""
     if binary:
-        if not np.all((arr == 0) | (arr == 1)):
-            raise ValueError("interval: binary=True needs values that are 0 or 1")
         from scipy.stats import binomtest
 
         ci = binomtest(int(arr.sum()), int(arr.size)).proportion_ci(confidence_level=confidence, method="wilson")

@@ -637,6 +637,28 @@ def m021_tokenizer_identity(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m022_no_interval_from_few_prompts(con: duckdb.DuckDBPyConnection) -> None:
+    # No interval from too few prompts (docs/gate.md): the leaderboard shows a stored interval
+    # from 10 prompts on (a proportion's score interval; new runs store a mean's bootstrap one
+    # from 20), and value ± 1.96 stderr, for rows stored before evalkit kept intervals, from 20.
+    # The counts are written out: a migration states what its schema was (defaults.MIN_* today).
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_name, r.model_fingerprint, r.quant, r.template,
+               r.kv_cache, r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               CASE WHEN m.n < 10 THEN NULL WHEN m.ci_lo IS NOT NULL THEN m.ci_lo
+                    WHEN m.n >= 20 THEN m.value - 1.96 * m.stderr END AS ci_lo,
+               CASE WHEN m.n < 10 THEN NULL WHEN m.ci_hi IS NOT NULL THEN m.ci_hi
+                    WHEN m.n >= 20 THEN m.value + 1.96 * m.stderr END AS ci_hi,
+               r.quant_detail, r.engine
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        WHERE r.status = 'done'
+        """
+    )
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -661,4 +683,5 @@ MIGRATIONS: list[Migration] = [
     m018_engine,  # after m019: appended in the order it was written
     m020_answer_prob,
     m021_tokenizer_identity,
+    m022_no_interval_from_few_prompts,
 ]

@@ -23,17 +23,36 @@ from evalkit.store.spool import pending_ids
 _LIVENESS = "status, host, pid, pid_start, heartbeat_at"
 
 
+LATEST = "latest"  # the newest run
+TAG_PREFIX = "tag:"  # tag:NAME, the newest run with that tag
+
+
+def unaddressable_name(name: str) -> str | None:
+    """Why a run called `name` could never be found by it (`resolve_run` reads `latest` and
+    `tag:...` first), None when it can be.
+
+    >>> unaddressable_name("latest"), unaddressable_name("tag:prod"), unaddressable_name("baseline")
+    ('`latest` always means the newest run', '`tag:...` always names a tag', None)
+    """
+    name = name.strip()
+    if name == LATEST:
+        return f"`{LATEST}` always means the newest run"
+    if name.startswith(TAG_PREFIX):
+        return f"`{TAG_PREFIX}...` always names a tag"
+    return None
+
+
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     """A run id from an id, a unique id prefix, `latest`, `tag:NAME`, or a run's `--name`
     (the newest `done` run of that name, else the newest of any status)."""
     ref = ref.strip()
-    if ref == "latest":
+    if ref == LATEST:
         row = con.execute("SELECT id FROM runs ORDER BY created_at DESC, id DESC LIMIT 1").fetchone()
         if row is None:
             raise BadInput("no runs in the database yet")
         return row[0]
-    if ref.startswith("tag:"):
-        tag = ref[4:]
+    if ref.startswith(TAG_PREFIX):
+        tag = ref[len(TAG_PREFIX):]
         row = con.execute(
             "SELECT t.run_id FROM tags t JOIN runs r ON r.id = t.run_id "
             "WHERE t.tag = ? ORDER BY r.created_at DESC, t.created_at DESC LIMIT 1",

@@ -268,6 +268,32 @@ def view_definitions() -> list[str]:
         scratch.close()
 
 
+# the source each run id is read from when several hold it (a DB and its own export, two copies of one
+# file): a done copy first, then the first source named (--db before --parquet, in command order)
+OWNER_TABLE = "evalkit_run_source"
+
+
+def _union_by_run(con: duckdb.DuckDBPyConnection, sources: list[dict[str, str]]) -> None:
+    """One view per table over every source, each run counted once (idempotent by run id): a run's
+    rows come from the one source `OWNER_TABLE` names for it, so merging a DB with its own export,
+    or an export twice over, adds nothing. A tag is kept once per (tag, run)."""
+    runs = " UNION ALL ".join(f"SELECT id, status, {i} AS src FROM {src['runs']}" for i, src in enumerate(sources))
+    con.execute(f"CREATE TABLE {OWNER_TABLE} AS SELECT id, arg_min(src, (status IS DISTINCT FROM 'done', src)) "
+                f"AS src FROM ({runs}) GROUP BY id")
+    for table in TABLES:
+        key = "id" if table == "runs" else "run_id"
+        parts = [f"SELECT * FROM {src[table]} WHERE {key} NOT IN "
+                 f"(SELECT id FROM {OWNER_TABLE} WHERE src <> {i})" for i, src in enumerate(sources) if table in src]
+        if table == "tags":
+            parts = [p.split(" WHERE ")[0] for p in parts]  # every source's tags, each (tag, run) once below
+        if not parts:
+            continue
+        union = " UNION ALL BY NAME ".join(parts)
+        if table == "tags":
+            union = f"SELECT DISTINCT ON (tag, run_id) * FROM ({union}) ORDER BY tag, run_id, created_at"
+        con.execute(f"CREATE VIEW {table} AS {union}")
+
+
 def merged_query(
     db_paths: Sequence[str | os.PathLike] = (),
     parquet_dirs: Sequence[str | os.PathLike] = (),
@@ -282,7 +308,8 @@ def merged_query(
     over all sources, the DB's own views (leaderboard, ...) are rebuilt on top, and
     only then is external access turned off and the configuration locked, so the
     user's SQL reaches the named sources and nothing else. Each source counts once: one
-    named twice is refused (`_distinct_sources`). `timeout` bounds the user's SQL, not
+    named twice is refused (`_distinct_sources`); and each run counts once, from one source,
+    however many hold it (`_union_by_run`: a DB merged with its own export is the DB). `timeout` bounds the user's SQL, not
     the loading of the sources; Ctrl-C stops either.
     """
     timeout = check_timeout(timeout)
@@ -305,10 +332,7 @@ def merged_query(
             files = _parquet_files(folder)
             interruptible(con, functools.partial(_load_parquet, con, files, f"evalkit_pq{j}_"))
             sources.append({t: f"evalkit_pq{j}_{t}" for t in TABLES})
-        for table in TABLES:
-            parts = [f"SELECT * FROM {src[table]}" for src in sources if table in src]
-            if parts:
-                con.execute(f"CREATE VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
+        _union_by_run(con, sources)
         for definition in view_definitions():
             try:
                 con.execute(definition)

@@ -14,7 +14,7 @@ Owns, for one GGUF file loaded with llama-cpp-python (`LlamaCppEngine`):
   alternatives, evaluated side by side. The tree's cells are removed afterwards;
 - greedy decoding from the prompt (`generate`) and the KV cache's types (`KV_TYPES`).
 
-Does not: know lm-eval, tasks or metrics (`llamacpp.model` turns these numbers into a
+Does not: know lm-eval, tasks or metrics (`llamacpp.probe` and `llamacpp.model` turn these numbers into a
 `FirstStepResult`), apply sampling beyond what its caller asks, or touch torch.
 
 llama-cpp-python's high-level `Llama` keeps only the last position's logits unless it is

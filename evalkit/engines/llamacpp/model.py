@@ -7,29 +7,17 @@ opener_mass, prior_drift against a content-free prior computed by this engine, t
 continuation, the first units of the top tokens), `loglikelihood` and
 `loglikelihood_rolling` (so lm-eval's own tasks run on it), sampled generation for the
 sampled protocol, and what the run row records of the GGUF (`quant_detail`: its own
-quantization type, bits per weight, the llama.cpp build). `probe` is the engine-level
-counterpart of `transformers.firststep.probe`.
+quantization type, bits per weight, the llama.cpp build). The first step itself is read by
+`llamacpp.probe`; the GGUF's tokenizer and chat template are `llamacpp.tokenizer`'s.
 Does not: score text (the task's `process_results` does), store, or refuse run options
 (`engines.resolve` refuses --quant, --attention and the KV policies llama.cpp cannot run,
 before anything loads).
-
-How the numbers are computed: the prompt is prefilled once into the KV cache; its last
-logits give the first-step distribution (log-softmax in float64 over the whole vocabulary);
-the candidate strings (accepted answer starts and the opener lexicon), tokenised in their
-real context, form a token trie whose proper prefixes are evaluated over the cached prompt
-(`LlamaCppEngine.tree`: a batch whose tokens carry several sequences), so `ft_hit_prob` and
-`opener_mass` are sums of products of teacher-forced conditional probabilities. With
-`tolerance` 0 the whole trie is one batch and exact; the default (evalkit-hf's, 1e-4) leaves out
-the least likely opener prefixes level by level, as `transformers.firststep.probe` does: the accepted answers are
-always exact, opener_mass falls short by at most the tolerance.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,7 +27,9 @@ from tqdm import tqdm
 
 from evalkit.engines import firststep as shared
 from evalkit.engines import kvpolicy, validate
-from evalkit.engines.llamacpp.firststep import DEFAULT_KV, SEQ_MAX, LlamaCppEngine, log_softmax
+from evalkit.engines.llamacpp.firststep import DEFAULT_KV, LlamaCppEngine, log_softmax
+from evalkit.engines.llamacpp.probe import _lse, candidate_ids, content_free_prior, first_token, probe
+from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
 from evalkit.engines.llamacpp.resolve import llamacpp_refusal
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
@@ -56,8 +46,6 @@ from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_st
 from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.text import drop_covered
 
-CONTENT_FREE = ("N/A", "", "…", "无")  # as evalkit-hf's content-free prior (Zhao et al. 2021)
-
 
 def kv_type(policy: kvpolicy.KVPolicy) -> str:
     """llama.cpp's cache type for a policy: `ggml:TYPE` names one, `full` is f32 (nothing rounded)."""
@@ -66,309 +54,6 @@ def kv_type(policy: kvpolicy.KVPolicy) -> str:
     if policy.is_full:
         return "f32"
     raise BadInput(f"--kv-cache {policy.spec}: {llamacpp_refusal(policy)}")
-
-
-# --- the first step on llama.cpp ------------------------------------------------------------
-
-
-def candidate_ids(eng: LlamaCppEngine, context: str, candidate: str, context_ids: list[int]) -> list[int]:
-    """The candidate's tokens in its real context: ids(context + candidate) past ids(context);
-    tokenised alone when the joint tokenisation merges across the boundary (`firststep.candidate_ids`' rule)."""
-    tail = shared.context_tail(eng.tokenize(context + candidate), context_ids)
-    return tail if tail is not None else eng.tokenize(candidate, special=False)
-
-
-def _lse(logits: np.ndarray) -> float:
-    x = logits.astype(np.float64)
-    m = float(x.max())
-    return m + math.log(float(np.exp(x - m).sum()))
-
-
-def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] | None = None, *,
-          top_k: int = DEFAULT_TOP_K, max_new_tokens: int = 32, stop: Sequence[str] = (),
-          first_temperature: float | None = None, banned_first_ids=frozenset(), seed: int = 0,
-          answer_tokens: Sequence[int] | None = None, unit_ranks: int = 0, tolerance: float = 0.0,
-          exact_candidates: list[list[str]] | None = None,
-          batch_size: int = DEFAULT_BATCH_SIZE) -> list[shared.FirstStep]:
-    """`transformers.firststep.probe`'s results for each context, computed by llama.cpp (see the module docstring).
-
-    Same meaning of every argument as `transformers.firststep.probe` (`tolerance`, `exact_candidates`: the
-    prefixes left out of the candidate trie, `_candidate_probs`). Up to `batch_size` prompts share
-    the KV cache, each in its own sequence (at most half the context's cells in all): one prefill
-    for all of them, then each prompt's trie over its own cached prompt, then their greedy
-    continuations stepped together, one llama_decode a token for the whole batch.
-    """
-    if not 0 <= tolerance < 1:
-        raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
-    if candidates is not None and len(candidates) != len(contexts):
-        raise ValueError(f"{len(candidates)} candidate lists for {len(contexts)} contexts")
-    if answer_tokens is not None and len(answer_tokens) != len(contexts):
-        raise ValueError(f"{len(answer_tokens)} answer lengths for {len(contexts)} contexts")
-    stops = [s for s in stop if s]
-    ids_all = [eng.tokenize(c) for c in contexts]
-    for i, ids in enumerate(ids_all):
-        if not ids:
-            raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
-    out: list[shared.FirstStep] = []
-    for rows in _batches([len(ids) for ids in ids_all], batch_size, eng.n_ctx // 2):
-        lps = [log_softmax(x) for x in eng.prefill_batch([ids_all[i] for i in rows])]
-        steps = []
-        for b, (i, lp) in enumerate(zip(rows, lps)):
-            ids, context = ids_all[i], contexts[i]
-            k = max(0, min(top_k, lp.shape[0]))
-            top = np.argsort(-lp, kind="stable")[:k]
-            p = np.exp(lp)
-            step = shared.FirstStep(
-                context_ids=list(ids), topk_ids=[int(t) for t in top], topk_logprobs=[float(lp[t]) for t in top],
-                entropy=float(-(p * lp).sum()), logprobs=_as_tensor(lp),
-            )
-            cands = list(dict.fromkeys(candidates[i])) if candidates is not None else []
-            if cands:
-                step.candidate_tokens = {c: candidate_ids(eng, context, c, ids) for c in cands}
-                step.candidate_probs, step.unscored_mass, step.candidate_positions = _candidate_probs(
-                    eng, len(ids), lp, step.candidate_tokens, tolerance,
-                    set(exact_candidates[i]) if exact_candidates is not None else frozenset(), seq=b, n_base=len(rows))
-            if unit_ranks:
-                step.units = complete_units(eng, len(ids), step.topk_ids[: min(unit_ranks, k)], seq=b,
-                                            n_base=len(rows))
-            step.first_token_id = first_token(lp, banned_first_ids, first_temperature, seed, i)
-            steps.append(step)
-        n_answer = [int(answer_tokens[i]) if answer_tokens is not None else 0 for i in rows]
-        if max_new_tokens > 0 or any(n_answer):
-            def stopper(n):
-                return None if n or not stops else (lambda xs: any(s in eng.decode(xs) for s in stops))
-
-            responses = eng.generate_batch([len(ids_all[i]) for i in rows], [s.first_token_id for s in steps],
-                                           [max(max_new_tokens, n) for n in n_answer], [stopper(n) for n in n_answer])
-            for step, response, n in zip(steps, responses, n_answer):
-                if n:
-                    step.answer_ids = response
-                    step.response_ids = _response_prefix(eng, response, max_new_tokens, stops)
-                else:
-                    step.response_ids = response
-        out.extend(steps)
-    return out
-
-
-def _batches(lengths: list[int], batch_size: int, max_tokens: int) -> list[list[int]]:
-    """Prompt indices in order, cut into batches of at most `batch_size` prompts and `max_tokens` tokens
-    (a longer prompt goes alone).
-
-    >>> _batches([10, 10, 10, 50], 2, 40)
-    [[0, 1], [2], [3]]
-    """
-    out: list[list[int]] = []
-    total = 0
-    for i, n in enumerate(lengths):
-        if out and len(out[-1]) < batch_size and total + n <= max_tokens:
-            out[-1].append(i)
-            total += n
-        else:
-            out.append([i])
-            total = n
-    return out
-
-
-def _as_tensor(lp: np.ndarray):
-    import torch
-
-    return torch.from_numpy(lp.astype(np.float32))
-
-
-def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens: dict[str, list[int]],
-                     tolerance: float = 0.0, exact: set[str] | frozenset = frozenset(), seq: int = 0,
-                     n_base: int = 1) -> tuple[dict[str, float], float, int]:
-    """({candidate: P(response starts with it)}, unscored mass, trie positions fed).
-
-    tolerance 0: the trie's proper prefixes in one batch over the cached prompt (exact). tolerance > 0:
-    one batch per trie level, and before each level the least likely new prefixes are left out while
-    their probabilities add up to at most what is left of `tolerance` — `transformers.firststep.probe`'s rule, so the
-    two engines leave out the same share; the prefixes of `exact` candidates never are. Every leaf of
-    the whole trie has its sequence from the start (`LlamaCppEngine.levels`), so each level feeds only
-    its own prefixes; a trie with more leaves than sequences re-feeds each level's ancestors instead.
-    """
-    nodes = {tuple(tk[:d]) for tk in tokens.values() for d in range(1, len(tk))}
-    logits: dict[tuple[int, ...], np.ndarray] = {}
-    fed = 0
-    budget = float(tolerance)
-    if tolerance <= 0:
-        logits = eng.tree(n_prompt, sorted(nodes), seq, n_base)
-        fed = len(nodes)
-    else:
-        kept = {tuple(tokens[c][:d]) for c in exact if c in tokens for d in range(1, len(tokens[c]))}
-        log_p: dict[tuple[int, ...], float] = {}
-        depth_max = max((len(n) for n in nodes), default=0)
-        with contextlib.ExitStack() as stack:
-            parents = {n[:-1] for n in nodes}
-            if len([n for n in nodes if n not in parents]) <= SEQ_MAX - n_base:
-                tree = stack.enter_context(eng.levels(n_prompt, sorted(nodes), seq, n_base))
-
-                def feed(level):
-                    return tree.feed(level), len(level)
-            else:  # more leaves than sequences: each level re-fed with its ancestors, in groups
-                def feed(level):
-                    batch = {n[:d] for n in level for d in range(1, len(n) + 1)}
-                    return eng.tree(n_prompt, sorted(batch), seq, n_base), len(batch)
-            for depth in range(1, depth_max + 1):
-                fresh = []
-                for node in (n for n in nodes if len(n) == depth):
-                    parent = node[:-1]
-                    if depth > 1 and parent not in logits:
-                        continue
-                    row = lp if depth == 1 else logits[parent].astype(np.float64) - _lse(logits[parent])
-                    log_p[node] = (log_p[parent] if depth > 1 else 0.0) + float(row[node[-1]])
-                    fresh.append(node)
-                level, budget = shared.tolerance_cut(fresh, log_p, kept, budget)
-                level = list(dict.fromkeys(level))
-                if not level:
-                    break
-                got, n_fed = feed(level)
-                logits.update({n: got[n] for n in level})
-                fed += n_fed
-    lse = {node: _lse(row) for node, row in logits.items()}
-    probs = {}
-    for cand, tk in tokens.items():
-        if not tk:
-            probs[cand] = 1.0
-            continue
-        if len(tk) > 1 and tuple(tk[:-1]) not in logits:  # under a prefix left out: in the unscored mass
-            probs[cand] = 0.0
-            continue
-        total = float(lp[tk[0]])
-        for d in range(1, len(tk)):
-            node = tuple(tk[:d])
-            total += float(logits[node][tk[d]]) - lse[node]
-        probs[cand] = math.exp(total)
-    return probs, float(tolerance) - budget, fed
-
-
-def complete_units(eng: LlamaCppEngine, n_prompt: int, top_ids: list[int], seq: int = 0,
-                   n_base: int = 1) -> dict[int, str]:
-    """{token: its first unit} for the likeliest first tokens: the token's own text where it holds a
-    whole character, else the first unit of its greedy continuation (at most `firststep.UNIT_TOKENS`
-    tokens, read off trees over the cached prompt); "" when none is whole by then."""
-    out: dict[int, str] = {}
-    open_: list[tuple[int, ...]] = []
-    for t in top_ids:
-        unit, _ = shared.first_unit_ids(eng.decode, [t])
-        if unit:
-            out[t] = unit
-        else:
-            open_.append((t,))
-    for _ in range(1, shared.UNIT_TOKENS):
-        if not open_:
-            break
-        nodes = {path[:d] for path in open_ for d in range(1, len(path) + 1)}
-        logits = eng.tree(n_prompt, sorted(nodes), seq, n_base)
-        nxt = []
-        for path in open_:
-            child = (*path, int(np.argmax(logits[path])))
-            unit, _ = shared.first_unit_ids(eng.decode, list(child))
-            if unit or child[-1] in eng.eog:
-                out[path[0]] = unit
-            else:
-                nxt.append(child)
-        open_ = nxt
-    for path in open_:
-        out[path[0]] = ""
-    return out
-
-
-def first_token(lp: np.ndarray, banned, temperature: float | None, seed: int, index: int) -> int:
-    """Step-1 token: argmax, or a seeded sample at `temperature`, banned tokens removed (as evalkit-hf)."""
-    if banned:
-        lp = lp.copy()
-        ids = [int(i) for i in banned if 0 <= int(i) < lp.shape[0]]
-        if len(ids) >= lp.shape[0]:
-            raise ValueError("banned_first_ids covers the whole vocabulary")
-        lp[ids] = -np.inf
-    if temperature is None or temperature <= 0:
-        return int(np.argmax(lp))
-    import torch
-
-    generator = torch.Generator().manual_seed(seed * shared.SEED_STRIDE + index)
-    probs = torch.softmax(torch.from_numpy(lp).double() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def _response_prefix(eng: LlamaCppEngine, ids: list[int], max_new: int, stops: list[str]) -> list[int]:
-    """The tokens a generation with the stop strings and `max_new` tokens would have kept."""
-    for k in range(1, min(len(ids), max_new) + 1):
-        if stops and any(s in eng.decode(ids[:k]) for s in stops):
-            return ids[:k]
-    return ids[:max_new]
-
-
-def content_free_prior(eng: LlamaCppEngine, frame: str, top_k: int) -> dict[int, float]:
-    """The content-free prior (docs/metrics.md §1.3) of a prompt frame, on this engine: the mean
-    first-step distribution over CONTENT_FREE inputs put in the frame, as its top-k."""
-    contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
-    mean = np.mean([np.exp(log_softmax(eng.prefill(eng.tokenize(c)))) for c in contexts], axis=0)
-    top = np.argsort(-mean, kind="stable")[:top_k]
-    return {int(t): float(mean[t]) for t in top}
-
-
-# --- the chat template ------------------------------------------------------------------------
-
-
-class GGUFTokenizer:
-    """The GGUF's own tokenizer and chat template, with the small part of a transformers
-    tokenizer's interface evalkit and lm-eval call (`__call__`, `decode`, `apply_chat_template`,
-    `chat_template`, `len`): token counts and templated prompts come from the file llama.cpp runs.
-    The template is rendered as transformers renders one (jinja2 sandbox, trim_blocks,
-    lstrip_blocks, `raise_exception`)."""
-
-    def __init__(self, eng: LlamaCppEngine) -> None:
-        self.eng = eng
-        self.chat_template = eng.meta("tokenizer.chat_template")
-        lib = eng.lib
-        self.bos_token_id = int(lib.llama_vocab_bos(eng.vocab))
-        self.eos_token_id = int(lib.llama_vocab_eos(eng.vocab))
-        self.bos_token = eng.decode([self.bos_token_id]) if self.bos_token_id >= 0 else ""
-        self.eos_token = eng.decode([self.eos_token_id]) if self.eos_token_id >= 0 else ""
-        self.pad_token_id = self.eos_token_id
-        self.name_or_path = eng.path
-
-    def __len__(self) -> int:
-        return self.eng.n_vocab
-
-    def __call__(self, text: str, add_special_tokens: bool = False, **_: Any) -> dict[str, list[int]]:
-        return {"input_ids": self.eng.tokenize(text, add_bos=bool(add_special_tokens))}
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self.eng.tokenize(text, add_bos=bool(add_special_tokens))
-
-    def decode(self, ids, skip_special_tokens: bool = False, **_: Any) -> str:
-        ids = [ids] if isinstance(ids, int) else list(ids)
-        return self.eng.decode(ids, special=not skip_special_tokens)
-
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False,
-                            add_generation_prompt: bool = True, continue_final_message: bool = False,
-                            **kwargs: Any):
-        if not self.chat_template:
-            raise ValueError(f"{self.eng.path} has no chat template (tokenizer.chat_template)")
-        text = _render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                       bos_token=self.bos_token, eos_token=self.eos_token, **kwargs)
-        if continue_final_message and messages:
-            final = messages[-1]["content"].strip()
-            cut = text.rfind(final)
-            if cut >= 0:
-                text = text[: cut + len(final)]
-        return self.eng.tokenize(text) if tokenize else text
-
-
-def _render(template: str, messages, **variables) -> str:
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        from jinja2.exceptions import TemplateError
-
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(messages=messages, **variables)
 
 
 # --- lm-eval model type --------------------------------------------------------------------------

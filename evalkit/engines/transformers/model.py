@@ -37,6 +37,7 @@ from evalkit.engines import kvpolicy, tokenizer_id, validate
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
 from evalkit.engines.transformers import quant as quantization
+from evalkit.engines.transformers import quantdetail, quantize
 from evalkit.engines.transformers.convert import cached_args
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
@@ -166,11 +167,11 @@ class EvalkitHFLM(HFLM):
         # a GGUF is converted once, then read as safetensors (the run row keeps the GGUF's own args)
         converted = cached_args({"pretrained": pretrained, **kwargs})
         pretrained = converted.pop("pretrained")
-        quantization.quiet_libraries()
-        with quantization.quiet_imports():
+        quantize.quiet_libraries()
+        with quantize.quiet_imports():
             super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
-            self._model = quantization.apply(self._model, self.quant)  # type: ignore[has-type]
-        self.quant_detail = quantization.describe(self._model, self.quant, gguf_file=gguf_file)
+            self._model = quantize.apply(self._model, self.quant)  # type: ignore[has-type]
+        self.quant_detail = quantdetail.describe(self._model, self.quant, gguf_file=gguf_file)
         self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"transformers {gguf_file or pretrained}")
         self._share_requests()
         self.prompts_computed = 0  # prompts this process probed or sampled (not replayed from a journal)
@@ -218,7 +219,7 @@ class EvalkitHFLM(HFLM):
         arrives here as its converted folder), which transformers will not quantize on load, is
         loaded first and rebuilt from its own weights with that config. A GPTQ / AWQ
         checkpoint's own config is checked against the variant asked for."""
-        asked = quantization.load_config(self.quant)
+        asked = quantize.load_config(self.quant)
         if self.quant and quantization.parse(self.quant).quant.how == "checkpoint":
             found = getattr(quantization_config, "quant_method", None) if quantization_config is not None else None
             found = getattr(found, "value", found)
@@ -231,10 +232,10 @@ class EvalkitHFLM(HFLM):
         if quantization_config is not None:
             raise BadInput(f"--quant {self.quant}: {pretrained} is already quantized "
                            f"({getattr(quantization_config, 'quant_method', '?')}); load it without --quant")
-        kwargs.update(quantization.load_kwargs(self.quant, kwargs.get("dtype")))
+        kwargs.update(quantize.load_kwargs(self.quant, kwargs.get("dtype")))
         if gguf_file:
             super()._create_model(pretrained, gguf_file=gguf_file, **kwargs)
-            self._model = quantization.requantize(self._model, self.quant)
+            self._model = quantize.requantize(self._model, self.quant)
             return None
         quantization.check_groups(_skeleton(self.config), self.quant)
         return super()._create_model(pretrained, quantization_config=asked, **kwargs)

@@ -1,15 +1,13 @@
-"""The `--quant` variants: what each one does to a model's weights, checked and applied in one place.
+"""The `--quant` variants: what each one does to a model's weights, and whether it can apply here.
 
 Owns: the list of variants (`QUANTS`: one `Quant` record each, carrying its scheme, its
 builder and what it adds to quant_detail) and the `NAME[:GROUP]` spelling of one (`parse`) or
 a comma-separated sweep of them (`parse_sweep`); refusing one that cannot apply (unknown
 name, a bad group size, a backend that holds no weights in this process, a device it
 does not run on, a library that is not installed, a checkpoint of another kind); the
-dtype a run records for it; the transformers `quantization_config` of the variants that
-quantize as the model loads (`load_config`, and `requantize` for a model already loaded
-from a GGUF file, which transformers will not quantize on load); applying the others to
-a loaded model (`apply`); and what was applied, for the run row (`describe`).
-Does not: load models (`engines.resolve.load` and `transformers.model` do, calling these around the load).
+dtype a run records for it; each variant's library call (its builder), which `quantize` runs
+around the load. What was applied, for the run row, is `quantdetail`'s.
+Does not: load models or quantize them (`engines.resolve.load`, `transformers.model`, `quantize`).
 
 How a variant reaches the weights (`Quant.how`):
 - `cast`: torch casts (q4_1 as loaded, fp32, bf16) and torch's dynamic int8;
@@ -23,14 +21,11 @@ How a variant reaches the weights (`Quant.how`):
 from __future__ import annotations
 
 import importlib.util
-import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evalkit import memo
 from evalkit.errors import BadInput
 from evalkit.install import install_hint
 from evalkit.kinds import QuantMethod
@@ -210,6 +205,14 @@ def _int8_weight_detail(model, spec: Spec, gguf_file: str | None) -> dict[str, A
 
 def _nf4_detail(model, spec: Spec, gguf_file: str | None) -> dict[str, Any]:
     return {"group_size": _bnb_blocksize(model)}
+
+
+def _bnb_blocksize(model) -> int | None:
+    for _, m in model.named_modules():
+        state = getattr(getattr(m, "weight", None), "quant_state", None)
+        if state is not None and getattr(state, "blocksize", None):
+            return int(state.blocksize)
+    return None
 
 
 def _int8_llm_detail(model, spec: Spec, gguf_file: str | None) -> dict[str, Any]:
@@ -404,53 +407,6 @@ def dtype(name: str | None, model_dtype: str | None, *, embedded: bool = False) 
     return "float32" if embedded and not model_dtype else model_dtype
 
 
-# --- quantizing ---------------------------------------------------------------
-
-
-def load_config(name: str | None):
-    """The transformers quantization config of a variant that quantizes on load, else None."""
-    spec = parse(name)
-    if spec is None or spec.quant.how != "load":
-        return None
-    with quiet_imports():  # transformers imports the library with its quantization config classes
-        build = spec.quant.config
-        if build is None:  # pragma: no cover  (every how="load" record carries one)
-            raise AssertionError(f"--quant {spec.name} has no load config")
-        return build(spec)
-
-
-class quiet_imports:
-    """A context in which libraries import without their import-time warnings on stderr: torchao
-    warns that its CUDA extensions (built for another Python) do not load, and torch that
-    torchao registers enums as pytree constants. Whatever imports them (transformers may,
-    while it loads a model) does so quietly. `also` names more loggers to hold at ERROR."""
-
-    NAMES = ("torchao", "torch.utils._pytree")
-
-    def __init__(self, also: tuple[str, ...] = ()):
-        self.names = self.NAMES + also
-
-    def __enter__(self):
-        import logging
-
-        self._loggers = [logging.getLogger(n) for n in self.names]
-        self._levels = [lg.level for lg in self._loggers]
-        for lg in self._loggers:
-            lg.setLevel(logging.ERROR)
-        return self
-
-    def __exit__(self, *exc):
-        for lg, level in zip(self._loggers, self._levels):
-            lg.setLevel(level)
-        return False
-
-
-def load_kwargs(name: str | None, model_dtype: Any) -> dict[str, Any]:
-    """Extra `from_pretrained` arguments a load-time variant needs (tinygemm packs bfloat16 only)."""
-    spec = parse(name)
-    return {"dtype": spec.quant.load_dtype} if spec is not None and spec.quant.load_dtype else {}
-
-
 def check_groups(model, name: str | None) -> None:
     """Refuse a group size that does not divide the input width of every linear layer it would quantize."""
     spec = parse(name)
@@ -480,162 +436,3 @@ def _decoder_linears(model, cls):
     for n, m in model.named_modules():
         if isinstance(m, cls) and m is not out_emb:
             yield n, m
-
-
-def requantize(model, name: str | None):
-    """A model already loaded (from a GGUF file, which transformers will not quantize on load),
-    rebuilt through `from_pretrained` with the variant's quantization config from its own weights."""
-    qc = load_config(name)
-    if qc is None:
-        return model
-    check_groups(model, name)
-    state = model.state_dict()
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    dtype_ = load_kwargs(name, None).get("dtype", model.dtype)
-    device = str(next(model.parameters()).device)  # where HFLM loaded it (device_map {"": device})
-    out = type(model).from_pretrained(None, config=config, state_dict=state, quantization_config=qc, dtype=dtype_,
-                                      device_map={"": device})
-    return out.eval()
-
-
-def apply(model, name: str | None):
-    """Return the model changed as `name` says (in place where torch allows); load-time and
-    checkpoint variants were applied as the model loaded and pass through unchanged."""
-    spec = parse(name)
-    if spec is None or spec.quant.change is None:  # as loaded (q4_1), or built while loading
-        return model
-    return spec.quant.change(model, spec)
-
-
-def quiet_libraries() -> None:
-    """Keep the libraries' per-call notices off stderr (what they say is in the run row's quant_detail)."""
-    import logging
-
-    # bitsandbytes warns on every int8 matmul that float32 inputs are cast to float16
-    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
-
-
-# --- what was applied -------------------------------------------------------------
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
-_QUANTIZED_FROM = ("bitsandbytes", "hqq", "gptqmodel", "torch.ao.nn.quantized", "torch.nn.quantized", "optimum",
-                   "awq", "auto_gptq", "torchao")
-
-
-def _is_quantized(module) -> bool:
-    """A leaf module that holds quantized weights: a library's replacement of nn.Linear, or a
-    Linear / Embedding whose weight is a quantized tensor subclass (torchao)."""
-    import torch
-
-    cls = type(module)
-    if cls.__module__.startswith(_QUANTIZED_FROM):
-        return not list(module.children())
-    weight = getattr(module, "weight", None)
-    if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) and weight is not None:
-        return type(weight) not in (torch.Tensor, torch.nn.Parameter) or weight.dtype in (
-            torch.int8, torch.uint8, torch.qint8)
-    return False
-
-
-def _pattern(name: str) -> str:
-    """A module name with its layer index as `*`: model.layers.3.mlp.up_proj → model.layers.*.mlp.up_proj."""
-    return re.sub(r"\.\d+(?=\.|$)", ".*", name)
-
-
-def module_summary(model) -> dict[str, Any]:
-    """Which modules hold quantized weights ({pattern: count}) and which weight-holding ones do not."""
-    import torch
-
-    quantized: Counter[str] = Counter()
-    kept: Counter[str] = Counter()
-    for n, m in model.named_modules():
-        if _is_quantized(m):
-            quantized[_pattern(n)] += 1
-        elif isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
-            kept[_pattern(n)] += 1
-    return {"n_quantized": sum(quantized.values()), "quantized": dict(sorted(quantized.items())),
-            "not_quantized": dict(sorted(kept.items()))}
-
-
-def _bnb_blocksize(model) -> int | None:
-    for _, m in model.named_modules():
-        state = getattr(getattr(m, "weight", None), "quant_state", None)
-        if state is not None and getattr(state, "blocksize", None):
-            return int(state.blocksize)
-    return None
-
-
-def describe(model, name: str | None, *, gguf_file: str | None = None) -> dict[str, Any]:
-    """What was applied to the loaded model, for the run row's `quant_detail` (JSON): the
-    variant, library and version, scheme, bits, group size, compute dtype, the quantized
-    modules as layer patterns with counts and the weight-holding modules left as they were."""
-    import torch
-
-    spec = parse(name)
-    q = spec.quant if spec else None
-    params = next(iter(model.parameters()), None)
-    compute = getattr(model, "dtype", None) or (params.dtype if params is not None else None)
-    detail: dict[str, Any] = {
-        "variant": spec.text if spec else None,
-        "library": q.library if q else None,
-        "version": (_version(q.library) if q.library != "torch" else torch.__version__.split("+")[0]) if q else None,
-        "scheme": q.scheme if q else "as loaded",
-        "bits": q.bits if q else None,
-        "group_size": spec.group_size if spec else None,
-        "compute_dtype": str(compute).replace("torch.", "") if compute is not None else None,
-    }
-    if spec and spec.quant.detail:
-        detail.update(spec.quant.detail(model, spec, gguf_file))
-    qc = getattr(model.config, "quantization_config", None) if hasattr(model, "config") else None
-    if spec and spec.quant.how == "checkpoint" and qc is not None:
-        qd = qc if isinstance(qc, dict) else qc.to_dict()
-        detail.update(bits=qd.get("bits"), group_size=qd.get("group_size"), checkpoint={
-            k: qd.get(k) for k in ("quant_method", "bits", "group_size", "desc_act", "sym", "version", "format")
-            if qd.get(k) is not None})
-    elif not spec and qc is not None:  # a pre-quantized checkpoint loaded without --quant
-        qd = qc if isinstance(qc, dict) else qc.to_dict()
-        detail.update(scheme=f"checkpoint ({qd.get('quant_method')})", bits=qd.get("bits"),
-                      group_size=qd.get("group_size"))
-    detail.update(module_summary(model))
-    if gguf_file:
-        # every variant of a GGUF model starts from the file's values, dequantized to float32
-        detail["source"] = f"GGUF file {Path(gguf_file).name}, dequantized to float32 by transformers"
-        types = gguf_tensor_types(gguf_file)
-        if types:
-            detail["gguf_tensor_types"] = types
-    return detail
-
-
-def gguf_tensor_types(path) -> dict[str, int] | None:
-    """{GGUF tensor type: count} of a GGUF file (which weights were Q4_1 before any variant), remembered
-    for the file as it is (`memo.counts`: reading it parses the whole vocabulary, seconds a load)."""
-    try:
-        stamp = memo.file_stamp(path)
-    except OSError:
-        return None
-    return memo.counts("gguf-tensor-types", {"file": stamp, "gguf": memo.package_version("gguf")},
-                       lambda: _gguf_tensor_types(path))
-
-
-def _gguf_tensor_types(path) -> dict[str, int] | None:
-    try:
-        from gguf import GGUFReader
-
-        from evalkit.paths import check_input_path
-
-        check_input_path(path, "GGUF file", "file")  # the reader maps the file: a FIFO would hold it
-        reader = GGUFReader(str(path))
-        return dict(sorted(Counter(t.tensor_type.name for t in reader.tensors).items()))
-    except Exception:  # noqa: BLE001  (a detail for the record, never a reason to fail a run)
-        return None

@@ -33,7 +33,7 @@ from evalkit.engines.plan import (
     is_local,
     parse_model_args,
 )
-from evalkit.engines.transformers import offline, quant
+from evalkit.engines.transformers import offline, quant, quantize
 from evalkit.errors import BadInput
 from evalkit.labels import model_label
 from evalkit.loaderrors import loading
@@ -171,12 +171,12 @@ def check_hf_model(args: dict[str, Any]) -> None:
         return
     source = _config_source(args)
     if source is None or args.get("trust_remote_code"):  # no file to key on, or code that may answer any name
-        with quant.quiet_imports():  # transformers' model classes import torchao, which warns on import
+        with quantize.quiet_imports():  # transformers' model classes import torchao, which warns on import
             config = model_config(args)
             known = hf_model_keys()
         taken = {key for key in args if key in known or hasattr(config, key)}
     else:
-        with quant.quiet_imports():  # as above, when the lists are computed
+        with quantize.quiet_imports():  # as above, when the lists are computed
             attrs = memo.names("hf-config-attrs", source, lambda: _config_names(args))  # refuses a bad file first
             known = memo.names("hf-model-args", _keys_identity(), hf_model_keys)
         taken = {key for key in args if key in known or key in attrs}
@@ -223,7 +223,7 @@ def _config_names(args: dict[str, Any]) -> set[str]:
     config = model_config(args)
     names = set(dir(config)) | set(getattr(config, "attribute_map", None) or {})
     # reading a deprecated property logs a warning each time
-    with quant.quiet_imports(also=("transformers",)), warnings.catch_warnings():
+    with quantize.quiet_imports(also=("transformers",)), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return {n for n in names if hasattr(config, n)}
 
