@@ -35,7 +35,7 @@ from lm_eval.api.registry import register_model
 
 from evalkit.progress import bar as progress_bar
 
-from evalkit import envvars, redact
+from evalkit import envvars
 from evalkit.engines import firststep
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
