@@ -62,6 +62,7 @@ EXPECTED_TABLES = {
         "attn_implementation": "VARCHAR",
         "engine": "VARCHAR",
         "unavailable": "VARCHAR",
+        "metric_selection": "VARCHAR",  # m021
     },
     "metrics": {
         "run_id": "VARCHAR",

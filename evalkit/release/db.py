@@ -90,7 +90,21 @@ def load_run_data(con, run_id: str):
     while batch := cur.fetchmany(10_000):
         for task, doc_id, *values in batch:
             samples[(task, doc_id)] = {m: v for m, v in zip(SAMPLE_METRIC_COLUMNS, values) if v is not None}
-    return RunData(run_id=run_id, metrics=metrics, samples=samples, intervals=intervals)
+    return RunData(run_id=run_id, metrics=metrics, samples=samples, intervals=intervals,
+                   not_computed=not_computed(con, run_id))
+
+
+def not_computed(con, run_id: str) -> dict[str, str]:
+    """{metric: why} of what the run did not compute (its row's `unavailable`: what `evalkit run --metrics`
+    skipped, what its engine cannot compute); {} when it computed everything."""
+    import json
+
+    (text,) = con.execute("SELECT unavailable FROM runs WHERE id = ?", [run_id]).fetchone()
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def with_distances(con, cand, base):
@@ -116,7 +130,8 @@ def with_distances(con, cand, base):
     def added(run, own: bool) -> RunData:
         samples = {key: {**values, **({m: 0.0 for m in dist[key]} if own else dist[key])} if key in dist else values
                    for key, values in run.samples.items()}
-        return RunData(run_id=run.run_id, metrics=run.metrics, samples=samples, intervals=run.intervals)
+        return RunData(run_id=run.run_id, metrics=run.metrics, samples=samples, intervals=run.intervals,
+                       not_computed=run.not_computed)
 
     return added(cand, cand.run_id == base.run_id), added(base, True)
 

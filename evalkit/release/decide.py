@@ -47,6 +47,7 @@ from evalkit.release.rules import DEFAULT_RULES, OPS, Regression, Rules, Thresho
 from evalkit.scoring import registry
 
 TWIN_WORDS = "left to its exact twin"  # how a row left to its twin begins (`_twins_speak`)
+NOT_COMPUTED_WORDS = "not computed"  # how a row on a metric a run did not compute begins (`_not_computed`)
 
 # the two-sided level of every interval; a fail is one-sided at ALPHA / 2 after Holm
 ALPHA = 0.05
@@ -62,6 +63,9 @@ class RunData:
     samples: dict[tuple[str, str], dict[str, float]]  # (task, doc_id) -> {metric: value}
     # (task, metric) -> (ci_lo, ci_hi, n) stored with an aggregate (group tasks, derived metrics, AUROCs)
     intervals: dict[tuple[str, str], tuple[float, float, int | None]] = field(default_factory=dict)
+    # registry metric -> why the run did not compute it (the run row's `unavailable`: `evalkit run --metrics`
+    # skipped it, or its engine cannot); a rule on it is then "not computed", never a fail
+    not_computed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -214,13 +218,14 @@ def decide(
                 if not tasks:  # aggregates only (e.g. middle_gap): tested on their stored intervals
                     tasks = sorted({t for t, m in {**candidate.metrics, **baseline.metrics} if m == rule.metric})
             if not tasks:
+                why = _not_computed(rule.metric, candidate, baseline)
                 rows.append(
                     VerdictRow(
                         kind="regression",
                         task=None,
                         metric=rule.metric,
-                        status="skipped",
-                        reason=f"neither run has metric {rule.metric!r}",
+                        status="inconclusive" if why else "skipped",
+                        reason=why or f"neither run has metric {rule.metric!r}",
                         margin=str(rule.margin),
                         higher_is_better=rules.is_higher_better(None, rule.metric),
                     )
@@ -261,8 +266,18 @@ def _twins_speak(rows: list[VerdictRow]) -> list[VerdictRow]:
     out = []
     for r in rows:
         known = registry.get(r.metric)
-        twin = decided.get((r.task, known.twin)) if known and known.twin else None
-        if r.kind == "regression" and r.status == "inconclusive" and twin is not None:
+        twin_name = known.twin if known else None
+        twin = decided.get((r.task, twin_name)) if twin_name else None
+        if r.kind == "regression" and r.status == "inconclusive" and r.reason.startswith(NOT_COMPUTED_WORDS):
+            # not computed (`evalkit run --metrics gate` computes the twin in its place): the twin's rows
+            # speak for it where every one of them passes, on this task or (task None) on every task
+            theirs = [t for t in rows if t.kind == "regression" and t.metric == twin_name
+                      and (r.task is None or t.task == r.task)] if twin_name else []
+            if theirs and all(t.status == "pass" for t in theirs):
+                where = "on this task" if r.task else f"on every task ({len(theirs)})"
+                r = replace(r, status="skipped", reason=f"{r.reason}; its exact twin {twin_name} passes {where} "
+                                                        "and speaks for it")
+        elif r.kind == "regression" and r.status == "inconclusive" and twin is not None:
             r = replace(r, status="skipped", reason=(
                 f"{TWIN_WORDS} {twin.metric}, which passes on this task: {r.metric}'s 0/1 "
                 f"outcomes cannot decide at this size ({r.reason})"))
@@ -306,13 +321,14 @@ def _check_threshold(candidate: RunData, rule: Threshold, rules: Rules, tests: d
     else:
         tasks = sorted(t for (t, m) in candidate.metrics if m == rule.metric)
     if not tasks:
+        why = _not_computed(rule.metric, candidate)
         return [
             VerdictRow(
                 kind="threshold",
                 task=None,
                 metric=rule.metric,
-                status="fail",
-                reason=f"metric missing: run {candidate.run_id} has no {rule.metric!r} in any task",
+                status="inconclusive" if why else "fail",
+                reason=why or f"metric missing: run {candidate.run_id} has no {rule.metric!r} in any task",
                 op=rule.op,
                 limit=rule.value,
                 higher_is_better=rules.is_higher_better(None, rule.metric),
@@ -329,10 +345,11 @@ def _check_threshold(candidate: RunData, rule: Threshold, rules: Rules, tests: d
             higher_is_better=rules.is_higher_better(task, rule.metric),
         )
         if (task, rule.metric) not in candidate.metrics:
+            why = _not_computed(rule.metric, candidate)
             out.append(
                 VerdictRow(
-                    status="fail",
-                    reason=f"metric missing: run {candidate.run_id} has no {rule.metric!r} for task {task!r}",
+                    status="inconclusive" if why else "fail",
+                    reason=why or f"metric missing: run {candidate.run_id} has no {rule.metric!r} for task {task!r}",
                     **common,
                 )
             )
@@ -406,6 +423,9 @@ def _check_regression(
     )
     if rule.margin.kind == "delta":
         common["limit"] = rule.margin.value
+    why = _not_computed(rule.metric, *([candidate] if not in_cand else []), *([baseline] if not in_base else []))
+    if why and not (in_cand and in_base):
+        return VerdictRow(status="inconclusive", reason=why, **common)
     if not in_cand and not in_base:
         return VerdictRow(
             status="skipped", reason=f"neither run has metric {rule.metric!r} for this task", **common
@@ -453,6 +473,24 @@ def _check_regression(
         status=t.status, reason=_test_reason(word, t, _margin_text(t.limit, rule)),
         observed=_mean(cand_vals), baseline=_mean(base_vals), drop=t.estimate, ci=(t.lo, t.hi), n=t.n,
         method=t.method, p_fail=t.p_fail, decide_n=t.decide_n, **common)
+
+
+def _not_computed(metric: str, *runs: RunData) -> str | None:
+    """A rule's plain reason when a run did not compute its metric (`RunData.not_computed`: `evalkit run
+    --metrics` skipped it, or its engine cannot), naming each such run; None when every run computed it.
+
+    >>> a = RunData("a", {}, {}, not_computed={"ft_hit": "not computed: --metrics gate skips the greedy response"})
+    >>> _not_computed("ft_hit", a, RunData("b", {}, {}))
+    "not computed: run a did not compute 'ft_hit' (--metrics gate skips the greedy response)"
+    """
+    known = registry.get(metric)
+    name = known.name if known else metric
+    said = [(run.run_id, why) for run in runs if (why := run.not_computed.get(name)) is not None]
+    if not said:
+        return None
+    whys = "; ".join(f"run {rid} did not compute {metric!r} ({why.removeprefix(NOT_COMPUTED_WORDS + ': ')})"
+                     for rid, why in said)
+    return f"{NOT_COMPUTED_WORDS}: {whys}"
 
 
 def _margin_text(limit: float, rule: Regression) -> str:

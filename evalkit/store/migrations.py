@@ -603,6 +603,14 @@ def m020_answer_prob(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE samples ADD COLUMN answer_prob DOUBLE")
 
 
+def m021_metric_selection(con: duckdb.DuckDBPyConnection) -> None:
+    # What a run computed (`evalkit run --metrics gate|all|NAME,...`): the selection as given. The metrics
+    # it skipped are NULL in every sample, each with its reason in `unavailable` (which also holds what the
+    # engine could not compute). Runs from before it computed every metric they could: 'all'.
+    con.execute("ALTER TABLE runs ADD COLUMN metric_selection VARCHAR")
+    con.execute("UPDATE runs SET metric_selection = 'all'")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -626,4 +634,5 @@ MIGRATIONS: list[Migration] = [
     m019_drift_by_position,
     m018_engine,  # after m019: appended in the order it was written
     m020_answer_prob,
+    m021_metric_selection,
 ]

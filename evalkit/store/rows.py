@@ -30,7 +30,7 @@ RUN_COLUMNS = (
     "ban_openers", "opener_lexicon_version", "evalkit_version", "lm_eval_version",
     "transformers_version", "torch_version", "git_commit", "host", "duration_s",
     "config", "error", "pid", "pid_start", "heartbeat_at", "model_name", "kv_cache", "quant_detail", "attention",
-    "attn_implementation", "engine", "unavailable",
+    "attn_implementation", "engine", "unavailable", "metric_selection",
 )
 SAMPLE_COLUMNS = (
     "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",

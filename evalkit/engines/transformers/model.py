@@ -48,7 +48,8 @@ from evalkit.defaults import (
 from evalkit.errors import BadInput
 from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_strings, unstable
+from evalkit.scoring.selection import EVERYTHING, Candidates, Selection, candidates
+from evalkit.scoring.firsttoken import answer_prob, unstable
 from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.text import drop_covered
 
@@ -72,17 +73,19 @@ def content_free_prior(model, tokenizer, frame: str, top_k: int,
 
 def candidate_metrics(tokenizer, context: str, step: firststep.FirstStep, answers: list[str], openers: list[str],
                       prior: dict[int, float] | None, full: list[str] | None = None) -> dict[str, float]:
-    """ft_hit_prob, ft_token_hit, opener_mass, (with checkable answers `full`) answer_prob and (with a
-    prior) prior_drift of one probed prompt.
+    """ft_hit_prob and ft_token_hit (with accepted starts `answers`), opener_mass (with `openers`), answer_prob
+    (with checkable answers `full`) and prior_drift (with a prior) of one probed prompt; a set left empty
+    (its trie skipped: `evalkit run --metrics`) gives no value, never a 0.
 
     Sums skip a string that another string of the same set covers, as text and in tokens
     (`text.drop_covered`), so no probability is counted twice."""
     tokens = step.candidate_tokens
-    metrics = {
-        "ft_hit_prob": sum(step.candidate_probs[a] for a in drop_covered(answers, tokens)),
-        "ft_token_hit": 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0,
-        "opener_mass": sum(step.candidate_probs[o] for o in drop_covered(openers, tokens)),
-    }
+    metrics: dict[str, float] = {}
+    if answers:
+        metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers, tokens))
+        metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0
+    if openers:
+        metrics["opener_mass"] = sum(step.candidate_probs[o] for o in drop_covered(openers, tokens))
     if full:
         metrics["answer_prob"] = answer_prob(step.candidate_probs, full, tokens)
     if prior is not None:
@@ -130,6 +133,13 @@ class EvalkitHFLM(HFLM):
     replayed from it or computed and appended, so a stopped run resumes (`--resume`)."""
 
     journal = None  # store.journal.Journal | None
+    selection: Selection = EVERYTHING  # what to compute (`select`, `evalkit run --metrics`)
+    skipped: tuple[str, ...] = ()  # the registry metrics the selection leaves uncomputed
+
+    def select(self, chosen: Selection) -> None:
+        """Compute only what `chosen` reads from the next request on: a trie, the decode or the first
+        units nothing selected reads are skipped, and each response says which metrics it lacks."""
+        self.selection, self.skipped = chosen, tuple(sorted(chosen.skipped()))
 
     def __init__(
         self,
@@ -297,8 +307,8 @@ class EvalkitHFLM(HFLM):
         def finished(pending: list) -> None:
             """Store the batches whose every continuation has ended (journaled as a whole batch)."""
             for (chunk, key, contexts, docs, cands), steps in pending:
-                results = [self._result(ctx, doc, cand, n_answer, step, until_of[key[0]])
-                           for ctx, doc, (cand, n_answer), step in zip(contexts, docs, cands, steps)]
+                results = [self._result(ctx, doc, cand, step, until_of[key[0]])
+                           for ctx, doc, cand, step in zip(contexts, docs, cands, steps)]
                 if self.journal is not None:
                     self.journal.record(key, results)
                 for i, result in zip(chunk, results):
@@ -313,12 +323,14 @@ class EvalkitHFLM(HFLM):
             until = gen.get("until") or []
             until = until_of[group] = [until] if isinstance(until, str) else list(until)
             max_new = int(gen.get("max_gen_toks", self.max_gen_toks))
+            if not any(self.selection.runs("response", doc_kind(requests[i].doc or {})) for i in idxs):
+                max_new = 0  # nothing selected reads these responses (`--metrics`): the first token only
             # every batch of the group is prefilled and scored on its own; their continuations are
             # decoded together, each batch's results kept once its last row has ended
             prober = firststep.Prober(self.model, self.tokenizer, top_k=self.top_k, max_new_tokens=max_new,
                                       stop=until, batch_size=bs, first_temperature=self.first_temperature,
                                       tolerance=self.tolerance, kv_policy=self.kv_policy,
-                                      unit_ranks=firststep.UNIT_RANKS)
+                                      unit_ranks=firststep.UNIT_RANKS if self.selection.runs("units", FIRSTTOKEN) else 0)
             for start in range(0, len(idxs), bs):
                 chunk = idxs[start : start + bs]
                 contexts = [requests[i].args[0] for i in chunk]
@@ -327,7 +339,7 @@ class EvalkitHFLM(HFLM):
                 batch_no += 1
                 # a batch is defined by its place in the request list and its prompts: a resumed run
                 # forms the same batches, and replays those its journal holds
-                key = [group, start, contexts, [c for c, _ in cands]]
+                key = [group, start, contexts, [c.strings for c in cands]]
                 held = self.journal.held(key) if self.journal is not None else None
                 if held is not None:
                     for i, result in zip(chunk, held):
@@ -341,9 +353,10 @@ class EvalkitHFLM(HFLM):
                     self.prompts_computed += len(contexts)
                     reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
                     prober.submit(
-                        (chunk, key, contexts, docs, cands), contexts, [c for c, _ in cands],
-                        exact_candidates=[c[:n] for c, n in cands], attention=reads,
-                        answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
+                        (chunk, key, contexts, docs, cands), contexts, [c.strings for c in cands],
+                        exact_candidates=[c.exact for c in cands], attention=reads,
+                        answer_tokens=[self.answer_max_tokens if d.get("answers_full")
+                                       and self.selection.runs("answer", doc_kind(d)) else 0 for d in docs],
                         seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
                         banned_first_ids=self._banned_first_ids(contexts[0]), progress=moved,
                     )
@@ -360,13 +373,10 @@ class EvalkitHFLM(HFLM):
     def _bs(self) -> int:
         return int(self.batch_size) if str(self.batch_size).isdigit() else DEFAULT_BATCH_SIZE
 
-    def _candidates(self, doc: dict) -> tuple[list[str], int]:
-        """Answer-start strings, then checkable answers (answer_prob), then lexicon openers; returns
-        (strings, how many come before the openers: those scored exactly)."""
-        if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
-            return [], 0
-        exact = list(dict.fromkeys(candidate_strings(doc["answers"]) + answer_strings(doc.get("answers_full") or [])))
-        return exact + self.lexicon.entries, len(exact)
+    def _candidates(self, doc: dict) -> Candidates:
+        """Answer-start strings, checkable answers (answer_prob) and lexicon openers, each set empty where
+        the run's selection skips its trie."""
+        return candidates(self.selection, doc, self.lexicon.entries)
 
     def _attention_request(self, context: str, doc: dict) -> attn.Request:
         """The spans whose attention mass a prompt's prefill should give: the needle sentence of a
@@ -391,14 +401,19 @@ class EvalkitHFLM(HFLM):
             layers[name] = read.span_by_layer(name)
         return metrics, layers
 
-    def _result(self, context, doc, cands, n_answer, step: firststep.FirstStep, until) -> FirstStepResult:
-        text = self.tok_decode(step.response_ids, skip_special_tokens=True)
-        for stop in until:
-            if stop and stop in text:
-                text = text.split(stop, 1)[0]
-        unit, _ = firststep.first_unit_ids(
-            lambda ids: self.tok_decode(ids, skip_special_tokens=True), step.response_ids
-        )
+    def _result(self, context, doc, cands: Candidates, step: firststep.FirstStep, until) -> FirstStepResult:
+        kind = doc_kind(doc)
+        decoded = self.selection.runs("response", kind)  # else no response was generated (`--metrics`)
+        text: str | None = None
+        unit: str | None = None
+        if decoded:
+            text = self.tok_decode(step.response_ids, skip_special_tokens=True)
+            for stop in until:
+                if stop and stop in text:
+                    text = text.split(stop, 1)[0]
+            unit, _ = firststep.first_unit_ids(
+                lambda ids: self.tok_decode(ids, skip_special_tokens=True), step.response_ids
+            )
         topk = [
             (int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp))
             for t, lp in zip(step.topk_ids, step.topk_logprobs)
@@ -410,15 +425,15 @@ class EvalkitHFLM(HFLM):
             "unstable": unstable(top3),
             "entropy": step.entropy,
         }
-        if n_answer:
-            metrics.update(candidate_metrics(self.tokenizer, context, step, candidate_strings(doc["answers"]),
-                                             cands[n_answer:], self._prior(context, doc),
-                                             answer_strings(doc.get("answers_full") or [])))
+        if kind == FIRSTTOKEN and doc.get("answers"):
+            metrics.update(candidate_metrics(self.tokenizer, context, step, list(cands.starts), list(cands.openers),
+                                             self._prior(context, doc), list(cands.answers)))
         layers: dict[str, list[float]] = {}
         if step.attention is not None:
             values, layers = self._attention_values(step.attention)
             metrics.update(values)
-        first_id = step.response_ids[0] if step.response_ids else None
+        # without a response, the token chosen at step 1 (what a response would have begun with)
+        first_id = step.response_ids[0] if step.response_ids else None if decoded else step.first_token_id
         answer = self.tok_decode(step.answer_ids, skip_special_tokens=True) if step.answer_ids else None
         result = FirstStepResult(
             text=text,
@@ -432,6 +447,7 @@ class EvalkitHFLM(HFLM):
             units=step.units,
             layers=layers,
             token_ids=list(step.answer_ids or step.response_ids),
+            skipped=self.skipped,
         )
         shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
         # the same checks at the boundary as every other engine's (finite, logprob <= 0, mass <= 1, ranges)
