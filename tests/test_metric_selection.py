@@ -207,3 +207,14 @@ def test_drift_needs_the_responses(invoke, tiny_model_dir, tmp_path):
     res = invoke("run", "--model", "hf", "--model-args", f"pretrained={tiny_model_dir}", "--tasks", "firsttoken",
                  "--metrics", "gate", "--keep-distributions", "--db", tmp_path / "d.duckdb")
     assert res.exit_code == 2 and "--keep-distributions reads the greedy responses" in res.output
+
+
+def test_compare_says_which_metrics_a_run_did_not_compute(invoke, tiny_model_dir, tmp_path):
+    db = tmp_path / "c.duckdb"
+    gate_id = _run(invoke, tiny_model_dir, db, "gate")
+    all_id = _run(invoke, tiny_model_dir, db, "all")
+    res = invoke("compare", all_id, gate_id, "--db", db)
+    assert res.exit_code == 0, res.output
+    assert (f"ft_hit: not computed: run {gate_id} did not compute it (--metrics gate skips the greedy response)"
+            in res.output)
+    assert "ft_hit_prob: not computed" not in res.output

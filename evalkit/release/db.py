@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from evalkit.errors import BadInput
 from evalkit.store.db import db_path, now, open_reader
-from evalkit.store.queries import resolve_run, shown_status
+from evalkit.store.queries import not_computed, resolve_run, shown_status
 from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 from evalkit.store.runs import transaction
 
@@ -92,19 +92,6 @@ def load_run_data(con, run_id: str):
             samples[(task, doc_id)] = {m: v for m, v in zip(SAMPLE_METRIC_COLUMNS, values) if v is not None}
     return RunData(run_id=run_id, metrics=metrics, samples=samples, intervals=intervals,
                    not_computed=not_computed(con, run_id))
-
-
-def not_computed(con, run_id: str) -> dict[str, str]:
-    """{metric: why} of what the run did not compute (its row's `unavailable`: what `evalkit run --metrics`
-    skipped, what its engine cannot compute); {} when it computed everything."""
-    import json
-
-    (text,) = con.execute("SELECT unavailable FROM runs WHERE id = ?", [run_id]).fetchone()
-    try:
-        found = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def with_distances(con, cand, base):

@@ -159,3 +159,16 @@ def needle_cells(path, ref: str) -> tuple[str, list[dict[str, Any]]]:
         return run_id, [dict(zip(cols, r)) for r in cur.fetchall()]
 
     return _read(path, q)
+
+
+def not_computed(con, run_id: str) -> dict[str, str]:
+    """{metric: why} of what the run did not compute (its row's `unavailable`: what `evalkit run --metrics`
+    skipped, what its engine cannot compute); {} when it computed everything."""
+    import json
+
+    (text,) = con.execute("SELECT unavailable FROM runs WHERE id = ?", [run_id]).fetchone()
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
