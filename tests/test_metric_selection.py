@@ -19,19 +19,22 @@ from evalkit.scoring.firsttoken import score
 
 
 def test_gate_is_what_the_default_rules_read():
-    """Every default rule's metric is computed by `--metrics gate`, or read through its exact twin, which a
-    default rule checks too (its row then speaks for the 0/1 one); and gate computes nothing no rule reads."""
+    """Every default rule's metric is computed by `--metrics gate`, or read through what stands for it: its
+    exact twin, which a default rule checks too, or its stand-in, which the gate checks in its place; and
+    gate computes nothing no rule reads."""
     gate = selection.parse("gate")
     ruled = [r.metric for r in (*DEFAULT_RULES.thresholds, *DEFAULT_RULES.regressions)]
     read = set()
     for metric in ruled:
-        if gate.computes(metric):
-            read.add(metric)
-            continue
-        twin = registry.METRICS[metric].twin
-        assert twin is not None and twin in ruled and gate.computes(twin), (
-            f"--metrics gate computes neither {metric} nor a twin a default rule checks")
-        read.add(twin)
+        reads = registry.gate_reads(metric)
+        assert gate.computes(reads), f"--metrics gate does not compute {reads}, which the rule on {metric} reads"
+        known = registry.METRICS[metric]
+        twin = registry.METRICS[known.twin] if known.twin else None
+        assert reads == metric or (twin and reads in (twin.name, twin.stand_in) and twin.name in ruled) \
+            or reads == known.stand_in, metric
+        if reads != metric:
+            assert not gate.computes(metric), f"gate computes {metric} and a stand-in for it"
+        read.add(reads)
     assert set(registry.GATE_METRICS) == read
 
 
@@ -40,9 +43,11 @@ def test_gate_skips_the_decode_and_units_of_first_token_prompts():
     for phase in ("response", "answer", "units"):
         assert not gate.runs(phase, "firsttoken"), phase
     assert gate.runs("response", "needle")  # needle_recall reads the needle documents' responses
+    assert not gate.runs("opener_trie", "firsttoken")  # opener_start_mass stands in for opener_mass
     assert gate.runs("response", None)  # lm-eval's own tasks score their text
     for phase in ("first_step", "start_trie", "answer_trie"):
         assert gate.runs(phase, "firsttoken")
+    assert gate.computes("opener_start_mass") and not gate.computes("opener_mass")
 
 
 @pytest.mark.parametrize("text, everything, names", [
@@ -93,9 +98,11 @@ def _result(text, skipped=(), metrics=None, answer=None):
 def test_a_skipped_metric_is_absent_never_zero():
     doc = {"kind": "firsttoken", "answers": ["Paris"], "answers_full": ["Paris"]}
     skipped = selection.parse("gate").skipped()
-    values = score(doc, _result(None, skipped, {"ft_hit_prob": 0.2, "opener_mass": 0.01, "answer_prob": 0.3,
+    values = score(doc, _result(None, skipped, {"ft_hit_prob": 0.2, "opener_start_mass": 0.01, "answer_prob": 0.3,
                                                 "ft_token_hit": 1.0}), ["Sure"])
-    assert values == {"ft_hit_prob": 0.2, "opener_mass": 0.01, "answer_prob": 0.3, "ft_token_hit": 1.0}
+    assert values == {"ft_hit_prob": 0.2, "opener_start_mass": 0.01, "answer_prob": 0.3, "ft_token_hit": 1.0}
+    # a value an engine gave for a metric the selection skips is not kept either
+    assert "opener_mass" not in score(doc, _result(None, skipped, {"opener_mass": 0.0}), ["Sure"])
     # a response decoded without its answer continuation: answer_hit is not read off the short response
     values = score(doc, _result("Paris", selection.parse("ft_hit").skipped()), ["Sure"])
     assert values["ft_hit"] == 1.0 and "answer_hit" not in values and "ft_answer_mismatch" not in values
@@ -113,9 +120,10 @@ def _runs(n=40, seed=0):
     for i in range(n):
         p = rng.uniform(0.2, 0.8)
         values = {"ft_hit": float(rng.random() < p), "ft_hit_prob": p, "opener_rate": 0.0, "opener_mass": 0.01,
-                  "answer_hit": float(rng.random() < p), "answer_prob": p / 2}
+                  "opener_start_mass": 0.05, "answer_hit": float(rng.random() < p), "answer_prob": p / 2}
         full[("firsttoken_en", str(i))] = values
-        gated[("firsttoken_en", str(i))] = {k: v for k, v in values.items() if k.endswith(("prob", "mass"))}
+        gated[("firsttoken_en", str(i))] = {k: v for k, v in values.items()
+                                            if k.endswith(("prob", "start_mass"))}
     why = {m: r for m, r in selection.parse("gate").skipped().items()}
     return RunData("full", {}, full), RunData("gate", {}, gated, not_computed=why)
 
@@ -125,13 +133,14 @@ def test_gate_on_a_gate_run_passes_itself_and_sees_every_rule():
     verdict = decide(gated, gated, DEFAULT_RULES)
     assert verdict.outcome == "pass"
     rows = {r.metric: r for r in verdict.rows if r.task in ("firsttoken_en", None)}
-    for metric in ("ft_hit_prob", "answer_prob", "opener_mass"):
+    for metric in ("ft_hit_prob", "answer_prob", "opener_start_mass"):
         assert rows[metric].status == "pass", rows[metric]
-    for metric, twin in (("ft_hit", "ft_hit_prob"), ("answer_hit", "answer_prob"), ("opener_rate", "opener_mass")):
+    for metric, word in (("ft_hit", "exact twin ft_hit_prob"), ("answer_hit", "exact twin answer_prob"),
+                         ("opener_rate", "stand-in opener_start_mass"), ("opener_mass", "stand-in opener_start_mass")):
         row = rows[metric]
         assert row.status == "skipped", row
         assert row.reason.startswith("not computed: run gate did not compute") and "--metrics gate skips" in row.reason
-        assert f"its exact twin {twin} passes" in row.reason
+        assert f"its {word} passes" in row.reason, row.reason
 
 
 def test_gate_says_when_the_candidate_did_not_compute_a_rules_metric():
@@ -167,8 +176,9 @@ def test_a_gate_run_stores_nulls_with_reasons_and_gates(invoke, tiny_model_dir, 
     with duckdb.connect(str(db), read_only=True) as con:
         selected, unavailable = con.execute("SELECT metric_selection, unavailable FROM runs WHERE id = ?",
                                             [gate_id]).fetchone()
-        rows = con.execute("SELECT ft_hit, opener_rate, answer_hit, response, first_unit, ft_outcome, ft_hit_prob, "
-                           "opener_mass, first_token FROM samples WHERE run_id = ?", [gate_id]).fetchall()
+        rows = con.execute("SELECT ft_hit, opener_rate, answer_hit, response, first_unit, ft_outcome, opener_mass, "
+                           "ft_hit_prob, opener_start_mass, first_token FROM samples WHERE run_id = ?",
+                           [gate_id]).fetchall()
         answer_probs = con.execute("SELECT count(answer_prob) FROM samples WHERE run_id = ?", [gate_id]).fetchone()
         units = con.execute("SELECT count(unit) FROM first_token_topk WHERE run_id = ?", [gate_id]).fetchone()
         metrics = {m for (m,) in con.execute("SELECT DISTINCT metric FROM metrics WHERE run_id = ?",
@@ -179,14 +189,15 @@ def test_a_gate_run_stores_nulls_with_reasons_and_gates(invoke, tiny_model_dir, 
     assert reasons["ft_hit"] == "not computed: --metrics gate skips the greedy response"
     assert reasons["answer_hit"] == "not computed: --metrics gate skips the answer continuation"
     assert "needle_recall" not in reasons  # not a metric of these tasks
-    assert rows and all(r[:6] == (None,) * 6 for r in rows)  # NULL, never 0 or ""
-    assert all(r[6] is not None and r[7] is not None and r[8] for r in rows)
+    assert rows and all(r[:7] == (None,) * 7 for r in rows)  # NULL, never 0 or ""
+    assert all(r[7] is not None and r[8] is not None and r[9] for r in rows)
     assert answer_probs[0] > 0 and units == (0,)
-    assert not metrics & {"ft_hit", "opener_rate", "answer_hit"} and {"ft_hit_prob", "opener_mass"} <= metrics
+    assert not metrics & {"ft_hit", "opener_rate", "answer_hit", "opener_mass"}
+    assert {"ft_hit_prob", "opener_start_mass"} <= metrics
 
     res = invoke("gate", "--candidate", gate_id, "--baseline", gate_id, "--db", db)
     assert res.exit_code == 0, res.output
-    for metric in ("ft_hit", "answer_hit", "opener_rate"):
+    for metric in ("ft_hit", "answer_hit", "opener_rate", "opener_mass"):
         assert re.search(rf"{metric} .*not computed: run {gate_id} did not compute", res.output), res.output
     # the gate run against the full one: every rule is either checked or said not computed, none fails on it
     res = invoke("gate", "--candidate", gate_id, "--baseline", all_id, "--db", db)

@@ -119,6 +119,7 @@ EXPECTED_TABLES = {
         "conflict_pair": "VARCHAR",
         "conflict_order": "VARCHAR",
         "answer_prob": "DOUBLE",  # m020
+        "opener_start_mass": "DOUBLE",  # m021
     },
     "first_token_topk": {
         "run_id": "VARCHAR",

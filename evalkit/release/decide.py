@@ -210,7 +210,11 @@ def decide(
         shared_by_task: dict[str, list[tuple[str, str]]] = {}
         for key in sorted(shared, key=lambda k: (str(k[0]), str(k[1]))):
             shared_by_task.setdefault(key[0], []).append(key)
-        for rule in rules.regressions:
+        use_twins = twins if twins is not None else rules is DEFAULT_RULES
+        regressions = list(rules.regressions)
+        if use_twins:  # a metric a run did not compute is checked through its stand-in, where both runs hold it
+            regressions += _stand_ins(regressions, candidate, baseline, cand_tasks, base_tasks)
+        for rule in regressions:
             if rule.task is not None:
                 tasks = [rule.task]
             else:
@@ -258,6 +262,39 @@ def decide(
     return Verdict(outcome=outcome, rows=rows, family=family)
 
 
+def _stand_ins(regressions: list[Regression], candidate: RunData, baseline: RunData,
+               cand_tasks: dict[str, set[str]], base_tasks: dict[str, set[str]]) -> list[Regression]:
+    """A regression on the registry's stand-in (opener_mass -> opener_start_mass, under its own margin) for
+    each rule whose metric a run did not compute, where both runs hold the stand-in's per-prompt values and
+    no rule checks it already (`evalkit run --metrics gate` computes the stand-in in the metric's place)."""
+    checked = {(r.task, r.metric) for r in regressions}
+    out: list[Regression] = []
+    for rule in regressions:
+        known = registry.get(rule.metric)
+        stand = known.stand_in if known else None
+        if stand is None or (rule.task, stand) in checked or not _not_computed(rule.metric, candidate, baseline):
+            continue
+        if stand in cand_tasks and stand in base_tasks:
+            out.append(Regression(stand, registry.METRICS[stand].margin, rule.task))  # type: ignore[arg-type]
+            checked.add((rule.task, stand))
+    return out
+
+
+def _speaker(metric: str, rows: list[VerdictRow]) -> str | None:
+    """The metric whose rows speak for a rule on `metric` that a run did not compute: its exact twin, the
+    twin's stand-in, or its own stand-in (`registry.gate_reads`'s order), the first that has rows."""
+    known = registry.get(metric)
+    if known is None:
+        return None
+    twin = registry.METRICS[known.twin] if known.twin else None
+    have = {r.metric for r in rows if r.kind == "regression" and r.status != "skipped"
+            and not r.reason.startswith(NOT_COMPUTED_WORDS)}
+    for name in (twin.name if twin else None, twin.stand_in if twin else None, known.stand_in):
+        if name and name in have:
+            return name
+    return None
+
+
 def _twins_speak(rows: list[VerdictRow]) -> list[VerdictRow]:
     """An inconclusive 0/1 regression whose exact twin (registry ``twin``) passes on the same task
     becomes ``skipped``: the twin's pass speaks for it, and the row says so. (A failing twin fails
@@ -269,13 +306,15 @@ def _twins_speak(rows: list[VerdictRow]) -> list[VerdictRow]:
         twin_name = known.twin if known else None
         twin = decided.get((r.task, twin_name)) if twin_name else None
         if r.kind == "regression" and r.status == "inconclusive" and r.reason.startswith(NOT_COMPUTED_WORDS):
-            # not computed (`evalkit run --metrics gate` computes the twin in its place): the twin's rows
-            # speak for it where every one of them passes, on this task or (task None) on every task
-            theirs = [t for t in rows if t.kind == "regression" and t.metric == twin_name
-                      and (r.task is None or t.task == r.task)] if twin_name else []
+            # not computed (`evalkit run --metrics gate` computes its twin or stand-in in its place): their
+            # rows speak for it where every one of them passes, on this task or (task None) on every task
+            speaker = _speaker(r.metric, rows)
+            theirs = [t for t in rows if t.kind == "regression" and t.metric == speaker
+                      and (r.task is None or t.task == r.task)] if speaker else []
             if theirs and all(t.status == "pass" for t in theirs):
                 where = "on this task" if r.task else f"on every task ({len(theirs)})"
-                r = replace(r, status="skipped", reason=f"{r.reason}; its exact twin {twin_name} passes {where} "
+                word = "exact twin" if speaker == twin_name else "stand-in"
+                r = replace(r, status="skipped", reason=f"{r.reason}; its {word} {speaker} passes {where} "
                                                         "and speaks for it")
         elif r.kind == "regression" and r.status == "inconclusive" and twin is not None:
             r = replace(r, status="skipped", reason=(

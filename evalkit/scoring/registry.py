@@ -74,6 +74,9 @@ class Metric:
     # a 0/1 metric's exact, continuous twin (answer_hit -> answer_prob): under the default rules its
     # decided row speaks for this one's where the 0/1 outcomes cannot decide at the run's size
     twin: str | None = None
+    # a cheaper metric `evalkit run --metrics gate` computes in its place (opener_mass -> opener_start_mass):
+    # where a run did not compute this one, the default rules check the stand-in under its own margin
+    stand_in: str | None = None
     # the engine phases its value is read off (`evalkit run --metrics` runs only those a selected metric
     # reads; `scoring.selection`): one skipped, the metric is NULL with the reason
     reads: tuple[EnginePhase, ...] = ("first_step",)
@@ -114,7 +117,13 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
     Metric("opener_mass", "distribution", False,
            "P(response begins with an opener of the lexicon), summed over the entries", unit="probability",
            per_sample=True, margin=Margin("relative", 0.25, "a small probability (0-0.05 on the default model): "
-                                          "an absolute margin either never fires or fires on noise"), reads=("opener_trie",)),
+                                          "an absolute margin either never fires or fires on noise"),
+           reads=("opener_trie",), stand_in="opener_start_mass"),
+    Metric("opener_start_mass", "distribution", False,
+           "first-step probability of the tokens a lexicon opener begins with (in context): an upper bound on "
+           "opener_mass from the prefill alone, what --metrics gate reads in its place", unit="probability",
+           per_sample=True, margin=Margin("relative", 0.25, "as opener_mass's: a probability whose scale depends "
+                                          "on the model and the language (docs/gate.md calibrates it)")),
     Metric("prior_drift", "distribution", False,
            "1 - JSD2(first-token distribution, content-free prior): 1 = the prompt changed nothing",
            unit="probability", per_sample=True,
@@ -219,8 +228,22 @@ assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric with
 # through its exact twin (the default rules leave its row to the twin's where its 0/1 outcomes cannot
 # decide, `release.decide._twins_speak`), whose probabilities need no decode; tests/test_metric_selection.py
 # holds this to `release.rules.DEFAULT_RULES`
-GATE_METRICS = tuple(dict.fromkeys(METRICS[m].twin or m for m in HEADLINE_METRICS))
+def gate_reads(name: str) -> str:
+    """The metric `--metrics gate` computes for a default rule on `name`: its exact twin (a 0/1 metric's),
+    and a stand-in's in place of a metric whose computation the gate cannot afford.
+
+    >>> gate_reads("ft_hit"), gate_reads("opener_rate"), gate_reads("js_div")
+    ('ft_hit_prob', 'opener_start_mass', 'js_div')
+    """
+    metric = METRICS[name]
+    if metric.twin:
+        return gate_reads(metric.twin)
+    return metric.stand_in or name
+
+
+GATE_METRICS = tuple(dict.fromkeys(gate_reads(m) for m in HEADLINE_METRICS))
 assert all(METRICS[t].per_sample and not METRICS[t].binary for m in METRICS.values() if (t := m.twin)), "a bad twin"
+assert all(METRICS[t].per_sample and METRICS[t].margin for m in METRICS.values() if (t := m.stand_in)), "a bad stand-in"
 _FAMILIES = {m.family: m for m in _METRICS if m.family}
 
 # first-token signals whose AUROC against answer_hit is reported (lead_auroc.{S}), in table order

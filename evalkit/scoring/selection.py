@@ -99,7 +99,7 @@ def parse(text: str | None) -> Selection:
 
     >>> s = parse("gate")
     >>> sorted(s.phases), s.computes("answer_hit"), s.computes("entropy")
-    (['answer_trie', 'first_step', 'opener_trie', 'response', 'start_trie'], False, True)
+    (['answer_trie', 'first_step', 'response', 'start_trie'], False, True)
     >>> parse("ft_hit_prob,needle_recall@depth0.5").spec, sorted(parse("ft_hit_prob").phases)
     ('ft_hit_prob,needle_recall@depth0.5', ['first_step', 'start_trie'])
     >>> parse(None).everything, parse("all,gate").everything

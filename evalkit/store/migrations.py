@@ -607,8 +607,11 @@ def m021_metric_selection(con: duckdb.DuckDBPyConnection) -> None:
     # What a run computed (`evalkit run --metrics gate|all|NAME,...`): the selection as given. The metrics
     # it skipped are NULL in every sample, each with its reason in `unavailable` (which also holds what the
     # engine could not compute). Runs from before it computed every metric they could: 'all'.
+    # `opener_start_mass` (docs/metrics.md §1.2): the first-step mass of the openers' first tokens, what
+    # `--metrics gate` computes in opener_mass's place; runs from before it hold NULL.
     con.execute("ALTER TABLE runs ADD COLUMN metric_selection VARCHAR")
     con.execute("UPDATE runs SET metric_selection = 'all'")
+    con.execute("ALTER TABLE samples ADD COLUMN opener_start_mass DOUBLE")
 
 
 MIGRATIONS: list[Migration] = [

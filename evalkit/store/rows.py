@@ -40,7 +40,7 @@ SAMPLE_COLUMNS = (
     "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
     "top1_prob", "answer_hit", "ft_answer_mismatch", "answer",
     "sink_rate", "needle_attn", "question_attn", "first_wins", "last_wins", "conflict_both",
-    "conflict_pick", "conflict_pair", "conflict_order", "answer_prob",
+    "conflict_pick", "conflict_pair", "conflict_order", "answer_prob", "opener_start_mass",
 )
 # the samples columns that hold one numeric per-sample metric value each (the registry says which)
 SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()

@@ -721,6 +721,9 @@ class EvalkitLlamaCpp(TemplateLM):
                                            else 0.0)
             if openers:
                 metrics["opener_mass"] = sum(step.candidate_probs[o] for o in drop_covered(openers, tokens))
+            ids = self.eng.tokenize(context)
+            metrics["opener_start_mass"] = shared.start_mass(step.logprobs, {
+                toks[0] for e in self.lexicon.entries if (toks := candidate_ids(self.eng, context, e, ids))})
             prior = self._prior(context, doc)
             if prior is not None:
                 p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}

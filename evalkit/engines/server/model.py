@@ -327,6 +327,8 @@ class EvalkitServer(LM):
         self.unavailable: dict[str, str] = {
             "entropy": "a server returns K logprobs, not the whole vocabulary",
             "opener_mass": "needs one echo request per opener lexicon entry for every prompt",
+            "opener_start_mass": "needs the first-step probability of every opener's first token; a server "
+                                 "returns K logprobs, not the whole vocabulary",
         }
         if self.temperature != 1.0:
             self.unavailable["top3_mass"] = (f"top3_mass@T={self.temperature:g} needs the whole vocabulary; "

@@ -200,6 +200,7 @@ class EvalkitHFLM(HFLM):
             raise ValueError(f"evalkit-hf: tolerance must be in [0, 1), got {tolerance}")
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
+        self._starts: dict[str, set[int]] = {}  # template suffix -> the openers' first tokens after it
         self.set_kv_policy(policy)
 
     def _share_requests(self) -> None:
@@ -264,6 +265,22 @@ class EvalkitHFLM(HFLM):
         if not self.ban_openers:
             return frozenset()
         return frozenset(shared.first_ids(self.tokenizer, context, shared.opener_variants(self.lexicon.entries)))
+
+    def _opener_starts(self, context: str, doc: dict) -> set[int]:
+        """The first tokens the lexicon's openers begin with after this context (`opener_start_mass`), kept
+        per template suffix where the suffix begins with an added token (a boundary no merge crosses, so the
+        tokens after it do not depend on the prompt)."""
+        frame = shared.prompt_frame(context, doc)
+        suffix = frame.split("\x00", 1)[1] if frame else ""
+        added = [str(getattr(t, "content", t)) for t in (getattr(self.tokenizer, "added_tokens_decoder", None)
+                                                          or {}).values()]
+        key = suffix if suffix and any(a and suffix.startswith(a) for a in added) else None
+        if key is not None and key in self._starts:
+            return self._starts[key]
+        found = shared.first_ids(self.tokenizer, context, self.lexicon.entries)
+        if key is not None:
+            self._starts[key] = found
+        return found
 
     def _prior(self, context: str, doc: dict) -> dict[int, float] | None:
         """Content-free prior (top-k dict) for the frame this context was built in."""
@@ -428,6 +445,7 @@ class EvalkitHFLM(HFLM):
         if kind == FIRSTTOKEN and doc.get("answers"):
             metrics.update(candidate_metrics(self.tokenizer, context, step, list(cands.starts), list(cands.openers),
                                              self._prior(context, doc), list(cands.answers)))
+            metrics["opener_start_mass"] = shared.start_mass(step.logprobs, self._opener_starts(context, doc))
         layers: dict[str, list[float]] = {}
         if step.attention is not None:
             values, layers = self._attention_values(step.attention)
