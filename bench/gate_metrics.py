@@ -10,7 +10,8 @@ wall time is printed beside them. Then `evalkit gate` (the default rules) judges
 the baseline of the same selection, and the bench prints both tables side by side:
 
     python bench/gate_metrics.py --limit 100 --db /tmp/gate_metrics.duckdb [--variants q4_1,bf16,...]
-    python bench/gate_metrics.py --db /tmp/gate_metrics.duckdb --report   # the tables of the stored runs
+    python bench/gate_metrics.py --db /tmp/gate_metrics.duckdb --report --rows err1.log err2.log
+        # the tables of the stored runs (several benches may share one DB, each on some variants)
 
 The variants are `--quant` names of the default model, and `llamacpp` (the same GGUF on the llama.cpp
 engine, when llama-cpp-python is importable). The first is the baseline; int8-dynamic is the clearly worse
@@ -134,14 +135,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=VARIANTS, help="the baseline first; llamacpp: the GGUF on llama.cpp")
     parser.add_argument("--metrics", default=",".join(SELECTIONS), help="which selections to run (all,gate)")
     parser.add_argument("--report", action="store_true", help="run nothing: the tables of the runs in --db")
+    parser.add_argument("--rows", nargs="*", default=[],
+                        help="with --report: files of the JSON lines earlier benches printed on stderr (CPU s)")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     if "llamacpp" in variants and importlib.util.find_spec("llama_cpp") is None:
         print("llama-cpp-python is not importable: the llamacpp variant is left out", file=sys.stderr)
         variants.remove("llamacpp")
     rows: list[dict] = []
-    if args.report:
-        rows = stored(args.db)
+    if args.report:  # the runs in the DB; their CPU seconds from the lines the benches that ran them printed
+        timed = {(r["variant"], r["metrics"]): r for path in args.rows for line in Path(path).read_text().splitlines()
+                 if line.startswith("{") and (r := json.loads(line))}
+        rows = [timed.get((r["variant"], r["metrics"]), r) for r in stored(args.db)]
     else:
         for v in variants:  # each variant under both selections back to back: the machine's load is alike
             for m in args.metrics.split(","):
