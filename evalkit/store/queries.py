@@ -127,7 +127,7 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         cur = con.execute(
             "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
             "engine, quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, first_temperature, "
-            "ban_openers, unavailable, "
+            "ban_openers, metric_selection, unavailable, "
             "attention, attn_implementation, opener_lexicon_version, model_fingerprint, lm_eval_version, git_commit, "
             "host, pid, error FROM runs WHERE id = ?",
             [run_id],
