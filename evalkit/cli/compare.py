@@ -151,7 +151,8 @@ def _sweep(m, fmt) -> None:
 
 def _not_computed(comparisons) -> None:
     """One line per metric that has no delta because a run did not compute it (`evalkit run --metrics`)."""
-    lines = dict.fromkeys(f"{metric}: not computed: {why}" for c in comparisons for metric, why in c.not_computed.items())
+    lines = dict.fromkeys(f"{metric}: not computed: {why}" for c in comparisons
+                          for metric, why in c.not_computed.items())
     if lines:
         click.echo()
         click.echo("no delta (a run did not compute the metric):")

@@ -477,7 +477,8 @@ class EvalkitServer(LM):
             hit = self._ft_hit_prob(context, starts, top) if self.selection.runs("start_trie", kind) else None
             if hit is not None:
                 metrics["ft_hit_prob"] = hit
-            if doc.get("answers_full") and self.selection.runs("answer_trie", kind):  # the same echo, on the checkable answers (text-level covering)
+            # the same echo, on the checkable answers (text-level covering)
+            if doc.get("answers_full") and self.selection.runs("answer_trie", kind):
                 prob = self._ft_hit_prob(context, drop_covered(answer_strings(doc["answers_full"])), top)
                 if prob is not None:
                     metrics["answer_prob"] = prob

@@ -48,9 +48,9 @@ from evalkit.defaults import (
 from evalkit.errors import BadInput
 from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
-from evalkit.scoring.selection import EVERYTHING, Candidates, Selection, candidates
 from evalkit.scoring.firsttoken import answer_prob, unstable
 from evalkit.scoring.lexicon import load_lexicon
+from evalkit.scoring.selection import EVERYTHING, Candidates, Selection, candidates
 from evalkit.scoring.text import drop_covered
 
 # Inputs without content (Zhao et al. 2021), put through the same template as the prompts.
@@ -344,10 +344,10 @@ class EvalkitHFLM(HFLM):
                 max_new = 0  # nothing selected reads these responses (`--metrics`): the first token only
             # every batch of the group is prefilled and scored on its own; their continuations are
             # decoded together, each batch's results kept once its last row has ended
+            units = firststep.UNIT_RANKS if self.selection.runs("units", FIRSTTOKEN) else 0
             prober = firststep.Prober(self.model, self.tokenizer, top_k=self.top_k, max_new_tokens=max_new,
                                       stop=until, batch_size=bs, first_temperature=self.first_temperature,
-                                      tolerance=self.tolerance, kv_policy=self.kv_policy,
-                                      unit_ranks=firststep.UNIT_RANKS if self.selection.runs("units", FIRSTTOKEN) else 0)
+                                      tolerance=self.tolerance, kv_policy=self.kv_policy, unit_ranks=units)
             for start in range(0, len(idxs), bs):
                 chunk = idxs[start : start + bs]
                 contexts = [requests[i].args[0] for i in chunk]
