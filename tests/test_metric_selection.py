@@ -229,3 +229,35 @@ def test_compare_says_which_metrics_a_run_did_not_compute(invoke, tiny_model_dir
     assert (f"ft_hit: not computed: run {gate_id} did not compute it (--metrics gate skips the greedy response)"
             in res.output)
     assert "ft_hit_prob: not computed" not in res.output
+
+
+def test_the_server_engine_asks_for_one_token_and_no_echo_it_does_not_read(tiny_model_dir):
+    """Under `--metrics ft_hit_prob`, the server engine asks for one token where no response is read, sends the
+    accepted starts' echo but not the checkable answers', and leaves the response NULL."""
+    from transformers import AutoTokenizer
+
+    from evalkit.engines.server.model import ECHO_PROBE, EvalkitServer, piece_ids
+    from tests.fake_server import FakeServer, healthy
+
+    ids = piece_ids(AutoTokenizer.from_pretrained(tiny_model_dir))
+    words = [t for t in ids if t.strip().isalpha() and len(t.strip()) > 2][:3]
+    sent: list[dict] = []
+    inner = healthy({words[0]: -0.3, words[1]: -2.5, words[2]: -3.0})
+
+    def answer(method, path, body):
+        if isinstance(body, dict) and not str(body.get("prompt", "")).startswith(ECHO_PROBE):
+            sent.append(body)
+        return inner(method, path, body)
+
+    doc = {"kind": "firsttoken", "prompt": "a question", "answers": [words[0].strip()], "answers_full": ["Paris"]}
+    with FakeServer(answer) as url:
+        lm = EvalkitServer(url, tokenizer=str(tiny_model_dir), retries=0, timeout=5, top_k=3, top_logprobs=3,
+                           temperature=1.0)
+        lm.select(selection.parse("ft_hit_prob"))
+        result = lm._one("Q: a question\nA:", {"until": ["\n"], "max_gen_toks": 16}, doc)
+    completions = [b for b in sent if not b.get("echo")]
+    echoes = [b for b in sent if b.get("echo")]
+    assert [b["max_tokens"] for b in completions] == [1]
+    assert all("Paris" not in b["prompt"] for b in echoes)  # (none at all where the echo check failed)
+    assert result.text is None and result.answer_text is None and "answer_prob" not in result.metrics
+    assert "answer_hit" in result.skipped and "ft_hit_prob" not in result.skipped
