@@ -122,6 +122,7 @@ def instrument(path: str) -> tuple[Meter, list, Any]:
     """Patch the engine module `path` runs with (the model reads `firststep.Prober` at call time);
     returns the meter, the list the probed steps are recorded in, and the patch's undo."""
     from evalkit.engines.transformers import firststep as engine
+    from evalkit.engines.transformers.decoder import _Decoder
     from tests import reference_engine
 
     meter = Meter()
@@ -137,7 +138,7 @@ def instrument(path: str) -> tuple[Meter, list, Any]:
         cls, prober = engine._Engine, saved
         meter.wrap(cls, "run_batch", "prefill")
         meter.wrap(cls, "score_nodes", "trie")  # the first units ride in the trie's level forwards
-        meter.wrap(engine._Decoder, "step", "decode")
+        meter.wrap(_Decoder, "step", "decode")
     meter.count_forward(cls)
 
     class Recording(prober):  # type: ignore[misc, valid-type]

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from evalkit.engines.transformers import firststep as engine
+from evalkit.engines.transformers import prefill
+from evalkit.engines.transformers.decoder import _Decoder, _Row
 from evalkit.engines.kvpolicy import parse
 from evalkit.scoring.lexicon import load_lexicon
 from tests import reference_engine
@@ -100,7 +102,7 @@ def test_the_shared_head_is_prefilled_once(tiny, contexts, monkeypatch):
     head = 0
     while all(len(i) > head + 1 and i[head] == ids[0][head] for i in ids):
         head += 1
-    assert head >= engine.MIN_SHARED_HEAD
+    assert head >= prefill.MIN_SHARED_HEAD
     assert fed == [head, 4 * max(len(i) - head for i in ids)]
 
 
@@ -134,13 +136,13 @@ def test_batches_submitted_apart_are_decoded_together_with_the_same_tokens(tiny,
     is the reference engine's for that batch alone, and a batch is handed back only once all of it is done."""
     model, tokenizer = tiny
     stepped: list[set[int]] = []  # per decode step: the batches whose rows it fed
-    step = engine._Decoder.step
+    step = _Decoder.step
 
     def spy(self):
         stepped.append({id(row.going) for row in self.rows})
         return step(self)
 
-    monkeypatch.setattr(engine._Decoder, "step", spy)
+    monkeypatch.setattr(_Decoder, "step", spy)
     settings = dict(top_k=20, max_new_tokens=6, stop=["\n\n"], batch_size=4, kv_policy=parse(policy))
     chunks = [contexts[i:i + 4] for i in range(0, len(contexts), 4)]
     answers = [[12 if (k + i) % 2 else 0 for i in range(len(chunk))] for k, chunk in enumerate(chunks)]
@@ -165,7 +167,7 @@ def test_batches_submitted_apart_are_decoded_together_with_the_same_tokens(tiny,
 
 def test_a_probe_with_nothing_to_continue_never_decodes(tiny, contexts, monkeypatch):
     model, tokenizer = tiny
-    monkeypatch.setattr(engine._Decoder, "step", lambda self: pytest.fail("a decode step ran"))
+    monkeypatch.setattr(_Decoder, "step", lambda self: pytest.fail("a decode step ran"))
     steps = engine.probe(model, tokenizer, contexts, max_new_tokens=0, batch_size=3)
     assert all(s.response_ids == [] and s.first_token_id >= 0 for s in steps)
 
@@ -188,11 +190,11 @@ def test_a_merged_decode_step_gives_each_row_the_logits_it_gets_alone(tiny, cont
     def queued(eng, chunk, limit):
         ids = [tokenizer(c, add_special_tokens=False)["input_ids"] for c in chunk]
         steps, state = eng.run_batch(list(range(len(chunk))), chunk, ids, [[] for _ in chunk], None, [0] * len(chunk))
-        return [engine._Row(s, i, set(), limit, False, False) for i, s in enumerate(steps)], state
+        return [_Row(s, i, set(), limit, False, False) for i, s in enumerate(steps)], state
 
     def stepped(*chunks):
         eng = engine._Engine(model, tokenizer, 5, 8, (), None, frozenset(), 0, False, kv_policy=parse(policy))
-        decoder = engine._Decoder(eng)
+        decoder = _Decoder(eng)
         with torch.inference_mode():
             for chunk, limit in chunks:
                 decoder.admit(*queued(eng, chunk, limit))
@@ -214,12 +216,12 @@ def test_the_trie_reads_the_same_with_the_head_applied_apart_or_whole(tiny, cont
     """Where the head is applied apart (`head_split`: only real node positions, LSE_ROWS at a time) and
     where the model's whole forward gives every position's logits, the trie reads the same numbers."""
     model, tokenizer = tiny
-    assert engine.head_split(model) is not None  # the tiny Llama's logits are its head's
+    assert prefill.head_split(model) is not None  # the tiny Llama's logits are its head's
     cands = [["Recursion", "Paris", "递归", "巴黎"] + load_lexicon().entries for _ in contexts]
     kwargs = dict(candidates=cands, top_k=20, max_new_tokens=0, batch_size=6, tolerance=1e-4,
                   unit_ranks=engine.UNIT_RANKS)
     apart = engine.probe(model, tokenizer, contexts, **kwargs)
-    monkeypatch.setitem(engine._SPLITS, model, None)
+    monkeypatch.setitem(prefill._SPLITS, model, None)
     whole = engine.probe(model, tokenizer, contexts, **kwargs)
     assert_same(apart, whole)
 
@@ -244,7 +246,7 @@ def test_a_model_that_changes_its_logits_after_the_head_keeps_the_whole_forward(
             out.logits = out.logits * 0.0625  # Cohere-style logit scale
             return out
 
-    assert engine.head_split(Capped(model)) is None
+    assert prefill.head_split(Capped(model)) is None
 
 
 def test_rows_still_decoding_count_against_the_next_batch_s_positions(tiny, contexts, monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from evalkit.engines.transformers import firststep as engine
-from evalkit.engines.transformers import kvcache
+from evalkit.engines.transformers import kvcache, prefill
 from evalkit.engines import resolve as models
 from evalkit.engines import kvpolicy
 from evalkit.engines.kvpolicy import FULL, parse
@@ -197,7 +197,7 @@ def test_full_runs_the_unchanged_path(tiny, contexts, monkeypatch):
         raise AssertionError("full must not build a custom mask or cache")
 
     monkeypatch.setattr(engine._Engine, "policy_mask", refuse)
-    monkeypatch.setattr(engine, "new_cache", refuse)
+    monkeypatch.setattr(prefill, "new_cache", refuse)
     full = engine.probe(model, tok, contexts, [["Sure", "好的"]] * 3, max_new_tokens=5, batch_size=2, kv_policy=FULL)
     for a, b in zip(plain, full):
         assert same_step(a, b) and a.topk_ids == b.topk_ids and a.entropy == b.entropy

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from evalkit.engines.transformers.firststep import _batches, _model_device
+from evalkit.engines.transformers.firststep import _batches
+from evalkit.engines.transformers.shared import _model_device
 from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE
 from evalkit.scoring import drift
 
