@@ -151,6 +151,8 @@ def score(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> dict[str, f
     starts = list(doc.get("answers") or [])
     text = response_text(resp)
     skipped = set(resp.skipped) if isinstance(resp, FirstStepResult) else set()
+    if text is None and not {"ft_hit", "opener_rate"} <= skipped:  # only a selection may leave out the response
+        raise TypeError("a response without text must name the metrics it leaves uncomputed (skipped)")
     values: dict[str, float] = {}
     if text is not None:
         values.update(ft_hit=ft_hit(text, starts), opener_rate=opener_rate(text, openers))
