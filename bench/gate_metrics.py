@@ -115,16 +115,18 @@ def table(rows: list[dict], variants: list[str]) -> str:
 def verdicts(db: str, rows: list[dict], variants: list[str]) -> str:
     by = {(r["variant"], r["metrics"]): r["run"] for r in rows}
     base = variants[0]
-    lines = [f"| candidate (against {base}) | expected | --metrics all | --metrics gate |", "|---|---|---|---|"]
+    pairs = [("all", "all"), ("gate", "gate"), ("gate", "all")]  # (candidate's selection, baseline's)
+    lines = [f"| candidate (against {base}) | expected | all against all | gate against gate | "
+             "gate against all |", "|---|---|---|---|---|"]
     for v in variants[1:]:
         cells = []
-        for m in SELECTIONS:
-            if (v, m) in by and (base, m) in by:
-                outcome, why = gate(db, by[(v, m)], by[(base, m)])
+        for mc, mb in pairs:
+            if (v, mc) in by and (base, mb) in by:
+                outcome, why = gate(db, by[(v, mc)], by[(base, mb)])
                 cells.append(f"**{outcome}**: {why}")
             else:
-                cells.append("")
-        lines.append(f"| {v} | {'fail' if v in WORSE else 'pass'} | {cells[0]} | {cells[1]} |")
+                cells.append("not run")
+        lines.append(f"| {v} | {'fail' if v in WORSE else 'pass'} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
