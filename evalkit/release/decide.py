@@ -124,7 +124,12 @@ class Verdict:
                     " Under the default rules a 0/1 check its outcomes cannot decide at this size is left to its "
                     "exact, continuous twin on the same task when the twin passes (answer_hit to answer_prob); "
                     "such rows are marked skipped and say so." if any(r.reason.startswith(TWIN_WORDS) for r in self.rows)
-                    else ""))
+                    else "") + (
+                    f" {sum(r.reason.startswith(NOT_COMPUTED_WORDS) for r in self.rows)} rows read a metric a run "
+                    "did not compute (`evalkit run --metrics`, or its engine cannot): under the default rules such a "
+                    "row is left to the metric that stands for it (its exact twin, or its stand-in) where that "
+                    "passes, else it is inconclusive; it never fails." if any(
+                        r.reason.startswith(NOT_COMPUTED_WORDS) for r in self.rows) else ""))
 
 
 def _value(v: Any) -> float | None:
