@@ -184,7 +184,11 @@ def test_a_gate_run_stores_nulls_with_reasons_and_gates(invoke, tiny_model_dir, 
         metrics = {m for (m,) in con.execute("SELECT DISTINCT metric FROM metrics WHERE run_id = ?",
                                              [gate_id]).fetchall()}
         full = con.execute("SELECT metric_selection, unavailable FROM runs WHERE id = ?", [all_id]).fetchone()
+        bounds = con.execute("SELECT opener_mass, opener_start_mass FROM samples WHERE run_id = ? AND task LIKE "
+                             "'firsttoken%'", [all_id]).fetchall()
     assert selected == "gate" and full == ("all", None)
+    # the stand-in bounds opener_mass from above on every prompt (docs/metrics.md §1.2)
+    assert bounds and all(start >= mass - 1e-6 for mass, start in bounds), bounds
     reasons = json.loads(unavailable)
     assert reasons["ft_hit"] == "not computed: --metrics gate skips the greedy response"
     assert reasons["answer_hit"] == "not computed: --metrics gate skips the answer continuation"
