@@ -94,19 +94,21 @@ def table(rows: list[dict], variants: list[str]) -> str:
     totals = {m: [0.0, 0.0] for m in SELECTIONS}
     for v in variants:
         a, g = by.get((v, "all")), by.get((v, "gate"))
-        if not a or not g:
+        if not a and not g:
             continue
 
-        def cell(x):
-            return "" if x is None else f"{x:.1f}"
+        def cell(r, key):
+            return "not run" if r is None else "" if r[key] is None else f"{r[key]:.1f}"
 
-        ratio = f"{100 * g['cpu_s'] / a['cpu_s']:.1f} %" if a["cpu_s"] and g["cpu_s"] is not None else ""
-        lines.append(f"| {v} | {cell(a['cpu_s'])} | {cell(a['wall_s'])} | {cell(g['cpu_s'])} | {cell(g['wall_s'])} "
+        both = a and g and a["cpu_s"] and g["cpu_s"] is not None
+        ratio = f"{100 * g['cpu_s'] / a['cpu_s']:.1f} %" if both else ""
+        lines.append(f"| {v} | {cell(a, 'cpu_s')} | {cell(a, 'wall_s')} | {cell(g, 'cpu_s')} | {cell(g, 'wall_s')} "
                      f"| {ratio} |")
-        for m, r in (("all", a), ("gate", g)):
-            totals[m][0] += r["cpu_s"] or 0.0
-            totals[m][1] += r["wall_s"] or 0.0
-    if totals["all"][0]:
+        if both:
+            for m, r in (("all", a), ("gate", g)):
+                totals[m][0] += r["cpu_s"] or 0.0
+                totals[m][1] += r["wall_s"] or 0.0
+    if totals["all"][0] and sum(1 for v in variants if (v, "all") in by and (v, "gate") in by) > 1:
         lines.append(f"| all variants | {totals['all'][0]:.1f} | {totals['all'][1]:.1f} | {totals['gate'][0]:.1f} | "
                      f"{totals['gate'][1]:.1f} | {100 * totals['gate'][0] / totals['all'][0]:.1f} % |")
     return "\n".join(lines)
