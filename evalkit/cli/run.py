@@ -71,9 +71,9 @@ def _csv_list(kind, presets=None):
               help="Extra folder of lm-eval task YAMLs.")
 @click.option("--metrics", default=DEFAULT_METRICS, show_default=True, metavar="gate|all|NAME,...",
               help="What to compute: gate (what `evalkit gate`'s default rules read: the first-step "
-                   "distribution and the probabilities of the answers and openers, no decode, about a fifth "
-                   "of a full run), all, or metric names (`evalkit metrics`). The engine skips the phases "
-                   "nothing selected reads; each skipped metric is NULL with its reason (docs/cli.md).")
+                   "distribution and the probabilities of the answers and openers, no decode: under a quarter "
+                   "of a full run's CPU time), all, or metric names (`evalkit metrics`). The engine skips the "
+                   "phases nothing selected reads; each skipped metric is NULL with its reason (docs/cli.md).")
 @click.option("--name", default=None, help="A label stored with the run.")
 @click.option("--resume", "resume_ref", default=None, metavar="RUN",
               help="Continue a stopped run (interrupted, abandoned, failed) from its journal: only its "
