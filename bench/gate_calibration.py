@@ -30,6 +30,11 @@ One command, measuring everything (runs the variants first when --run is given):
         [--reps 200] [--n 100,all] [--k 0.5,1,2] [--out table.md]
     python bench/gate_calibration.py --pairs-json ap.json --baseline q4_1 --benign bf16,int8-weight \\
         --worse int8-dynamic          # answer_prob's rule alone, from bench/answer_prob_pairs.py
+    python bench/gate_calibration.py --run --metrics gate --limit 100 --db /tmp/cal.duckdb  # gate runs
+
+Runs stored with `evalkit run --metrics gate` hold what the gate reads in place of the metrics they skip
+(`opener_start_mass` for `opener_mass`; the exact twins for the 0/1 metrics); the draws keep those, and
+each run's reasons for what it did not compute, so the default rules check them as `evalkit gate` does.
 
 --run stores a q4_1 baseline and the bf16, int8-weight and int8-dynamic variants (one sweep),
 and the llama.cpp engine on the same GGUF when llama-cpp-python is importable; it prints the ids.
@@ -59,6 +64,7 @@ from evalkit.release.rules import DEFAULT_RULES  # noqa: E402
 from evalkit.scoring import registry  # noqa: E402
 
 HEADLINE = registry.HEADLINE_METRICS
+KEPT = tuple(dict.fromkeys((*HEADLINE, *registry.GATE_METRICS)))  # what the draws keep of each prompt
 SIGMA = 0.25  # log-normal spread of a planted drop on a probability, per prompt
 OUTCOMES = ("pass", "inconclusive", "fail")
 
@@ -66,9 +72,9 @@ OUTCOMES = ("pass", "inconclusive", "fail")
 # ----------------------------------------------------------------------------- the runs
 
 
-def run_variants(db: str, limit: int | None) -> dict[str, str]:
+def run_variants(db: str, limit: int | None, metrics: str = "all") -> dict[str, str]:
     """Store the baseline and the variants with the real CLI; returns label -> run id."""
-    common = [sys.executable, "-m", "evalkit", "run", "--tasks", "firsttoken", "--db", db]
+    common = [sys.executable, "-m", "evalkit", "run", "--tasks", "firsttoken", "--db", db, "--metrics", metrics]
     if limit:
         common += ["--limit", str(limit)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
@@ -126,17 +132,18 @@ def draw(tasks: dict[str, list[str]], n: int | None, rng: np.random.Generator) -
     return out
 
 
-def as_run(run_id: str, samples: dict) -> RunData:
-    return RunData(run_id=run_id, metrics={}, samples=samples)
+def as_run(run_id: str, samples: dict, like: RunData | None = None) -> RunData:
+    """A drawn run; `like`: the stored run it was drawn from, whose reasons for what it did not compute it keeps."""
+    return RunData(run_id=run_id, metrics={}, samples=samples, not_computed=dict(like.not_computed) if like else {})
 
 
 def stored_pair(base: RunData, cand: RunData, picks) -> tuple[RunData, RunData]:
     """(candidate, baseline) as stored, on the drawn prompts."""
     c, b = {}, {}
     for task, doc, key in picks:
-        c[(task, key)] = {m: v for m, v in cand.samples[(task, doc)].items() if m in HEADLINE}
-        b[(task, key)] = {m: v for m, v in base.samples[(task, doc)].items() if m in HEADLINE}
-    return as_run("cand", c), as_run("base", b)
+        c[(task, key)] = {m: v for m, v in cand.samples[(task, doc)].items() if m in KEPT}
+        b[(task, key)] = {m: v for m, v in base.samples[(task, doc)].items() if m in KEPT}
+    return as_run("cand", c, cand), as_run("base", b, base)
 
 
 def aa_pair(base: RunData, other: RunData, picks, rng) -> tuple[RunData, RunData]:
@@ -146,18 +153,18 @@ def aa_pair(base: RunData, other: RunData, picks, rng) -> tuple[RunData, RunData
     for task, doc, key in picks:
         a, b = base.samples[(task, doc)], other.samples[(task, doc)]
         left[(task, key)], right[(task, key)] = {}, {}
-        for m in HEADLINE:
+        for m in KEPT:
             if m in a and m in b:
                 x, y = (a[m], b[m]) if rng.random() < 0.5 else (b[m], a[m])
                 left[(task, key)][m], right[(task, key)][m] = x, y
-    return as_run("aa-cand", left), as_run("aa-base", right)
+    return as_run("aa-cand", left, other), as_run("aa-base", right, base)
 
 
 def planted_pair(base: RunData, cand: RunData, picks, k: float, rng) -> tuple[RunData, RunData]:
     """(candidate with a noisy drop of k x each margin planted in its own values, the baseline)."""
     rates: dict[tuple[str, str], list[float]] = {}
     for (task, _doc), values in cand.samples.items():
-        for m in HEADLINE:
+        for m in KEPT:
             if m in values:
                 rates.setdefault((task, m), []).append(values[m])
     mean = {key: float(np.mean(v)) for key, v in rates.items()}
@@ -187,7 +194,7 @@ def planted_pair(base: RunData, cand: RunData, picks, k: float, rng) -> tuple[Ru
             else:  # gain an opener with probability drop / (1 - p)
                 flip = v == 0 and rng.random() < (min(1.0, drop / (1 - p)) if p < 1 else 0.0)
                 out[key][m] = 1.0 if flip else v
-    return as_run("planted", out), b
+    return as_run("planted", out, cand), b
 
 
 def shares(outcomes: list[str]) -> dict[str, float]:
@@ -277,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs-json", help="instead of --db: variants' per-prompt values from bench/answer_prob_pairs.py")
     parser.add_argument("--run", action="store_true", help="store the baseline and variants first (real runs)")
     parser.add_argument("--limit", type=int, default=None, help="with --run: prompts a task (default: all)")
+    parser.add_argument("--metrics", default="all", help="with --run: what the runs compute (evalkit run --metrics)")
     parser.add_argument("--baseline", help="the baseline run (without --run)")
     parser.add_argument("--benign", default="", help="benign candidates, comma-separated run refs")
     parser.add_argument("--worse", default="", help="clearly worse candidates, comma-separated run refs")
@@ -294,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --db or --pairs-json")
     pairs = json.loads(Path(args.pairs_json).read_text(encoding="utf-8")) if args.pairs_json else None
     if args.run:
-        ids = run_variants(args.db, args.limit)
+        ids = run_variants(args.db, args.limit, args.metrics)
         print("stored: " + ", ".join(f"{k} {v}" for k, v in ids.items()), file=sys.stderr)
         baseline = ids["q4_1"]
         benign_refs = {k: ids[k] for k in ("bf16", "int8-weight", "llamacpp") if k in ids}

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from evalkit.errors import BadInput
 from evalkit.kinds import EventSpace
 from evalkit.scoring import stats, textspace
+from evalkit.scoring.selection import NOT_COMPUTED
 from evalkit.store.db import open_reader
-from evalkit.store.queries import resolve_run
+from evalkit.store.queries import not_computed, resolve_run
 from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 
 ALL_TASKS = "all"  # the `task` of the overall rows
@@ -86,6 +87,9 @@ class Comparison:
     # B did not teacher-force A's responses
     by_position: list[dict] = field(default_factory=list)
     tokenizers: str | None = None  # how the runs' tokenizers were found the same or different
+    # per-sample metric -> why a run did not compute it, where one run has it and the other does not (or
+    # neither), read off the runs' `unavailable` (`evalkit run --metrics`, the engine): no delta, said plainly
+    not_computed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -144,16 +148,32 @@ def compare_many(db: str | os.PathLike | None, baseline: str, candidates: list[s
             keys, values = _paired_samples(con, base, b, metric_cols)
             if not keys:
                 raise BadInput(f"runs {base} and {b} share no prompts (same task and doc_id); nothing to compare")
-            pairs.append((b, keys, values, pair_topk(con, base, b), _dimensions(con, base, b)))
+            pairs.append((b, keys, values, pair_topk(con, base, b), _dimensions(con, base, b),
+                          _missing(base, not_computed(con, base), b, not_computed(con, b), values)))
             by_position[b] = _by_position(con, base, b)
         info = run_info(con, [base, *ids])
 
     comparisons = []
-    for b, keys, values, pairing, dims in pairs:
+    for b, keys, values, pairing, dims, missing in pairs:
         drift, note = drift_rows(keys, pairing)
         comparisons.append(Comparison(base, b, len(keys), drift, note, metric_deltas(keys, values, metric_cols),
-                                      dims, by_position[b], pairing.relation.why))
+                                      dims, by_position[b], pairing.relation.why, missing))
     return MultiComparison(base, info, comparisons)
+
+
+def _missing(a: str, why_a: dict[str, str], b: str, why_b: dict[str, str],
+             values: dict[str, list[tuple]]) -> dict[str, str]:
+    """{metric: "run X did not compute it (why)"} for the per-sample metrics a run did not compute whose
+    delta is therefore missing (no prompt has a value in both runs)."""
+    out = {}
+    for metric, pairs in values.items():
+        if any(_finite(va) and _finite(vb) for va, vb in pairs):
+            continue
+        said = [f"run {rid} did not compute it ({why.removeprefix(NOT_COMPUTED + ': ')})"
+                for rid, whys in ((a, why_a), (b, why_b)) if (why := whys.get(metric))]
+        if said:
+            out[metric] = "; ".join(said)
+    return out
 
 
 def run_info(con, ids: list[str]) -> dict[str, RunInfo]:

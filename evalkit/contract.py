@@ -24,10 +24,10 @@ DOC_KINDS = (FIRSTTOKEN, NEEDLE, CONFLICT)
 class FirstStepResult:
     """One greedy response and its first step, as a backend read it off the model."""
 
-    text: str  # the response, cut before its stop strings
+    text: str | None  # the response, cut before its stop strings; None: not generated (`--metrics`)
     first_token_id: int | None  # None: the response is empty (the model said eos first)
     first_token: str  # its text ("" when empty)
-    first_unit: str  # shortest prefix of tokens holding a whole non-space character
+    first_unit: str | None  # shortest prefix of tokens holding a whole non-space character; None: not generated
     topk: list[tuple[int, str, float]] = field(default_factory=list)  # (token id, text, logprob), likeliest first
     entropy: float | None = None  # full-vocabulary entropy in nats; None when the backend cannot know it
     metrics: dict[str, float] = field(default_factory=dict)  # distribution-level values, registry names
@@ -38,6 +38,9 @@ class FirstStepResult:
     # the greedy tokens after the prompt, eos excluded: the answer continuation where there is one,
     # else the response (what drift by position teacher-forces; docs/drift.md)
     token_ids: list[int] = field(default_factory=list)
+    # registry metrics the engine was told not to compute for this response (`evalkit run --metrics`,
+    # `scoring.selection`): never scored, NULL in the run, the run row saying why
+    skipped: tuple[str, ...] = ()
 
 
 class FirstStepText(str):
@@ -48,6 +51,8 @@ class FirstStepText(str):
 
     @classmethod
     def of(cls, result: FirstStepResult) -> FirstStepText:
+        if result.text is None:
+            raise ValueError("a generating task's response was not generated")
         text = cls(result.text)
         text.step = result
         return text
@@ -59,13 +64,16 @@ def doc_kind(doc: dict[str, Any]) -> str | None:
     return kind if kind in DOC_KINDS else None
 
 
-def response_text(resp: Any) -> str:
-    """The text of one response: a string, the first of N sampled strings, or a FirstStepResult's text.
+def response_text(resp: Any) -> str | None:
+    """The text of one response: a string, the first of N sampled strings, or a FirstStepResult's text
+    (None where the engine generated none: `evalkit run --metrics` skipped it).
 
     >>> response_text("Paris."), response_text(["a", "b"]), response_text(FirstStepResult("x", None, "", ""))
     ('Paris.', 'a', 'x')
     """
     if isinstance(resp, FirstStepResult):
+        if resp.text is None:
+            return None
         text = resp.text
     elif isinstance(resp, (list, tuple)):
         if not resp:

@@ -50,6 +50,8 @@ MIN_AUROC_CLASS: Final = 10
 DEFAULT_TEMPERATURE: Final = 0.8  # T of top3_mass@T (SPEC §1.4)
 # opener probability a prompt may leave unscored in the candidate trie (0: exact); ft_hit_prob is always exact
 DEFAULT_TOLERANCE: Final = 1e-4
+# what `evalkit run` computes (`--metrics`, `scoring.selection`): every metric; "gate" is what the gate reads
+DEFAULT_METRICS: Final = "all"
 DEFAULT_ANSWER_TOKENS: Final = 48  # how far a prompt with checkable answers is continued (answer_hit)
 DEFAULT_MAX_GEN_TOKS: Final = 256  # a response's length when its task sets no max_gen_toks (lm-eval's HFLM's)
 

@@ -34,6 +34,14 @@ MetricUnit = Literal["share", "probability", "nats", "bits", "difference", "auro
 Aggregation = Literal["mean", "difference of means", "mean over pairs", "mean over shared prompts", "auroc",
                       "ratio of means"]
 
+# what an engine computes for one prompt, in order (`evalkit run --metrics`, `scoring.selection`): the
+# prefill's first-step distribution; the candidate trie over the accepted answer starts, over the checkable
+# answers (answers_full), over the opener lexicon; the first unit of each likely first token; the greedy
+# response (the task's max_gen_toks); its longer continuation to answer_max_tokens (answer_hit)
+EnginePhase = Literal["first_step", "start_trie", "answer_trie", "opener_trie", "units", "response", "answer"]
+# the named metric sets of `evalkit run --metrics`: what the gate's default rules read | every metric
+MetricSet = Literal["gate", "all"]
+
 # --- the backends ---
 # `--kv-cache`: all keys | the newest W | S sinks + the newest W | fp8-rounded | group-quantized |
 # llama.cpp's own cache type (llamacpp only)
@@ -68,3 +76,5 @@ THRESHOLD_OPS: tuple[str, ...] = get_args(ThresholdOp)
 METRIC_LEVELS: tuple[str, ...] = get_args(MetricLevel)
 KV_POLICY_KINDS: tuple[str, ...] = get_args(KVPolicyKind)
 RUN_STATUSES: tuple[str, ...] = get_args(RunStatus)
+ENGINE_PHASES: tuple[str, ...] = get_args(EnginePhase)
+METRIC_SETS: tuple[str, ...] = get_args(MetricSet)

@@ -81,7 +81,7 @@ def test_cells_needed_counts_the_trie_of_every_candidate(default_model_available
     context = lm.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     doc = {"kind": "firsttoken", "prompt": "What is the capital of France?", "answers": ["Paris"]}
     ids = lm.eng.tokenize(context)
-    cands, _ = lm._candidates(doc)
+    cands = lm._candidates(doc).strings
     prefixes = set()
     for c in cands:
         toks = candidate_ids(lm.eng, context, c, ids)

@@ -67,6 +67,7 @@ EXPECTED_TABLES = {
         "batch_positions": "INTEGER",  # m025
         "trie_positions": "INTEGER",
         "memory_budget": "BIGINT",
+        "metric_selection": "VARCHAR",  # m026
     },
     "metrics": {
         "run_id": "VARCHAR",
@@ -123,6 +124,7 @@ EXPECTED_TABLES = {
         "conflict_pair": "VARCHAR",
         "conflict_order": "VARCHAR",
         "answer_prob": "DOUBLE",  # m020
+        "opener_start_mass": "DOUBLE",  # m026
     },
     "first_token_topk": {
         "run_id": "VARCHAR",

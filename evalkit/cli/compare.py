@@ -100,6 +100,7 @@ def _two(m, fmt) -> None:
     click.echo()
     click.echo("metric deltas B - A (paired bootstrap 95% CI)")
     click.echo(render(DELTA_COLUMNS, deltas, "table"))
+    _not_computed([c])
 
 
 def _sweep(m, fmt) -> None:
@@ -156,6 +157,18 @@ def _sweep(m, fmt) -> None:
     click.echo()
     click.echo("metric deltas run - baseline (paired bootstrap 95% CI)")
     click.echo(render(SWEEP_DELTA_COLUMNS, deltas, "table"))
+    _not_computed(m.comparisons)
+
+
+def _not_computed(comparisons) -> None:
+    """One line per metric that has no delta because a run did not compute it (`evalkit run --metrics`)."""
+    lines = dict.fromkeys(f"{metric}: not computed: {why}" for c in comparisons
+                          for metric, why in c.not_computed.items())
+    if lines:
+        click.echo()
+        click.echo("no delta (a run did not compute the metric):")
+        for line in lines:
+            click.echo(f"  {line}")
 
 
 def _by_position_table(comparisons) -> None:

@@ -6,7 +6,16 @@ import click
 
 from evalkit.cli.options import db_option, first_step_options, model_options, prompt_options, whole, whole_or_auto
 from evalkit.cli.output import lead_table, metric_table, next_steps
-from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, DEFAULT_MODEL, DEFAULT_SEED, DEFAULT_TOP_K, MIN_TOP_K
+from evalkit.defaults import (
+    BATCH_TOKENS,
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_METRICS,
+    DEFAULT_MODEL,
+    DEFAULT_SEED,
+    MAX_BATCH_SIZE,
+    DEFAULT_TOP_K,
+    MIN_TOP_K,
+)
 from evalkit.engines import model_help
 from evalkit.prompts.presets import LENGTH_PRESETS
 
@@ -62,6 +71,11 @@ def _csv_list(kind, presets=None):
               help="Needle depths in [0,1], 0 = the first sentence [default: 0,0.1,...,1].")
 @click.option("--include-path", type=click.Path(file_okay=False, exists=True), default=None,
               help="Extra folder of lm-eval task YAMLs.")
+@click.option("--metrics", default=DEFAULT_METRICS, show_default=True, metavar="gate|all|NAME,...",
+              help="What to compute: gate (what `evalkit gate`'s default rules read: the first-step "
+                   "distribution and the probabilities of the answers and openers, no decode: under a quarter "
+                   "of a full run's CPU time), all, or metric names (`evalkit metrics`). The engine skips the "
+                   "phases nothing selected reads; each skipped metric is NULL with its reason (docs/cli.md).")
 @click.option("--name", default=None, help="A label stored with the run.")
 @click.option("--resume", "resume_ref", default=None, metavar="RUN",
               help="Continue a stopped run (interrupted, abandoned, failed) from its journal: only its "
@@ -83,6 +97,7 @@ def run_command(**opts):
       evalkit run --tasks firsttoken
       evalkit run --tasks firsttoken_zh --template direct --limit 20
       evalkit run --tasks firsttoken --quant int8-dynamic --name int8
+      evalkit run --tasks firsttoken --limit 100 --metrics gate
       evalkit run --tasks firsttoken --quant bf16,int8-weight,int4-weight --limit 40
       evalkit run --tasks firsttoken --quant bf16,int8-weight,int4-weight --drift --limit 40
       evalkit run --tasks needle_en --kv-cache full,window:256,sinkwindow:4:256,fp8

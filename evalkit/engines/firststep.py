@@ -87,7 +87,19 @@ def candidate_ids(
 def first_ids(tokenizer, context: str, strings: Iterable[str]) -> set[int]:
     """The first token of each string tokenised in context (`candidate_ids`): the token a
     strict, token-level hit must start with (docs/metrics.md §1.1 `ft_token_hit`)."""
-    return {ids[0] for s in strings if (ids := candidate_ids(tokenizer, context, s))}
+    context_ids = _encode(tokenizer, context, False)
+    return {ids[0] for s in strings if (ids := candidate_ids(tokenizer, context, s, context_ids))}
+
+
+def start_mass(logprobs: torch.Tensor, token_ids: Iterable[int]) -> float:
+    """The first-step probability of the tokens `token_ids` (each counted once) under `logprobs` (V,):
+    `opener_start_mass` with the first tokens the lexicon's openers begin with in context (`first_ids`).
+
+    >>> round(start_mass(torch.log(torch.tensor([0.5, 0.3, 0.2])), [2, 0, 2]), 4)
+    0.7
+    """
+    ids = sorted({int(t) for t in token_ids})
+    return float(torch.exp(logprobs.detach().float().reshape(-1)[ids]).sum()) if ids else 0.0
 
 
 def opener_variants(entries: Iterable[str]) -> list[str]:

@@ -170,12 +170,15 @@ def attention_values(resp: Any) -> dict[str, float]:
 
 
 def process_results(doc, results) -> dict[str, float]:
-    return {"needle_recall": needle_recall(response_text(results[0]), doc["key"]), **attention_values(results[0])}
+    text = response_text(results[0])  # None: no response was generated (`--metrics`): needle_recall is NULL
+    recall = {} if text is None else {"needle_recall": needle_recall(text, doc["key"])}
+    return {**recall, **attention_values(results[0])}
 
 
 def process_conflict(doc, results) -> dict[str, float]:
-    pick = conflict_pick(response_text(results[0]), doc["first_key"], doc["last_key"])
-    return {**pick_values(pick), **attention_values(results[0])}
+    text = response_text(results[0])
+    return {**(pick_values(conflict_pick(text, doc["first_key"], doc["last_key"])) if text is not None else {}),
+            **attention_values(results[0])}
 
 
 def needle_metadata(cfg, template, lm) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from evalkit.errors import BadInput
 from evalkit.scoring.registry import RULE_SET_QUESTIONS
 from evalkit.store.db import db_path, now, open_reader
 from evalkit.store.promotions import GateRecord, add_tag, record_gate
-from evalkit.store.queries import resolve_run, shown_status
+from evalkit.store.queries import not_computed, resolve_run, shown_status
 from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 from evalkit.store.runs import transaction
 
@@ -102,7 +102,8 @@ def load_run_data(con, run_id: str):
     while batch := cur.fetchmany(10_000):
         for task, doc_id, *values in batch:
             samples[(task, doc_id)] = {m: v for m, v in zip(SAMPLE_METRIC_COLUMNS, values) if v is not None}
-    return RunData(run_id=run_id, metrics=metrics, samples=samples, intervals=intervals)
+    return RunData(run_id=run_id, metrics=metrics, samples=samples, intervals=intervals,
+                   not_computed=not_computed(con, run_id))
 
 
 def with_distances(con, cand, base):
@@ -131,7 +132,8 @@ def with_distances(con, cand, base):
                    for key, values in run.samples.items()}
         why = lacks.get(run.run_id)
         return RunData(run_id=run.run_id, metrics=run.metrics, samples=samples, intervals=run.intervals,
-                       lacks={m: why for m in DISTANCE_METRICS} if why else {}, pairing=pairing)
+                       lacks={m: why for m in DISTANCE_METRICS} if why else {}, pairing=pairing,
+                       not_computed=run.not_computed)
 
     return added(cand, cand.run_id == base.run_id), added(base, True)
 

@@ -49,6 +49,7 @@ from evalkit.release.rules import OPS, Regression, Rules, Threshold
 from evalkit.scoring import registry
 
 TWIN_WORDS = "left to its exact twin"  # how a row left to its twin begins (`_twins_speak`)
+NOT_COMPUTED_WORDS = "not computed"  # how a row on a metric a run did not compute begins (`_not_computed`)
 
 # the two-sided level of every interval; a fail is one-sided at ALPHA / 2 after Holm
 ALPHA = 0.05
@@ -67,6 +68,9 @@ class RunData:
     # pair metric -> why this run cannot have it against the other (no first-token top-k stored)
     lacks: dict[str, str] = field(default_factory=dict)
     pairing: Any = None  # compare.Pairing of the two runs' top-k (event space, K cut, tokenizers); None: not paired
+    # registry metric -> why the run did not compute it (the run row's `unavailable`: `evalkit run --metrics`
+    # skipped it, or its engine cannot); a rule on it is then "not computed", never a fail
+    not_computed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,12 @@ class Verdict:
                     " Under the default rules a 0/1 check its outcomes cannot decide at this size is left to its "
                     "exact, continuous twin on the same task when the twin passes (answer_hit to answer_prob); "
                     "such rows are marked skipped and say so." if any(r.reason.startswith(TWIN_WORDS) for r in self.rows)
-                    else ""))
+                    else "") + (
+                    f" {sum(r.reason.startswith(NOT_COMPUTED_WORDS) for r in self.rows)} rows read a metric a run "
+                    "did not compute (`evalkit run --metrics`, or its engine cannot): under the default rules such a "
+                    "row is left to the metric that stands for it (its exact twin, or its stand-in) where that "
+                    "passes, else it is inconclusive; it never fails." if any(
+                        r.reason.startswith(NOT_COMPUTED_WORDS) for r in self.rows) else ""))
 
 
 def _value(v: Any) -> float | None:
@@ -211,7 +220,11 @@ def decide(
         shared_by_task: dict[str, list[tuple[str, str]]] = {}
         for key in sorted(shared, key=lambda k: (str(k[0]), str(k[1]))):
             shared_by_task.setdefault(key[0], []).append(key)
-        for rule in rules.regressions:
+        use_twins = twins if twins is not None else rules is DEFAULT_RULES
+        regressions = list(rules.regressions)
+        if use_twins:  # a metric a run did not compute is checked through its stand-in, where both runs hold it
+            regressions += _stand_ins(regressions, candidate, baseline, cand_tasks, base_tasks)
+        for rule in regressions:
             if rule.task is not None:
                 tasks = [rule.task]
             else:
@@ -223,13 +236,14 @@ def decide(
                 rows.append(lacking(rule, None, rules))
                 continue
             if not tasks:
+                why = _not_computed(rule.metric, candidate, baseline)
                 rows.append(
                     VerdictRow(
                         kind="regression",
                         task=None,
                         metric=rule.metric,
-                        status="skipped",
-                        reason=f"neither run has metric {rule.metric!r}",
+                        status="inconclusive" if why else "skipped",
+                        reason=why or f"neither run has metric {rule.metric!r}",
                         margin=str(rule.margin),
                         higher_is_better=rules.is_higher_better(None, rule.metric),
                     )
@@ -280,6 +294,39 @@ def _lacking(metric: str, candidate: RunData, baseline: RunData):
     return row
 
 
+def _stand_ins(regressions: list[Regression], candidate: RunData, baseline: RunData,
+               cand_tasks: dict[str, set[str]], base_tasks: dict[str, set[str]]) -> list[Regression]:
+    """A regression on the registry's stand-in (opener_mass -> opener_start_mass, under its own margin) for
+    each rule whose metric a run did not compute, where both runs hold the stand-in's per-prompt values and
+    no rule checks it already (`evalkit run --metrics gate` computes the stand-in in the metric's place)."""
+    checked = {(r.task, r.metric) for r in regressions}
+    out: list[Regression] = []
+    for rule in regressions:
+        known = registry.get(rule.metric)
+        stand = known.stand_in if known else None
+        if stand is None or (rule.task, stand) in checked or not _not_computed(rule.metric, candidate, baseline):
+            continue
+        if stand in cand_tasks and stand in base_tasks:
+            out.append(Regression(stand, registry.METRICS[stand].margin, rule.task))  # type: ignore[arg-type]
+            checked.add((rule.task, stand))
+    return out
+
+
+def _speaker(metric: str, rows: list[VerdictRow]) -> str | None:
+    """The metric whose rows speak for a rule on `metric` that a run did not compute: its exact twin, the
+    twin's stand-in, or its own stand-in (`registry.gate_reads`'s order), the first that has rows."""
+    known = registry.get(metric)
+    if known is None:
+        return None
+    twin = registry.METRICS[known.twin] if known.twin else None
+    have = {r.metric for r in rows if r.kind == "regression" and r.status != "skipped"
+            and not r.reason.startswith(NOT_COMPUTED_WORDS)}
+    for name in (twin.name if twin else None, twin.stand_in if twin else None, known.stand_in):
+        if name and name in have:
+            return name
+    return None
+
+
 def _twins_speak(rows: list[VerdictRow]) -> list[VerdictRow]:
     """An inconclusive 0/1 regression whose exact twin (registry ``twin``) passes on the same task
     becomes ``skipped``: the twin's pass speaks for it, and the row says so. (A failing twin fails
@@ -288,8 +335,20 @@ def _twins_speak(rows: list[VerdictRow]) -> list[VerdictRow]:
     out = []
     for r in rows:
         known = registry.get(r.metric)
-        twin = decided.get((r.task, known.twin)) if known and known.twin else None
-        if r.kind == "regression" and r.status == "inconclusive" and twin is not None:
+        twin_name = known.twin if known else None
+        twin = decided.get((r.task, twin_name)) if twin_name else None
+        if r.kind == "regression" and r.status == "inconclusive" and r.reason.startswith(NOT_COMPUTED_WORDS):
+            # not computed (`evalkit run --metrics gate` computes its twin or stand-in in its place): their
+            # rows speak for it where every one of them passes, on this task or (task None) on every task
+            speaker = _speaker(r.metric, rows)
+            theirs = [t for t in rows if t.kind == "regression" and t.metric == speaker
+                      and (r.task is None or t.task == r.task)] if speaker else []
+            if theirs and all(t.status == "pass" for t in theirs):
+                where = "on this task" if r.task else f"on every task ({len(theirs)})"
+                word = "exact twin" if speaker == twin_name else "stand-in"
+                r = replace(r, status="skipped", reason=f"{r.reason}; its {word} {speaker} passes {where} "
+                                                        "and speaks for it")
+        elif r.kind == "regression" and r.status == "inconclusive" and twin is not None:
             r = replace(r, status="skipped", reason=(
                 f"{TWIN_WORDS} {twin.metric}, which passes on this task: {r.metric}'s 0/1 "
                 f"outcomes cannot decide at this size ({r.reason})"))
@@ -333,13 +392,14 @@ def _check_threshold(candidate: RunData, rule: Threshold, rules: Rules, tests: d
     else:
         tasks = sorted(t for (t, m) in candidate.metrics if m == rule.metric)
     if not tasks:
+        why = _not_computed(rule.metric, candidate)
         return [
             VerdictRow(
                 kind="threshold",
                 task=None,
                 metric=rule.metric,
-                status="fail",
-                reason=f"metric missing: run {candidate.run_id} has no {rule.metric!r} in any task",
+                status="inconclusive" if why else "fail",
+                reason=why or f"metric missing: run {candidate.run_id} has no {rule.metric!r} in any task",
                 op=rule.op,
                 limit=rule.value,
                 higher_is_better=rules.is_higher_better(None, rule.metric),
@@ -356,10 +416,11 @@ def _check_threshold(candidate: RunData, rule: Threshold, rules: Rules, tests: d
             higher_is_better=rules.is_higher_better(task, rule.metric),
         )
         if (task, rule.metric) not in candidate.metrics:
+            why = _not_computed(rule.metric, candidate)
             out.append(
                 VerdictRow(
-                    status="fail",
-                    reason=f"metric missing: run {candidate.run_id} has no {rule.metric!r} for task {task!r}",
+                    status="inconclusive" if why else "fail",
+                    reason=why or f"metric missing: run {candidate.run_id} has no {rule.metric!r} for task {task!r}",
                     **common,
                 )
             )
@@ -436,6 +497,9 @@ def _check_regression(
     lacking = _lacking(rule.metric, candidate, baseline)
     if lacking:
         return lacking(rule, task, rules)
+    why = _not_computed(rule.metric, *([candidate] if not in_cand else []), *([baseline] if not in_base else []))
+    if why and not (in_cand and in_base):
+        return VerdictRow(status="inconclusive", reason=why, **common)
     if not in_cand and not in_base:
         return VerdictRow(
             status="skipped", reason=f"neither run has metric {rule.metric!r} for this task", **common
@@ -483,6 +547,24 @@ def _check_regression(
         status=t.status, reason=_test_reason(word, t, _margin_text(t.limit, rule)),
         observed=_mean(cand_vals), baseline=_mean(base_vals), drop=t.estimate, ci=(t.lo, t.hi), n=t.n,
         method=t.method, p_fail=t.p_fail, decide_n=t.decide_n, **common)
+
+
+def _not_computed(metric: str, *runs: RunData) -> str | None:
+    """A rule's plain reason when a run did not compute its metric (`RunData.not_computed`: `evalkit run
+    --metrics` skipped it, or its engine cannot), naming each such run; None when every run computed it.
+
+    >>> a = RunData("a", {}, {}, not_computed={"ft_hit": "not computed: --metrics gate skips the greedy response"})
+    >>> _not_computed("ft_hit", a, RunData("b", {}, {}))
+    "not computed: run a did not compute 'ft_hit' (--metrics gate skips the greedy response)"
+    """
+    known = registry.get(metric)
+    name = known.name if known else metric
+    said = [(run.run_id, why) for run in runs if (why := run.not_computed.get(name)) is not None]
+    if not said:
+        return None
+    whys = "; ".join(f"run {rid} did not compute {metric!r} ({why.removeprefix(NOT_COMPUTED_WORDS + ': ')})"
+                     for rid, why in said)
+    return f"{NOT_COMPUTED_WORDS}: {whys}"
 
 
 def _margin_text(limit: float, rule: Regression) -> str:

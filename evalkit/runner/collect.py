@@ -138,7 +138,7 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                 "first_token": fields.get("first_token"),
                 "first_token_id": fields.get("first_token_id"),
                 "first_unit": fields.get("first_unit"),
-                "ft_outcome": ft_outcome(values) if kind == FIRSTTOKEN else None,
+                "ft_outcome": ft_outcome(values) if kind == FIRSTTOKEN and values.get("ft_hit") is not None else None,
                 "lang": doc.get("lang"),
                 "category": doc.get("category"),
                 "needle_depth": doc.get("depth") if needle else None,

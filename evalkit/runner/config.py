@@ -25,6 +25,7 @@ from evalkit.engines.resolve import ModelPlan, resolve
 from evalkit.defaults import (
     AUTO_BATCH,
     DEFAULT_BATCH_SIZE,
+    DEFAULT_METRICS,
     DEFAULT_MODEL,
     DEFAULT_SEED,
     DEFAULT_TEMPERATURE,
@@ -37,6 +38,7 @@ from evalkit.errors import BadInput
 from evalkit.prompts import catalog
 from evalkit.prompts.templates import Template, get_template
 from evalkit.scoring.lexicon import Lexicon, load_lexicon
+from evalkit.scoring.selection import Selection
 
 INT32_MAX = 2**31 - 1  # INTEGER columns (seed, batch_size, sample_limit, top_k, needle_length)
 MAX_BATCH = MAX_BATCH_SIZE
@@ -74,6 +76,7 @@ class RunConfig:
     # base run (id, prefix, latest, tag:NAME) that kept its distributions; None: no drift pass
     drift_base: str | None = None
     keep_distributions: bool = False  # store this run's compact distributions as a drift base
+    metrics: str = DEFAULT_METRICS  # --metrics as given: gate, all, or metric names (`scoring.selection`)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, ensure_ascii=False)
@@ -89,6 +92,7 @@ class RunPlan:
     lexicon: Lexicon
     tasks: list[str]  # lm-eval task and group names, in the order asked (`--prompts` adds its task)
     prompts: list[dict] | None  # the `--prompts` file's docs
+    selection: Selection  # what the run computes (--metrics)
 
     @property
     def has_needle(self) -> bool:
@@ -208,11 +212,29 @@ def _check_tasks(cfg: RunConfig) -> list[str]:
     return names
 
 
+def check_selection(cfg: RunConfig) -> Selection:
+    """`--metrics` read against the registry (an unknown name is BadInput listing the known ones), and
+    refused beside an option that reads what it skips: drift by position teacher-forces the greedy
+    responses, which a selection without the decode does not generate."""
+    from evalkit.scoring import selection
+
+    chosen = selection.parse(cfg.metrics)
+    if cfg.drift_base is not None or cfg.keep_distributions:
+        option = "--keep-distributions" if cfg.drift_base is None else "--drift" if cfg.drift_base == "first" \
+            else "--drift-base"
+        lacking = [m for m in ("drift_kld@0",) if not chosen.computes(m)]
+        if lacking:
+            raise BadInput(f"{option} reads the greedy responses, which --metrics {chosen.spec} does not generate; "
+                           f"add {lacking[0]} to --metrics, or leave --metrics at all")
+    return chosen
+
+
 def plan_run(cfg: RunConfig) -> RunPlan:
     """Check everything that needs no model, and resolve the run; raises BadInput, writes nothing."""
     from evalkit.store.db import check_writable
 
     _check_numbers(cfg)
+    chosen = check_selection(cfg)
     if cfg.name is not None:
         cfg.name = check_run_name(cfg.name)
     template = get_template(cfg.template, cfg.templates_file)
@@ -231,4 +253,5 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     from evalkit.prompts import lm_eval_tasks
 
     lm_eval_tasks.check_data(lm_eval_tasks.not_evalkits(tasks, cfg.include_path))  # their datasets load
-    return RunPlan(cfg=cfg, model=model, template=template, lexicon=lexicon, tasks=tasks, prompts=prompts)
+    return RunPlan(cfg=cfg, model=model, template=template, lexicon=lexicon, tasks=tasks, prompts=prompts,
+                   selection=chosen)

@@ -122,10 +122,42 @@ def attn_implementation(plan: RunPlan, lm) -> str | None:
     return implementation(getattr(lm, "model", None))
 
 
-def _unavailable(lm: Any) -> str | None:
-    """The metrics the loaded engine cannot compute, with why (`lm.unavailable`), as JSON; None: none."""
-    found = getattr(lm, "unavailable", None)
-    return json.dumps(found, sort_keys=True) if isinstance(found, dict) and found else None
+def doc_kinds(plan: RunPlan) -> set[str | None]:
+    """The kinds of document the run's tasks hold (`contract.DOC_KINDS`; None: lm-eval's own tasks)."""
+    from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE
+    from evalkit.prompts import lm_eval_tasks
+
+    others = set(lm_eval_tasks.not_evalkits(plan.tasks, plan.cfg.include_path))
+    return {None if t in others else CONFLICT if t.startswith("needle_conflict") else NEEDLE
+            if t.startswith("needle") else FIRSTTOKEN for t in plan.tasks}
+
+
+def _unavailable(plan: RunPlan, lm: Any) -> str | None:
+    """The metrics of the run's tasks it does not compute, with why, as JSON {metric: reason}; None: none.
+    Those `--metrics` skipped (`Selection.skipped`, reasons beginning "not computed"), and those the loaded
+    engine cannot compute (`lm.unavailable`)."""
+    from evalkit.scoring import registry
+
+    kinds = doc_kinds(plan)
+    found = {m: why for m, why in plan.selection.skipped().items() if registry.METRICS[m].doc in kinds}
+    engine = getattr(lm, "unavailable", None)
+    if isinstance(engine, dict):
+        found.update(engine)
+    return json.dumps(found, sort_keys=True) if found else None
+
+
+def select_metrics(plan: RunPlan, lm: Any) -> RunPlan:
+    """Tell the loaded engine what to compute (`lm.select`, `evalkit run --metrics`); an engine that cannot
+    skip anything computes every metric, which the run then records (`all`), saying so on stderr."""
+    from evalkit.scoring.selection import EVERYTHING
+
+    if callable(getattr(lm, "select", None)):
+        lm.select(plan.selection)
+        return plan
+    if not plan.selection.everything:
+        print(f"evalkit: note: the {plan.model.engine or plan.cfg.model} engine computes every metric; "
+              f"--metrics {plan.selection.spec} is recorded as all", file=sys.stderr, flush=True)
+    return replace(plan, selection=EVERYTHING)
 
 
 def _whole_or_none(value: Any) -> int | None:
@@ -180,7 +212,8 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "attention": cfg.attention,
         "attn_implementation": attn_implementation(plan, lm),
         "engine": model.engine,
-        "unavailable": _unavailable(lm),
+        "unavailable": _unavailable(plan, lm),
+        "metric_selection": plan.selection.spec,
         **_tokenizer(lm),
         **_versions(),
         **rows.this_process(),
@@ -281,6 +314,7 @@ def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
     """
     cfg = plan.cfg
     check_against_model(plan, lm)
+    plan = select_metrics(plan, lm)
 
     writer = is_main_rank()
     run_id = resumed.run_id if resumed else new_run_id()

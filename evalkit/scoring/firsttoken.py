@@ -150,19 +150,25 @@ def score(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> dict[str, f
     """
     starts = list(doc.get("answers") or [])
     text = response_text(resp)
-    values: dict[str, float] = {"ft_hit": ft_hit(text, starts), "opener_rate": opener_rate(text, openers)}
+    skipped = set(resp.skipped) if isinstance(resp, FirstStepResult) else set()
+    if text is None and not {"ft_hit", "opener_rate"} <= skipped:  # only a selection may leave out the response
+        raise TypeError("a response without text must name the metrics it leaves uncomputed (skipped)")
+    values: dict[str, float] = {}
+    if text is not None:
+        values.update(ft_hit=ft_hit(text, starts), opener_rate=opener_rate(text, openers))
     if isinstance(resp, (list, tuple)):
         share = top3_share(first_unit_text(s) for s in resp)
         values["top3_share"] = share
         values["unstable"] = unstable(share)
     if isinstance(resp, FirstStepResult):
         values.update({k: float(v) for k, v in resp.metrics.items() if v is not None})
-    if doc.get("answers_full"):  # docs/metrics.md §1.7: is the whole answer right?
+    if doc.get("answers_full") and "answer_hit" not in skipped:  # docs/metrics.md §1.7: is the whole answer right?
         answer = resp.answer_text if isinstance(resp, FirstStepResult) and resp.answer_text is not None else text
-        values["answer_hit"] = answer_hit(answer, doc["answers_full"])
-        if "ft_token_hit" in values:
-            values["ft_answer_mismatch"] = float(values["ft_token_hit"] != values["answer_hit"])
-    return values
+        if answer is not None:
+            values["answer_hit"] = answer_hit(answer, doc["answers_full"])
+            if "ft_token_hit" in values:
+                values["ft_answer_mismatch"] = float(values["ft_token_hit"] != values["answer_hit"])
+    return {k: v for k, v in values.items() if k not in skipped}  # a skipped metric is NULL, never a value
 
 
 def stored_fields(resp: Any) -> dict[str, Any]:
@@ -172,7 +178,7 @@ def stored_fields(resp: Any) -> dict[str, Any]:
     {'response': 'Sure, Paris.', 'first_unit': 'sure'}
     """
     text = response_text(resp)
-    if isinstance(resp, FirstStepResult):
+    if isinstance(resp, FirstStepResult):  # text and first_unit None where no response was generated
         return {"response": text, "first_unit": resp.first_unit, "first_token": resp.first_token,
                 "first_token_id": resp.first_token_id, "topk": resp.topk, "units": resp.units, "answer": resp.answer_text}
-    return {"response": text, "first_unit": first_unit_text(text)}
+    return {"response": text, "first_unit": first_unit_text(text) if text is not None else None}

@@ -29,8 +29,9 @@ from __future__ import annotations
 import difflib
 from dataclasses import asdict, dataclass
 
+from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE
 from evalkit.defaults import MIDDLE_BAND, SINK_EPSILON, SINK_TOKENS, UNSTABLE_BELOW
-from evalkit.kinds import METRIC_LEVELS, RULE_SETS, Aggregation, MarginKind, MetricLevel, MetricUnit
+from evalkit.kinds import METRIC_LEVELS, RULE_SETS, Aggregation, EnginePhase, MarginKind, MetricLevel, MetricUnit
 
 LEVELS = METRIC_LEVELS  # kinds.MetricLevel, in this order
 
@@ -73,6 +74,13 @@ class Metric:
     # a 0/1 metric's exact, continuous twin (answer_hit -> answer_prob): under the default rules its
     # decided row speaks for this one's where the 0/1 outcomes cannot decide at the run's size
     twin: str | None = None
+    # a cheaper metric `evalkit run --metrics gate` computes in its place (opener_mass -> opener_start_mass):
+    # where a run did not compute this one, the default rules check the stand-in under its own margin
+    stand_in: str | None = None
+    # the engine phases its value is read off (`evalkit run --metrics` runs only those a selected metric
+    # reads; `scoring.selection`): one skipped, the metric is NULL with the reason
+    reads: tuple[EnginePhase, ...] = ("first_step",)
+    doc: str | None = FIRSTTOKEN  # the kind of document it is scored on (`contract.DOC_KINDS`); None: any
 
     @property
     def arrow(self) -> str:
@@ -93,23 +101,29 @@ class Metric:
 
 _METRICS = (  # in the order the report and `evalkit metrics` list them
     Metric("ft_hit", "text", True, "the response's first word (first k characters for CJK) is an accepted answer start",
-           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="ft_hit_prob"),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="ft_hit_prob", reads=("response",)),
     Metric("ft_hit_prob", "distribution", True,
            "P(response begins with an accepted start): teacher-forced product over its tokens in context, "
            "summed over the starts", unit="probability", per_sample=True,
            margin=Margin("relative", 0.15, "its scale depends on the model (0.07 en / 0.01 zh on the default model, "
                          "0.5 and more on larger ones): keeping 85 % of the baseline's mass means the same at every "
                          "scale; int8 weight-only, a change users accept, loses 3-5 % of it, 10 % left it "
-                         "undecided at 100 prompts a task (docs/gate.md)")),
+                         "undecided at 100 prompts a task (docs/gate.md)"), reads=("start_trie",)),
     Metric("ft_token_hit", "distribution", True,
            "the most likely first token is the first token of an accepted start", per_sample=True, binary=True,
-           margin=_SHARE_MARGIN),
+           margin=_SHARE_MARGIN, reads=("start_trie",)),
     Metric("opener_rate", "text", False, "the response begins with an entry of the opener lexicon (Sure, 好的 ...)",
-           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="opener_mass"),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="opener_mass", reads=("response",)),
     Metric("opener_mass", "distribution", False,
            "P(response begins with an opener of the lexicon), summed over the entries", unit="probability",
            per_sample=True, margin=Margin("relative", 0.25, "a small probability (0-0.05 on the default model): "
-                                          "an absolute margin either never fires or fires on noise")),
+                                          "an absolute margin either never fires or fires on noise"),
+           reads=("opener_trie",), stand_in="opener_start_mass"),
+    Metric("opener_start_mass", "distribution", False,
+           "first-step probability of the tokens a lexicon opener begins with (in context): an upper bound on "
+           "opener_mass from the prefill alone, what --metrics gate reads in its place", unit="probability",
+           per_sample=True, margin=Margin("relative", 0.25, "as opener_mass's: a probability whose scale depends "
+                                          "on the model and the language (docs/gate.md calibrates it)")),
     Metric("prior_drift", "distribution", False,
            "1 - JSD2(first-token distribution, content-free prior): 1 = the prompt changed nothing",
            unit="probability", per_sample=True,
@@ -119,7 +133,7 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            "mass of the 3 most likely first tokens at temperature T (the exact 'sample it 20 times' test)",
            unit="probability", per_sample=True),
     Metric("top3_share", "sampled", True, "share of the 3 most frequent first units among N samples at T",
-           per_sample=True),
+           per_sample=True, reads=("response",)),
     Metric("unstable", "distribution", False, f"top3_mass (or the sampled top3_share) is below {UNSTABLE_BELOW:.2f}",
            per_sample=True, binary=True),
     Metric("entropy", "distribution", False, "entropy of the whole first-token distribution",
@@ -128,7 +142,7 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            per_sample=True),
     Metric("answer_hit", "text", True,
            "the whole answer is right: a checkable answer (answers_full) occurs in the greedy continuation",
-           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="answer_prob"),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="answer_prob", reads=("answer",)),
     Metric("answer_prob", "distribution", True,
            "P(response begins with a checkable answer, answers_full): teacher-forced product over its tokens "
            "in context, summed over the answers; the exact, continuous twin of answer_hit", unit="probability",
@@ -136,72 +150,79 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            margin=Margin("relative", 0.20, "a probability whose scale depends on the model, and a product over "
                          "the answer's several tokens, so per-token changes compound: int8 weight-only loses 6-10 % "
                          "of it; exact per prompt, so a benign change decides at 100 prompts a task where "
-                         "answer_hit's 0/1 outcomes cannot (docs/gate.md)")),
+                         "answer_hit's 0/1 outcomes cannot (docs/gate.md)"), reads=("answer_trie",)),
     Metric("ft_answer_mismatch", "distribution", False,
            "the first token and the whole answer disagree: ft_token_hit differs from answer_hit",
-           per_sample=True, binary=True),
+           per_sample=True, binary=True, reads=("start_trie", "answer")),
     Metric("lead_auroc.{S}", "derived", True,
            "AUROC of first-token signal S against answer_hit over the checkable prompts: does the first "
-           "token predict the answer? (0.5 = no better than chance)", unit="auroc", aggregation="auroc"),
+           "token predict the answer? (0.5 = no better than chance)", unit="auroc", aggregation="auroc",
+           reads=("answer",)),
     Metric("needle_recall", "needle", True,
            "the needle's key appears in the response (digits, separators, width and case normalised)",
-           per_sample=True, binary=True, margin=_SHARE_MARGIN),
-    Metric("needle_recall@depth{D}", "derived", True, "needle_recall of the documents with the needle at depth D"),
-    Metric("needle_recall@len{L}", "derived", True, "needle_recall of the documents of L tokens"),
+           per_sample=True, binary=True, margin=_SHARE_MARGIN, reads=("response",), doc=NEEDLE),
+    Metric("needle_recall@depth{D}", "derived", True, "needle_recall of the documents with the needle at depth D",
+           reads=("response",), doc=NEEDLE),
+    Metric("needle_recall@len{L}", "derived", True, "needle_recall of the documents of L tokens",
+           reads=("response",), doc=NEEDLE),
     Metric("start_gap", "derived", False,
            "mean recall at depths 0.25-1 minus recall at depth 0: positive = the first sentence is what gets lost",
-           unit="difference", aggregation="difference of means", lo=-1.0),
+           unit="difference", aggregation="difference of means", lo=-1.0, reads=("response",), doc=NEEDLE),
     Metric("start_gap@len{L}", "derived", False, "start_gap of the documents of L tokens",
-           unit="difference", aggregation="difference of means", lo=-1.0),
+           unit="difference", aggregation="difference of means", lo=-1.0, reads=("response",), doc=NEEDLE),
     Metric("middle_gap", "derived", False,
            f"recall at depths 0 and 1 minus recall at depths {MIDDLE_BAND[0]}-{MIDDLE_BAND[1]}: positive = lost in the middle",
-           unit="difference", aggregation="difference of means", lo=-1.0),
+           unit="difference", aggregation="difference of means", lo=-1.0, reads=("response",), doc=NEEDLE),
     Metric("sink_rate", "attention", None,
            f"share of (layer, head) pairs whose first-token importance over the first {SINK_TOKENS} prompt tokens "
            f"exceeds {SINK_EPSILON} "
-           "(Gu et al. 2025, Sink1)", per_sample=True),
+           "(Gu et al. 2025, Sink1)", per_sample=True, doc=None),
     Metric("needle_attn", "attention", True,
            "attention mass the last prompt position puts on the needle sentence, mean over heads and layers",
-           unit="probability", per_sample=True),
+           unit="probability", per_sample=True, doc=NEEDLE),
     Metric("question_attn", "attention", True,
            "attention mass the last prompt position puts on the question inside the template, mean over heads "
            "and layers", unit="probability", per_sample=True),
     Metric("first_wins", "conflict", None, "the response gives the first sentence's value and not the last's",
-           per_sample=True, binary=True),
+           per_sample=True, binary=True, reads=("response",), doc=CONFLICT),
     Metric("last_wins", "conflict", None, "the response gives the last sentence's value and not the first's",
-           per_sample=True, binary=True),
-    Metric("conflict_both", "conflict", None, "the response gives both values", per_sample=True, binary=True),
+           per_sample=True, binary=True, reads=("response",), doc=CONFLICT),
+    Metric("conflict_both", "conflict", None, "the response gives both values", per_sample=True, binary=True,
+           reads=("response",), doc=CONFLICT),
     Metric("recency_index", "derived", None, "last_wins - first_wins: +1 the end always wins, -1 the start always wins",
-           unit="difference", aggregation="difference of means", lo=-1.0),
+           unit="difference", aggregation="difference of means", lo=-1.0, reads=("response",), doc=CONFLICT),
     Metric("order_flip_rate", "derived", False,
            "share of value pairs whose answer changes when the two sentences swap places",
-           aggregation="mean over pairs"),
-    Metric("first_wins@len{L}", "derived", None, "first_wins of the conflict documents of L tokens"),
-    Metric("last_wins@len{L}", "derived", None, "last_wins of the conflict documents of L tokens"),
+           aggregation="mean over pairs", reads=("response",), doc=CONFLICT),
+    Metric("first_wins@len{L}", "derived", None, "first_wins of the conflict documents of L tokens",
+           reads=("response",), doc=CONFLICT),
+    Metric("last_wins@len{L}", "derived", None, "last_wins of the conflict documents of L tokens",
+           reads=("response",), doc=CONFLICT),
     Metric("recency_index@len{L}", "derived", None, "recency_index of the conflict documents of L tokens",
-           unit="difference", aggregation="difference of means", lo=-1.0),
+           unit="difference", aggregation="difference of means", lo=-1.0, reads=("response",), doc=CONFLICT),
     Metric("order_flip_rate@len{L}", "derived", False, "order_flip_rate of the conflict documents of L tokens",
-           aggregation="mean over pairs"),
+           aggregation="mean over pairs", reads=("response",), doc=CONFLICT),
     Metric("top5_mass", "pair", True, "mass of the 5 most likely first tokens of each run", unit="probability",
-           aggregation="mean over shared prompts"),
+           aggregation="mean over shared prompts", doc=None),
     Metric("top5_overlap", "pair", True, "|top-5 of A and top-5 of B| / 5 (across tokenizers: of the top-5 "
-           "first-character events)", aggregation="mean over shared prompts"),
+           "first-character events)", aggregation="mean over shared prompts", doc=None),
     Metric("js_div", "pair", False, "Jensen-Shannon divergence of the two first-token distributions (by token id "
            "on one tokenizer, over the first character each token adds across tokenizers)",
            unit="bits", aggregation="mean over shared prompts",
            margin=Margin("delta", 0.02, "a distance on a fixed 0-1 scale (bits): benign changes of the default model "
                          "measure 0.002-0.008 (bf16, int8 weight-only, the same GGUF on llama.cpp), a broken one "
                          "(int8-dynamic) 0.085-0.095; it catches a candidate that changes much in no one direction, "
-                         "which a drop of a mean cannot see")),
+                         "which a drop of a mean cannot see"), doc=None),
     Metric("flip_rate", "pair", False, "share of shared prompts whose most likely first token (across "
            "tokenizers: first-character event) differs",
-           aggregation="mean over shared prompts"),
+           aggregation="mean over shared prompts", doc=None),
     Metric("drift_kld@0", "pair", False,
            "KL(base || run) in nats at the first response token, the run teacher-forcing the base's greedy "
-           "response (docs/drift.md)", unit="nats", hi=None),
+           "response (docs/drift.md)", unit="nats", hi=None, reads=("response", "answer"), doc=None),
     Metric("drift_first_ratio", "pair", None,
            "mean KLD from the base at the first response token / mean KLD at the later ones: > 1 = the "
-           "first token drifts most (docs/drift.md)", unit="ratio", aggregation="ratio of means", hi=None),
+           "first token drifts most (docs/drift.md)", unit="ratio", aggregation="ratio of means", hi=None,
+           reads=("response", "answer"), doc=None),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _METRICS}
@@ -225,7 +246,28 @@ RULE_SET_QUESTIONS: dict[str, str] = {
 DISTANCE_METRICS = ("js_div",)
 assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric without a default margin"
 assert tuple(RULE_SET_METRICS) == RULE_SETS == tuple(RULE_SET_QUESTIONS), "a rule set without its metrics or question"
+
+
+# what `evalkit run --metrics gate` computes: what the default rules read. A 0/1 headline metric is read
+# through its exact twin (the default rules leave its row to the twin's where its 0/1 outcomes cannot
+# decide, `release.decide._twins_speak`), whose probabilities need no decode; tests/test_metric_selection.py
+# holds this to `release.rules.DEFAULT_RULES`
+def gate_reads(name: str) -> str:
+    """The metric `--metrics gate` computes for a default rule on `name`: its exact twin (a 0/1 metric's),
+    and a stand-in's in place of a metric whose computation the gate cannot afford.
+
+    >>> gate_reads("ft_hit"), gate_reads("opener_rate"), gate_reads("js_div")
+    ('ft_hit_prob', 'opener_start_mass', 'js_div')
+    """
+    metric = METRICS[name]
+    if metric.twin:
+        return gate_reads(metric.twin)
+    return metric.stand_in or name
+
+
+GATE_METRICS = tuple(dict.fromkeys(gate_reads(m) for m in HEADLINE_METRICS))
 assert all(METRICS[t].per_sample and not METRICS[t].binary for m in METRICS.values() if (t := m.twin)), "a bad twin"
+assert all(METRICS[t].per_sample and METRICS[t].margin for m in METRICS.values() if (t := m.stand_in)), "a bad stand-in"
 _FAMILIES = {m.family: m for m in _METRICS if m.family}
 
 # first-token signals whose AUROC against answer_hit is reported (lead_auroc.{S}), in table order

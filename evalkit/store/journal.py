@@ -91,7 +91,7 @@ def encode(result: FirstStepResult) -> dict[str, Any]:
         "first_unit": result.first_unit, "topk": [list(t) for t in result.topk], "entropy": result.entropy,
         "metrics": result.metrics, "answer_text": result.answer_text,
         "units": [[int(k), v] for k, v in result.units.items()], "layers": result.layers,
-        "token_ids": [int(t) for t in result.token_ids],
+        "token_ids": [int(t) for t in result.token_ids], "skipped": list(result.skipped),
     }
 
 
@@ -101,7 +101,7 @@ def decode(data: dict[str, Any]) -> FirstStepResult:
         first_unit=data["first_unit"], topk=[(int(i), str(t), float(lp)) for i, t, lp in data["topk"]],
         entropy=data["entropy"], metrics=dict(data["metrics"]), answer_text=data["answer_text"],
         units={int(k): v for k, v in data["units"]}, layers={k: list(v) for k, v in data["layers"].items()},
-        token_ids=[int(t) for t in data["token_ids"]],
+        token_ids=[int(t) for t in data["token_ids"]], skipped=tuple(data.get("skipped") or ()),
     )
 
 

@@ -745,6 +745,17 @@ def m025_run_caps(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN memory_budget BIGINT")
 
 
+def m026_metric_selection(con: duckdb.DuckDBPyConnection) -> None:
+    # What a run computed (`evalkit run --metrics gate|all|NAME,...`): the selection as given. The metrics
+    # it skipped are NULL in every sample, each with its reason in `unavailable` (which also holds what the
+    # engine could not compute). Runs from before it computed every metric they could: 'all'.
+    # `opener_start_mass` (docs/metrics.md §1.2): the first-step mass of the openers' first tokens, what
+    # `--metrics gate` computes in opener_mass's place; runs from before it hold NULL.
+    con.execute("ALTER TABLE runs ADD COLUMN metric_selection VARCHAR")
+    con.execute("UPDATE runs SET metric_selection = 'all'")
+    con.execute("ALTER TABLE samples ADD COLUMN opener_start_mass DOUBLE")
+
+
 MIGRATIONS: list[Migration] = [
     m001_create_runs,
     m002_create_metrics,
@@ -773,4 +784,5 @@ MIGRATIONS: list[Migration] = [
     m023_tag_history,
     m024_gates,
     m025_run_caps,
+    m026_metric_selection,
 ]

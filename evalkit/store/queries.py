@@ -145,7 +145,7 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
             "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
             "engine, quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, batch_size, "
             "batch_positions, trie_positions, memory_budget, first_temperature, "
-            "ban_openers, unavailable, "
+            "ban_openers, metric_selection, unavailable, "
             "attention, attn_implementation, opener_lexicon_version, model_fingerprint, tokenizer_hash, tokenizer_source, "
             "lm_eval_version, git_commit, "
             "host, pid, error FROM runs WHERE id = ?",
@@ -178,3 +178,16 @@ def needle_cells(path, ref: str) -> tuple[str, list[dict[str, Any]]]:
         return run_id, [dict(zip(cols, r)) for r in cur.fetchall()]
 
     return _read(path, q)
+
+
+def not_computed(con, run_id: str) -> dict[str, str]:
+    """{metric: why} of what the run did not compute (its row's `unavailable`: what `evalkit run --metrics`
+    skipped, what its engine cannot compute); {} when it computed everything."""
+    import json
+
+    (text,) = con.execute("SELECT unavailable FROM runs WHERE id = ?", [run_id]).fetchone()
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}

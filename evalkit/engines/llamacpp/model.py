@@ -44,8 +44,9 @@ from evalkit.defaults import (
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_strings, unstable
+from evalkit.scoring.firsttoken import answer_prob, unstable
 from evalkit.scoring.lexicon import load_lexicon
+from evalkit.scoring.selection import EVERYTHING, Candidates, Selection, candidates
 from evalkit.scoring.text import drop_covered
 
 
@@ -73,6 +74,12 @@ class EvalkitLlamaCpp(TemplateLM):
     llama.cpp server gets: llama.cpp's kernels round differently for other batch shapes)."""
 
     journal = None  # store.journal.Journal | None, set by the runner: greedy batches replay from it (--resume)
+    selection: Selection = EVERYTHING  # what to compute (`select`, `evalkit run --metrics`)
+    skipped: tuple[str, ...] = ()  # the registry metrics the selection leaves uncomputed
+
+    def select(self, chosen: Selection) -> None:
+        """Compute only what `chosen` reads from the next request on (as evalkit-hf's `select`)."""
+        self.selection, self.skipped = chosen, tuple(sorted(chosen.skipped()))
 
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  flash_attn: bool = False, top_k: int = DEFAULT_TOP_K,
@@ -236,7 +243,7 @@ class EvalkitLlamaCpp(TemplateLM):
         """KV cells one greedy prompt can hold at once, at most: its tokens, the trie of its candidate
         strings (every distinct token prefix, each a cell while the trie is fed) and its continuation."""
         ids = self.eng.tokenize(context)
-        cands, _ = self._candidates(doc)
+        cands = self._candidates(doc).strings
         nodes = {tuple(toks[:d]) for c in cands for toks in [candidate_ids(self.eng, context, c, ids)]
                  for d in range(1, len(toks) + 1)}
         answer = max(max_new, self.answer_max_tokens) if doc.get("answers_full") else max_new
@@ -254,10 +261,10 @@ class EvalkitLlamaCpp(TemplateLM):
             context, doc, max_new = req.args[0], req.doc or {}, int(gen.get("max_gen_toks", self.max_gen_toks))
             # a bound first (every candidate's tokens alone, one more for a merge at the prompt's end),
             # the exact trie only where the bound does not fit
-            cands, n_answers = self._candidates(doc)
+            cands = self._candidates(doc)
             bound = (len(self.eng.tokenize(context)) + max(max_new, self.answer_max_tokens)
-                     + sum(len(self.eng.tokenize(c, special=False)) + 1 for c in cands[:n_answers])
-                     + (lexicon if cands else 0))
+                     + sum(len(self.eng.tokenize(c, special=False)) + 1 for c in cands.exact)
+                     + (lexicon if cands.openers else 0))
             if bound <= self.eng.n_ctx:
                 continue
             need = self.cells_needed(context, doc, max_new)
@@ -282,6 +289,9 @@ class EvalkitLlamaCpp(TemplateLM):
             until = gen.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(gen.get("max_gen_toks", self.max_gen_toks))
+            if not gen.get("do_sample") and not any(self.selection.runs("response", doc_kind(requests[i].doc or {}))
+                                                    for i in idxs):
+                max_new = 0  # nothing selected reads these responses (`--metrics`): the first token only
             if gen.get("do_sample"):
                 for i in idxs:
                     out[i] = self._sample(requests[i].args[0], gen, until, max_new, i)
@@ -295,20 +305,22 @@ class EvalkitLlamaCpp(TemplateLM):
 
                 def compute(start=start, contexts=contexts, docs=docs, cands=cands):
                     steps = probe(
-                        self.eng, contexts, [c for c, _ in cands], top_k=self.top_k, max_new_tokens=max_new,
+                        self.eng, contexts, [c.strings for c in cands], top_k=self.top_k, max_new_tokens=max_new,
                         stop=until, first_temperature=self.first_temperature,
                         banned_first_ids=self._banned_first_ids(contexts[0]),
                         seed=self.probe_seed + 7919 * start,
-                        answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
-                        unit_ranks=shared.UNIT_RANKS, tolerance=self.tolerance,
-                        exact_candidates=[c[:n] for c, n in cands], batch_size=self.prompt_batch,
+                        answer_tokens=[self.answer_max_tokens if d.get("answers_full")
+                                       and self.selection.runs("answer", doc_kind(d)) else 0 for d in docs],
+                        unit_ranks=shared.UNIT_RANKS if self.selection.runs("units", FIRSTTOKEN) else 0,
+                        tolerance=self.tolerance, exact_candidates=[c.exact for c in cands],
+                        batch_size=self.prompt_batch,
                     )
-                    return [self._result(ctx, doc, cand, n_answer, step, until)
-                            for ctx, doc, (cand, n_answer), step in zip(contexts, docs, cands, steps)]
+                    return [self._result(ctx, doc, cand, step, until)
+                            for ctx, doc, cand, step in zip(contexts, docs, cands, steps)]
 
                 # a batch is its place in the request list and its prompts, as in evalkit-hf: a resumed
                 # run forms the same batches and replays those its journal holds
-                key = [repr(sorted(gen.items())), start, contexts, [c for c, _ in cands]]
+                key = [repr(sorted(gen.items())), start, contexts, [c.strings for c in cands]]
                 results = self.journal.batch(key, compute) if self.journal is not None else compute()
                 for i, result in zip(chunk, results):
                     out[i] = result
@@ -347,11 +359,10 @@ class EvalkitLlamaCpp(TemplateLM):
                 text = text.split(s, 1)[0]
         return text
 
-    def _candidates(self, doc: dict) -> tuple[list[str], int]:
-        if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
-            return [], 0
-        exact = list(dict.fromkeys(candidate_strings(doc["answers"]) + answer_strings(doc.get("answers_full") or [])))
-        return exact + self.lexicon.entries, len(exact)  # answer starts and checkable answers: scored exactly
+    def _candidates(self, doc: dict) -> Candidates:
+        """Answer starts and checkable answers (scored exactly), then the lexicon's openers; each set empty
+        where the run's selection skips its trie."""
+        return candidates(self.selection, doc, self.lexicon.entries)
 
     def _banned_first_ids(self, context: str) -> frozenset[int]:
         if not self.ban_openers:
@@ -368,12 +379,17 @@ class EvalkitLlamaCpp(TemplateLM):
             self._priors[frame] = content_free_prior(self.eng, frame, self.top_k)
         return self._priors[frame]
 
-    def _result(self, context, doc, cands, n_answer, step: shared.FirstStep, until) -> FirstStepResult:
-        text = self.tok_decode(step.response_ids)
-        for s in until:
-            if s and s in text:
-                text = text.split(s, 1)[0]
-        unit, _ = shared.first_unit_ids(self.tok_decode, step.response_ids)
+    def _result(self, context, doc, cands: Candidates, step: shared.FirstStep, until) -> FirstStepResult:
+        kind = doc_kind(doc)
+        decoded = self.selection.runs("response", kind)  # else no response was generated (`--metrics`)
+        text: str | None = None
+        unit: str | None = None
+        if decoded:
+            text = self.tok_decode(step.response_ids)
+            for s in until:
+                if s and s in text:
+                    text = text.split(s, 1)[0]
+            unit, _ = shared.first_unit_ids(self.tok_decode, step.response_ids)
         topk = [(int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp))
                 for t, lp in zip(step.topk_ids, step.topk_logprobs)]
         top3 = shared.top_mass(step.logprobs, 3, self.temperature)
@@ -383,19 +399,26 @@ class EvalkitLlamaCpp(TemplateLM):
             "unstable": unstable(top3),
             "entropy": step.entropy,
         }
-        if n_answer:
-            answers, openers = candidate_strings(doc["answers"]), cands[n_answer:]
+        if kind == FIRSTTOKEN and doc.get("answers"):  # a set whose trie was skipped gives no value, never a 0
+            answers, openers = list(cands.starts), list(cands.openers)
             tokens = step.candidate_tokens
-            if doc.get("answers_full"):
-                metrics["answer_prob"] = answer_prob(step.candidate_probs, answer_strings(doc["answers_full"]), tokens)
-            metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers, tokens))
-            metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0
-            metrics["opener_mass"] = sum(step.candidate_probs[o] for o in drop_covered(openers, tokens))
+            if cands.answers:
+                metrics["answer_prob"] = answer_prob(step.candidate_probs, list(cands.answers), tokens)
+            if answers:
+                metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers, tokens))
+                metrics["ft_token_hit"] = (1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)}
+                                           else 0.0)
+            if openers:
+                metrics["opener_mass"] = sum(step.candidate_probs[o] for o in drop_covered(openers, tokens))
+            ids = self.eng.tokenize(context)
+            metrics["opener_start_mass"] = shared.start_mass(step.logprobs, {
+                toks[0] for e in self.lexicon.entries if (toks := candidate_ids(self.eng, context, e, ids))})
             prior = self._prior(context, doc)
             if prior is not None:
                 p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
                 metrics["prior_drift"] = stats.prior_drift(p, prior)
-        first_id = step.response_ids[0] if step.response_ids else None
+        # without a response, the token chosen at step 1 (what a response would have begun with)
+        first_id = step.response_ids[0] if step.response_ids else None if decoded else step.first_token_id
         result = FirstStepResult(
             text=text,
             first_token_id=first_id,
@@ -406,6 +429,7 @@ class EvalkitLlamaCpp(TemplateLM):
             metrics=metrics,
             answer_text=self.tok_decode(step.answer_ids) if step.answer_ids else None,
             units=step.units,
+            skipped=self.skipped,
         )
         shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
         return validate.check_result(result, source=f"llama.cpp ({Path(self.eng.path).name})", prompt=shown)

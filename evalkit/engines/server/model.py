@@ -53,6 +53,7 @@ from evalkit.engines.server.client import Client, ServerError, completion, serve
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import answer_strings, candidate_strings, unstable
+from evalkit.scoring.selection import EVERYTHING, Selection
 from evalkit.scoring.text import drop_covered
 
 ECHO_TOLERANCE = 1e-3  # nats: the echo check's allowance for the server's own float rounding
@@ -116,7 +117,15 @@ class EvalkitServer(LM):
     request of the run may take together; none by default), answer_max_tokens, repeat_penalty (sent as
     llama.cpp servers' `repeat_penalty`: llama-cpp-python's server penalises repeats by 1.1 unless told 1,
     even at temperature 0, so its "greedy" text is not the model's); evalkit's own: top_k, temperature,
-    seed. Every answer's shape and every number in it is checked (`completion`, `validate`)."""
+    seed. Every answer's shape and every number in it is checked (`completion`, `validate`).
+    Under `evalkit run --metrics` (`select`) a completion not read past its first step asks for one token,
+    and the echo requests of a skipped probability are not sent."""
+
+    selection: Selection = EVERYTHING  # what to compute (`select`)
+    skipped: tuple[str, ...] = ()  # the registry metrics the selection leaves uncomputed
+
+    def select(self, chosen: Selection) -> None:
+        self.selection, self.skipped = chosen, tuple(sorted(chosen.skipped()))
 
     def __init__(self, base_url: str, *, model: str | None = None, tokenizer: str | None = None,
                  top_logprobs: int = DEFAULT_SERVER_LOGPROBS, concurrency: int = DEFAULT_SERVER_CONCURRENCY,
@@ -153,6 +162,8 @@ class EvalkitServer(LM):
         self.unavailable: dict[str, str] = {
             "entropy": "a server returns K logprobs, not the whole vocabulary",
             "opener_mass": "needs one echo request per opener lexicon entry for every prompt",
+            "opener_start_mass": "needs the first-step probability of every opener's first token; a server "
+                                 "returns K logprobs, not the whole vocabulary",
         }
         if self.temperature != 1.0:
             self.unavailable["top3_mass"] = (f"top3_mass@T={self.temperature:g} needs the whole vocabulary; "
@@ -261,8 +272,10 @@ class EvalkitServer(LM):
             choice = self._complete(context, max_tokens=max_new, temperature=float(gen.get("temperature") or 1.0),
                                     stop=until or None)
             return _cut(choice["text"], until)
-        answers_full = bool(doc.get("answers_full"))
-        limit = max(max_new, self.answer_max_tokens) if answers_full else max_new
+        kind = doc_kind(doc)
+        decoded = self.selection.runs("response", kind)  # else one token: the first step alone (`--metrics`)
+        answers_full = bool(doc.get("answers_full")) and self.selection.runs("answer", kind)
+        limit = max(max_new if decoded else 1, self.answer_max_tokens) if answers_full else max_new if decoded else 1
         body: dict[str, Any] = {"max_tokens": limit, "temperature": 0.0, "logprobs": self.k}
         if until and not answers_full:
             body["stop"] = until
@@ -274,30 +287,34 @@ class EvalkitServer(LM):
         first = ranked(tops[0] if tops else None, self.k)
         validate.check_values(first, source=self.source, prompt=shown)
         top = []
-        for text, value in first:
-            if text in self.ids:
-                top.append((self.ids[text], text, float(value)))
+        for piece, value in first:
+            if piece in self.ids:
+                top.append((self.ids[piece], piece, float(value)))
             else:
                 self.unmapped += 1
-        text = _cut(full, until)
-        if answers_full:  # the response as it would have stopped: at a stop string or max_gen_toks
-            text = _cut(_first_tokens(self.tokenizer, full, max_new), until)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        unit, _ = firststep.first_unit_ids(lambda xs: self.tokenizer.decode(xs, skip_special_tokens=True), ids)
+        text: str | None = None
+        unit: str | None = None
+        if decoded:
+            text = _cut(full, until)
+            if answers_full:  # the response as it would have stopped: at a stop string or max_gen_toks
+                text = _cut(_first_tokens(self.tokenizer, full, max_new), until)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            unit, _ = firststep.first_unit_ids(lambda xs: self.tokenizer.decode(xs, skip_special_tokens=True), ids)
         metrics: dict[str, float] = {}
         if top:
             metrics["top1_prob"] = math.exp(top[0][2])
         if len(top) >= 3 and self.temperature == 1.0:
             metrics["top3_mass"] = sum(math.exp(v) for _, _, v in top[:3])
             metrics["unstable"] = unstable(metrics["top3_mass"])
-        if doc_kind(doc) == FIRSTTOKEN and doc.get("answers"):
+        if kind == FIRSTTOKEN and doc.get("answers"):  # an echo the selection skips is not sent (`--metrics`)
             starts = candidate_strings(doc["answers"])
-            if top:
+            if top and self.selection.runs("start_trie", kind):
                 metrics["ft_token_hit"] = 1.0 if top[0][0] in firststep.first_ids(self.tokenizer, context, starts) else 0.0
-            hit = self._ft_hit_prob(context, starts, top)
+            hit = self._ft_hit_prob(context, starts, top) if self.selection.runs("start_trie", kind) else None
             if hit is not None:
                 metrics["ft_hit_prob"] = hit
-            if doc.get("answers_full"):  # the same echo, on the checkable answers (text-level covering)
+            # the same echo, on the checkable answers (text-level covering)
+            if doc.get("answers_full") and self.selection.runs("answer_trie", kind):
                 prob = self._ft_hit_prob(context, drop_covered(answer_strings(doc["answers_full"])), top)
                 if prob is not None:
                     metrics["answer_prob"] = prob
@@ -315,6 +332,7 @@ class EvalkitServer(LM):
             entropy=None,
             metrics=metrics,
             answer_text=full if answers_full else None,
+            skipped=self.skipped,
         )
         return validate.check_result(result, source=self.source, prompt=shown)
 

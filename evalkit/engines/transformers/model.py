@@ -54,8 +54,9 @@ from evalkit.errors import BadInput
 from evalkit.progress import bar as progress_bar
 from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import answer_prob, answer_strings, candidate_strings, unstable
+from evalkit.scoring.firsttoken import answer_prob, unstable
 from evalkit.scoring.lexicon import load_lexicon
+from evalkit.scoring.selection import EVERYTHING, Candidates, Selection, candidates
 from evalkit.scoring.text import drop_covered
 
 # Inputs without content (Zhao et al. 2021), put through the same template as the prompts.
@@ -78,17 +79,19 @@ def content_free_prior(model, tokenizer, frame: str, top_k: int,
 
 def candidate_metrics(tokenizer, context: str, step: firststep.FirstStep, answers: list[str], openers: list[str],
                       prior: dict[int, float] | None, full: list[str] | None = None) -> dict[str, float]:
-    """ft_hit_prob, ft_token_hit, opener_mass, (with checkable answers `full`) answer_prob and (with a
-    prior) prior_drift of one probed prompt.
+    """ft_hit_prob and ft_token_hit (with accepted starts `answers`), opener_mass (with `openers`), answer_prob
+    (with checkable answers `full`) and prior_drift (with a prior) of one probed prompt; a set left empty
+    (its trie skipped: `evalkit run --metrics`) gives no value, never a 0.
 
     Sums skip a string that another string of the same set covers, as text and in tokens
     (`text.drop_covered`), so no probability is counted twice."""
     tokens = step.candidate_tokens
-    metrics = {
-        "ft_hit_prob": sum(step.candidate_probs[a] for a in drop_covered(answers, tokens)),
-        "ft_token_hit": 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0,
-        "opener_mass": sum(step.candidate_probs[o] for o in drop_covered(openers, tokens)),
-    }
+    metrics: dict[str, float] = {}
+    if answers:
+        metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers, tokens))
+        metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0
+    if openers:
+        metrics["opener_mass"] = sum(step.candidate_probs[o] for o in drop_covered(openers, tokens))
     if full:
         metrics["answer_prob"] = answer_prob(step.candidate_probs, full, tokens)
     if prior is not None:
@@ -137,6 +140,13 @@ class EvalkitHFLM(HFLM):
     its continuation ends, so a stopped run resumes (`--resume`) losing only the prompts in flight."""
 
     journal = None  # store.journal.Journal | None
+    selection: Selection = EVERYTHING  # what to compute (`select`, `evalkit run --metrics`)
+    skipped: tuple[str, ...] = ()  # the registry metrics the selection leaves uncomputed
+
+    def select(self, chosen: Selection) -> None:
+        """Compute only what `chosen` reads from the next request on: a trie, the decode or the first
+        units nothing selected reads are skipped, and each response says which metrics it lacks."""
+        self.selection, self.skipped = chosen, tuple(sorted(chosen.skipped()))
 
     def __init__(
         self,
@@ -198,6 +208,7 @@ class EvalkitHFLM(HFLM):
             raise ValueError(f"evalkit-hf: tolerance must be in [0, 1), got {tolerance}")
         self.lexicon = load_lexicon()
         self._priors: dict[str, dict[int, float]] = {}
+        self._starts: dict[str, set[int]] = {}  # template suffix -> the openers' first tokens after it
         self.set_kv_policy(policy)
         self.caps = self._derive_caps(device)
         if str(self.batch_size).lower().startswith(AUTO_BATCH):
@@ -281,6 +292,22 @@ class EvalkitHFLM(HFLM):
             return frozenset()
         return frozenset(shared.first_ids(self.tokenizer, context, shared.opener_variants(self.lexicon.entries)))
 
+    def _opener_starts(self, context: str, doc: dict) -> set[int]:
+        """The first tokens the lexicon's openers begin with after this context (`opener_start_mass`), kept
+        per template suffix where the suffix begins with an added token (a boundary no merge crosses, so the
+        tokens after it do not depend on the prompt)."""
+        frame = shared.prompt_frame(context, doc)
+        suffix = frame.split("\x00", 1)[1] if frame else ""
+        added = [str(getattr(t, "content", t)) for t in (getattr(self.tokenizer, "added_tokens_decoder", None)
+                                                          or {}).values()]
+        key = suffix if suffix and any(a and suffix.startswith(a) for a in added) else None
+        if key is not None and key in self._starts:
+            return self._starts[key]
+        found = shared.first_ids(self.tokenizer, context, self.lexicon.entries)
+        if key is not None:
+            self._starts[key] = found
+        return found
+
     def _prior(self, context: str, doc: dict) -> dict[int, float] | None:
         """Content-free prior (top-k dict) for the frame this context was built in."""
         frame = shared.prompt_frame(context, doc)
@@ -326,7 +353,7 @@ class EvalkitHFLM(HFLM):
         def result_of(tag: tuple, i: int, step) -> Any:
             if (id(tag), i) not in made:
                 _, key, contexts, docs, cands = tag
-                made[(id(tag), i)] = self._result(contexts[i], docs[i], cands[i][0], cands[i][1], step,
+                made[(id(tag), i)] = self._result(contexts[i], docs[i], cands[i], step,
                                                   until_of[key[0]])
             return made[(id(tag), i)]
 
@@ -364,12 +391,15 @@ class EvalkitHFLM(HFLM):
             until = gen.get("until") or []
             until = until_of[group] = [until] if isinstance(until, str) else list(until)
             max_new = int(gen.get("max_gen_toks", self.max_gen_toks))
+            if not any(self.selection.runs("response", doc_kind(requests[i].doc or {})) for i in idxs):
+                max_new = 0  # nothing selected reads these responses (`--metrics`): the first token only
             # every batch of the group is prefilled and scored on its own; their continuations are
             # decoded together, each batch's results kept once its last row has ended
+            units = firststep.UNIT_RANKS if self.selection.runs("units", FIRSTTOKEN) else 0
             prober = firststep.Prober(self.model, self.tokenizer, top_k=self.top_k, max_new_tokens=max_new,
                                       stop=until, batch_size=bs, first_temperature=self.first_temperature,
                                       tolerance=self.tolerance, kv_policy=self.kv_policy,
-                                      unit_ranks=firststep.UNIT_RANKS, batch_tokens=self.caps.batch_positions,
+                                      unit_ranks=units, batch_tokens=self.caps.batch_positions,
                                       trie_positions=self.caps.trie_positions)
             for start in range(0, len(idxs), bs):
                 chunk = idxs[start : start + bs]
@@ -379,7 +409,7 @@ class EvalkitHFLM(HFLM):
                 batch_no += 1
                 # a batch is defined by its place in the request list and its prompts: a resumed run
                 # forms the same batches, and replays those its journal holds
-                key = [group, start, contexts, [c for c, _ in cands]]
+                key = [group, start, contexts, [c.strings for c in cands]]
                 held = self.journal.held(key) if self.journal is not None else None
                 if held is not None:
                     for i, result in zip(chunk, held):
@@ -394,9 +424,10 @@ class EvalkitHFLM(HFLM):
                     self.prompts_computed += len(contexts)
                     reads = [self._attention_request(c, d) for c, d in zip(contexts, docs)] if self.attention else None
                     prober.submit(
-                        (chunk, key, contexts, docs, cands), contexts, [c for c, _ in cands],
-                        exact_candidates=[c[:n] for c, n in cands], attention=reads,
-                        answer_tokens=[self.answer_max_tokens if d.get("answers_full") else 0 for d in docs],
+                        (chunk, key, contexts, docs, cands), contexts, [c.strings for c in cands],
+                        exact_candidates=[c.exact for c in cands], attention=reads,
+                        answer_tokens=[self.answer_max_tokens if d.get("answers_full")
+                                       and self.selection.runs("answer", doc_kind(d)) else 0 for d in docs],
                         seed=self.probe_seed + 7919 * start,  # distinct per chunk, stable per configuration
                         banned_first_ids=self._banned_first_ids(contexts[0]), progress=moved,
                     )
@@ -418,13 +449,10 @@ class EvalkitHFLM(HFLM):
     def _bs(self) -> int:
         return self.caps.batch_prompts
 
-    def _candidates(self, doc: dict) -> tuple[list[str], int]:
-        """Answer-start strings, then checkable answers (answer_prob), then lexicon openers; returns
-        (strings, how many come before the openers: those scored exactly)."""
-        if doc_kind(doc) != FIRSTTOKEN or not doc.get("answers"):
-            return [], 0
-        exact = list(dict.fromkeys(candidate_strings(doc["answers"]) + answer_strings(doc.get("answers_full") or [])))
-        return exact + self.lexicon.entries, len(exact)
+    def _candidates(self, doc: dict) -> Candidates:
+        """Answer-start strings, checkable answers (answer_prob) and lexicon openers, each set empty where
+        the run's selection skips its trie."""
+        return candidates(self.selection, doc, self.lexicon.entries)
 
     def _attention_request(self, context: str, doc: dict) -> attn.Request:
         """The spans whose attention mass a prompt's prefill should give: the needle sentence of a
@@ -449,14 +477,19 @@ class EvalkitHFLM(HFLM):
             layers[name] = read.span_by_layer(name)
         return metrics, layers
 
-    def _result(self, context, doc, cands, n_answer, step: firststep.FirstStep, until) -> FirstStepResult:
-        text = self.tok_decode(step.response_ids, skip_special_tokens=True)
-        for stop in until:
-            if stop and stop in text:
-                text = text.split(stop, 1)[0]
-        unit, _ = firststep.first_unit_ids(
-            lambda ids: self.tok_decode(ids, skip_special_tokens=True), step.response_ids
-        )
+    def _result(self, context, doc, cands: Candidates, step: firststep.FirstStep, until) -> FirstStepResult:
+        kind = doc_kind(doc)
+        decoded = self.selection.runs("response", kind)  # else no response was generated (`--metrics`)
+        text: str | None = None
+        unit: str | None = None
+        if decoded:
+            text = self.tok_decode(step.response_ids, skip_special_tokens=True)
+            for stop in until:
+                if stop and stop in text:
+                    text = text.split(stop, 1)[0]
+            unit, _ = firststep.first_unit_ids(
+                lambda ids: self.tok_decode(ids, skip_special_tokens=True), step.response_ids
+            )
         topk = [
             (int(t), self.tok_decode([int(t)], skip_special_tokens=False), float(lp))
             for t, lp in zip(step.topk_ids, step.topk_logprobs)
@@ -468,15 +501,16 @@ class EvalkitHFLM(HFLM):
             "unstable": unstable(top3),
             "entropy": step.entropy,
         }
-        if n_answer:
-            metrics.update(candidate_metrics(self.tokenizer, context, step, candidate_strings(doc["answers"]),
-                                             cands[n_answer:], self._prior(context, doc),
-                                             answer_strings(doc.get("answers_full") or [])))
+        if kind == FIRSTTOKEN and doc.get("answers"):
+            metrics.update(candidate_metrics(self.tokenizer, context, step, list(cands.starts), list(cands.openers),
+                                             self._prior(context, doc), list(cands.answers)))
+            metrics["opener_start_mass"] = shared.start_mass(step.logprobs, self._opener_starts(context, doc))
         layers: dict[str, list[float]] = {}
         if step.attention is not None:
             values, layers = self._attention_values(step.attention)
             metrics.update(values)
-        first_id = step.response_ids[0] if step.response_ids else None
+        # without a response, the token chosen at step 1 (what a response would have begun with)
+        first_id = step.response_ids[0] if step.response_ids else None if decoded else step.first_token_id
         answer = self.tok_decode(step.answer_ids, skip_special_tokens=True) if step.answer_ids else None
         result = FirstStepResult(
             text=text,
@@ -490,6 +524,7 @@ class EvalkitHFLM(HFLM):
             units=step.units,
             layers=layers,
             token_ids=list(step.answer_ids or step.response_ids),
+            skipped=self.skipped,
         )
         shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
         # the same checks at the boundary as every other engine's (finite, logprob <= 0, mass <= 1, ranges)
