@@ -67,7 +67,6 @@ EXACT_RTOL = 1e-4
 # by 40), so its first-step log-probabilities sit up to 0.004 from transformers' (measured on
 # phi-3); the real SmolLM2 GGUF agrees to 1e-4 (tests/test_llamacpp.py)
 LLAMACPP_ATOL = 0.02
-CROSS_TOKENIZER = "cross-tokenizer comparison not merged yet"
 
 
 def docs() -> list[dict]:
@@ -302,7 +301,6 @@ def drift_row(out: dict) -> dict:
     return next(r for r in out["drift"] if r["task"] == "all")
 
 
-@pytest.mark.xfail(strict=False, reason=CROSS_TOKENIZER)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_permuted_twin_reads_identical_to_its_base(zoo_run, zoo_db, invoke, family):
     base, twin = zoo_run(family), zoo_run(family, "twin")
@@ -314,7 +312,6 @@ def test_a_permuted_twin_reads_identical_to_its_base(zoo_run, zoo_db, invoke, fa
     assert row["top5_mass_a"] == pytest.approx(row["top5_mass_b"], rel=1e-5)
 
 
-@pytest.mark.xfail(strict=False, reason=CROSS_TOKENIZER)
 @pytest.mark.parametrize("rules", ["same", "upgrade"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_permuted_twin_passes_the_gate(zoo_run, zoo_db, invoke, family, rules):
@@ -324,7 +321,6 @@ def test_a_permuted_twin_passes_the_gate(zoo_run, zoo_db, invoke, family, rules)
     assert "PASS" in res.stdout
 
 
-@pytest.mark.xfail(strict=False, reason=CROSS_TOKENIZER)
 def test_two_families_compare_on_text(zoo_run, zoo_db, invoke):
     """Qwen2 against Phi-3: js_div finite; and computed on what the tokens say, not on their ids:
     Qwen2's permuted twin reads exactly what Qwen2 reads against Phi-3."""
@@ -336,7 +332,6 @@ def test_two_families_compare_on_text(zoo_run, zoo_db, invoke):
     assert twin_row["flip_rate"] == row["flip_rate"]
 
 
-@pytest.mark.xfail(strict=False, reason=CROSS_TOKENIZER)
 def test_the_upgrade_rules_decide_two_families_on_quality_alone(zoo_run, zoo_db, invoke):
     res = invoke("gate", "--candidate", zoo_run("qwen2"), "--baseline", zoo_run("phi-3"), "--rules", "upgrade",
                  "--db", zoo_db)

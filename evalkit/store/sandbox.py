@@ -272,12 +272,15 @@ def view_definitions() -> list[str]:
 # the source each run id is read from when several hold it (a DB and its own export, two copies of one
 # file): a done copy first, then the first source named (--db before --parquet, in command order)
 OWNER_TABLE = "evalkit_run_source"
+# the tables whose rows belong to no one run, each row kept once by these columns: a tag's history (one row a
+# promotion, so a rollback's second row for a run stays), a gate's record and its checks
+ONCE_BY = {"tags": ("tag", "run_id", "created_at"), "gates": ("id",), "gate_checks": ("gate_id", "position")}
 
 
 def _union_by_run(con: duckdb.DuckDBPyConnection, sources: list[dict[str, str]]) -> None:
     """One view per table over every source, each run counted once (idempotent by run id): a run's
     rows come from the one source `OWNER_TABLE` names for it, so merging a DB with its own export,
-    or an export twice over, adds nothing. A tag is kept once per (tag, run)."""
+    or an export twice over, adds nothing. A tag's promotion, a gate and its checks are kept once each."""
     runs = " UNION ALL ".join(f"SELECT id, status, {i} AS src FROM {src['runs']}" for i, src in enumerate(sources))
     con.execute(f"CREATE TABLE {OWNER_TABLE} AS SELECT id, arg_min(src, (status IS DISTINCT FROM 'done', src)) "
                 f"AS src FROM ({runs}) GROUP BY id")
@@ -285,13 +288,14 @@ def _union_by_run(con: duckdb.DuckDBPyConnection, sources: list[dict[str, str]])
         key = "id" if table == "runs" else "run_id"
         parts = [f"SELECT * FROM {src[table]} WHERE {key} NOT IN "
                  f"(SELECT id FROM {OWNER_TABLE} WHERE src <> {i})" for i, src in enumerate(sources) if table in src]
-        if table == "tags":
-            parts = [p.split(" WHERE ")[0] for p in parts]  # every source's tags, each (tag, run) once below
+        if table in ONCE_BY:  # rows of no one run (a tag's history, the gate's records): every source's, each once
+            parts = [f"SELECT * FROM {src[table]}" for src in sources if table in src]
         if not parts:
             continue
         union = " UNION ALL BY NAME ".join(parts)
-        if table == "tags":
-            union = f"SELECT DISTINCT ON (tag, run_id) * FROM ({union}) ORDER BY tag, run_id, created_at"
+        if table in ONCE_BY:
+            keys = ", ".join(ONCE_BY[table])
+            union = f"SELECT DISTINCT ON ({keys}) * FROM ({union}) ORDER BY {keys}"
         con.execute(f"CREATE VIEW {table} AS {union}")
 
 
