@@ -105,13 +105,13 @@ def term_line(text: object) -> str:
 
 
 def term_json(text: str) -> str:
-    """JSON text (``json.dumps(..., ensure_ascii=False)``) for a terminal: the C1 controls and line
+    """JSON text (``json.dumps(..., ensure_ascii=False)``) for a terminal: DEL, the C1 controls and line
     separators JSON lets through raw written as ``\\u`` escapes, so the JSON reads back the same.
 
     >>> term_json('["a\\x9b31m"]') == '["a\\\\u009b31m"]'
     True
     """
-    return "".join(f"\\u{ord(c):04x}" if 0x80 <= ord(c) <= 0x9F or c in "\u2028\u2029" else c for c in text)
+    return "".join(f"\\u{ord(c):04x}" if 0x7F <= ord(c) <= 0x9F or c in "\u2028\u2029" else c for c in text)
 
 
 def md_text(text: object, *, line_start: bool = True) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -45,6 +46,16 @@ def fuzz(ci_examples: int, *, deadline_s: float = 5.0) -> settings:
                                HealthCheck.data_too_large, HealthCheck.filter_too_much],
         print_blob=True,
     )
+
+
+# a progress line of a log (`progress.LineBar`, stderr not a terminal): "loading tiny0: loading the model [00:00]",
+# "first-token probe: 3/8 prompts (40 %), ..., ETA 00:10"; such lines may come before a one-line error
+PROGRESS_LINE = re.compile(r"^(?!evalkit: ).*(\[\d\d:\d\d(:\d\d)?\]|, ETA [\d:?]+.*)$")
+
+
+def error_lines(stderr: str) -> list[str]:
+    """The lines of `stderr` that are not a log's progress lines."""
+    return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.match(line)]
 
 
 def one_line(exc: BaseException) -> None:

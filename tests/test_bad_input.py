@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.fuzz import error_lines
+
 FAKE = ["--model", "evalkit-fake", "--model-args", "mode=hit"]
-# a progress line of a log (`progress.LineBar`): "loading tiny0: loading the model [00:00]", "...: 3/8 prompts ... ETA 00:10"
-PROGRESS_LINE = re.compile(r"^(?!evalkit: ).*(\[\d\d:\d\d(:\d\d)?\]|, ETA [\d:?]+.*)$")
 
 
 @dataclass(frozen=True)
@@ -620,7 +619,7 @@ def test_bad_input(case: Case, seeded, tiny_for_cases, tmp_path):
     message = result.stderr
     print(f"{case.id}: exit {result.exit_code}: {message.strip()}")
     # a log's progress lines (a model load announces itself, `progress.LineBar`) may come before the error
-    lines = [line for line in message.strip().splitlines() if not PROGRESS_LINE.match(line)]
+    lines = error_lines(message)
     shown = f"\n--- stderr ---\n{message}--- stdout ---\n{result.stdout}"
     assert result.exit_code == 2, f"exit {result.exit_code}, expected 2{shown}"
     assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}{shown}"

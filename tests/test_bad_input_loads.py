@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fuzz import error_lines
+
 ARGS = ["--tasks", "firsttoken", "--limit", "1"]
 
 
@@ -38,7 +40,7 @@ def one_line(invoke, tmp_path, *args, expect: str, env=None) -> str:
     dbdir.mkdir(exist_ok=True)
     before = snapshot(dbdir)
     res = invoke(*[str(a) for a in args], "--db", dbdir / "evalkit.duckdb", env=env)
-    lines = res.stderr.strip().splitlines()
+    lines = error_lines(res.stderr)  # a model load's progress line may precede the error
     shown = f"\n--- stderr ---\n{res.stderr}--- stdout ---\n{res.stdout}"
     assert res.exit_code == 2, f"exit {res.exit_code}{shown}"
     assert len(lines) == 1 and lines[0].startswith("evalkit: error: "), shown

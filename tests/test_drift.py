@@ -419,12 +419,12 @@ def test_drift_plot_series_and_png(tmp_path):
 
     rng = np.random.default_rng(4)
     rows = [{"label": v, "position": p, "kld": float(rng.exponential(0.1 * (p + 1))), "same_top": rng.random() < 0.8}
-            for v in ("int8-weight", "hqq4") for p in range(20) for _ in range(6)]
+            for v in ("int8-weight", "hqq4") for p in range(20) for _ in range(24)]  # 24: enough for an interval
     rows.append({"label": "hqq4", "position": 30, "kld": 0.0, "same_top": True})  # one prompt: no interval
     series = position_series(rows)
     pts = {p["position"]: p for p in series["hqq4"]}
     want = [r["kld"] for r in rows if r["label"] == "hqq4" and r["position"] == 3]
-    assert pts[3]["kld"] == pytest.approx(np.mean(want)) and pts[3]["n"] == 6
+    assert pts[3]["kld"] == pytest.approx(np.mean(want)) and pts[3]["n"] == 24
     assert pts[3]["kld_lo"] <= pts[3]["kld"] <= pts[3]["kld_hi"]
     assert pts[30]["kld_lo"] is None and pts[30]["n"] == 1
     path = drift_plot(rows, tmp_path / "d.png", title="t")

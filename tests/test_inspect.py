@@ -13,6 +13,7 @@ import torch
 from evalkit.cli.inspect import bar
 from evalkit.inspection import token_label
 from evalkit.prompts.templates import get_template
+from evalkit.textsafe import term_line
 from tests.tiny import load_tiny
 
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(.+?)\s+(\d\.\d{6})\s+([█▏▎▍▌▋▊▉]*)\s+(\d\.\d{6})$")
@@ -57,7 +58,7 @@ def test_bars_match_an_independent_softmax(invoke, tiny_model_dir, tiny, prompt)
         unit, alone = token[len(label):].strip(), tokenizer.decode([tid])  # the unit column
         assert "\ufffd" not in unit
         if "\ufffd" not in alone and alone.strip():
-            assert unit == alone.strip()
+            assert unit == term_line(alone.strip())  # a control character is shown, not sent (textsafe)
         assert bars == bar(p)
     assert "█" in res.output
     assert f"context {len(tokenizer(context, add_special_tokens=False)['input_ids'])} tokens" in res.output
@@ -75,7 +76,7 @@ def test_json_output_and_templates(invoke, tiny_model_dir, tiny):
     prompt = "Say hello."
     res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--template", "direct",
                  "--top-k", "5", "--temperature", "1.5", "--format", "json")
-    data = json.loads(res.output)
+    data = json.loads(res.stdout)
     system = get_template("direct").system
     expected = tokenizer.apply_chat_template(
         [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
@@ -90,7 +91,7 @@ def test_json_output_and_templates(invoke, tiny_model_dir, tiny):
 
     res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--template", "plain",
                  "--top-k", "3", "--format", "json")
-    data = json.loads(res.output)
+    data = json.loads(res.stdout)
     assert data["context"] == prompt  # raw text, no chat template
     probs = reference_probs(model, tokenizer, prompt)
     assert [t["prob"] for t in data["tokens"]] == pytest.approx(torch.topk(probs, 3).values.tolist(), abs=1e-5)
@@ -140,7 +141,7 @@ def test_first_step_equals_a_runs(invoke, tiny_model_dir, tmp_path):
     topk = con.execute("SELECT token_id, logprob FROM first_token_topk ORDER BY rank LIMIT 10").fetchall()
     con.close()
     data = json.loads(invoke("inspect", "What is recursion?", "--model-args", f"pretrained={tiny_model_dir}",
-                             "--device", "cpu", "--format", "json").output)
+                             "--device", "cpu", "--format", "json").stdout)
     assert data["context"] == prompt and data["task"] == "firsttoken_en"
     assert data["response"] == response and data["first_unit"] == unit
     assert [t["token_id"] for t in data["tokens"]] == [t for t, _ in topk]
@@ -157,7 +158,7 @@ def test_attention_lists_what_the_last_position_looks_at(invoke, tiny_model_dir,
     res = invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}", "--top-k", "5",
                  "--attention", "--attention-layers", "1", "--format", "json")
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     context = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                             add_generation_prompt=True)
     ids = tokenizer(context, add_special_tokens=False)["input_ids"]
@@ -177,5 +178,5 @@ def test_attention_lists_what_the_last_position_looks_at(invoke, tiny_model_dir,
     assert "mean over heads and layers 0–1 (of 2; 0 = first)" in text and "sink_rate" in text
     # without --attention nothing of it is computed
     plain = json.loads(invoke("inspect", prompt, "--model-args", f"pretrained={tiny_model_dir}",
-                              "--format", "json").output)
+                              "--format", "json").stdout)
     assert plain["attention"] == [] and plain["sink_rate"] is None

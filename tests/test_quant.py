@@ -243,7 +243,7 @@ def test_sweep_runs_each_variant_on_the_same_prompts_and_compare_shows_a_row_eac
     out = res.stdout
     assert f"baseline {ids[0]}" in out and "torchao" in out and "group 32" in out
     drift = [ln.split() for ln in out.splitlines() if ln.startswith(("firsttoken_en ", "firsttoken_zh ", "all "))
-             and len(ln.split()) == 9]
+             and len(ln.split()) == 10]
     for task in ("firsttoken_en", "firsttoken_zh", "all"):
         assert [row[2] for row in drift if row[0] == task] == ["int8-weight", "int4-weight"]
     assert "metric deltas run - baseline" in out and "ci_lo" in out

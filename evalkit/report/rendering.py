@@ -148,7 +148,7 @@ def to_markdown(data: ReportData, sections: list[Section]) -> str:
     written by `textsafe` (inert: data cannot make a heading, a link or HTML)."""
     lines = ["# evalkit report", "",
              md_text(f"{plural(len(data.runs), 'run')} from {data.db}, generated {data.generated:%Y-%m-%d %H:%M:%S} UTC."), "",
-             "Sections: " + " · ".join(f"[{s.title}](#{md_anchor(s.title)})" for s in sections if not s.omitted)
+             "Sections: " + " · ".join(f"[{md_text(s.title, line_start=False)}](#{md_anchor(s.title)})" for s in sections if not s.omitted)
              + " (the same in [index.html](index.html)).", ""]
     for s in sections:
         lines += [f"## {md_text(s.title)}", ""]
