@@ -28,7 +28,7 @@ from pathlib import Path
 
 from evalkit import envvars
 from evalkit.errors import BadInput
-from evalkit.paths import distrust, kind_of, open_input
+from evalkit.paths import distrust, kind_of, open_input, write_all
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -114,9 +114,7 @@ def create(path: Path, data: bytes) -> None:
     `path` already — a planted link above all — is an error (FileExistsError), never followed."""
     fd = os.open(path, _CREATE, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

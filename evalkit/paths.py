@@ -232,9 +232,7 @@ def write_file(path: str | os.PathLike, data: str | bytes, what: str = "output")
         raise _cannot(what, path, exc) from None
     try:
         try:
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, payload)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -269,14 +267,19 @@ def append_file(path: str | os.PathLike, text: str, what: str = "output") -> Pat
         if not stat.S_ISREG(mode):
             raise BadInput(f"{what} {path} is {kind_of(mode)}, not a regular file; evalkit writes only regular files "
                            "(choose a new path)")
-        view = memoryview(text.encode("utf-8"))
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, text.encode("utf-8"))
     except OSError as exc:
         raise _cannot(what, path, exc) from None
     finally:
         os.close(fd)
     return path
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write every byte of `data` to the open file `fd` (os.write may take less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _swap_in(new: Path, target: Path) -> None:
