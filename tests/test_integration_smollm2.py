@@ -8,6 +8,7 @@ import hashlib
 import inspect
 import json
 import math
+import shutil
 
 import duckdb
 import pytest
@@ -312,3 +313,48 @@ def test_the_shipped_gate_example_passes_the_default_model_and_fails_its_int8_va
     assert "## evalkit gate: PASS" not in res.stdout
     assert first != worse
     print("\n" + out.stderr.strip().splitlines()[-1])
+
+
+def test_the_shipped_workflow_passes_a_benign_candidate_at_its_size(default_model_available, tmp_path):
+    """examples/ci-gate.yml as shipped, at its own size (its candidate step's EVALKIT_RUN_ARGS: 100
+    prompts a task, `--metrics gate`) and with its own rules (the calibrated defaults): the packaged
+    model is the first baseline, and the same model in bf16 — a change users accept, calibrated as
+    benign in docs/gate.md — is gated PASS and promoted. Not only "itself passes"."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    steps = yaml.safe_load((root / "examples" / "ci-gate.yml").read_text())["jobs"]["gate"]["steps"]
+    by_name = {s.get("name"): s for s in steps}
+    run_step = by_name["Run the candidate (or finish it, on a rerun)"]
+    gate_step, promote_step = by_name["Gate the candidate against production"], by_name["Promote on pass"]
+    shipped_args = run_step["env"]["EVALKIT_RUN_ARGS"]
+    assert "--limit 100" in shipped_args and "--metrics gate" in shipped_args, shipped_args
+    work = tmp_path / "repo"
+    shutil.copytree(root / "examples", work / "examples")
+    summary, outputs = tmp_path / "summary.md", tmp_path / "outputs.txt"
+    env = {**os.environ, "EVALKIT_DB": str(work / "reports" / "evalkit.duckdb"), "HF_HUB_OFFLINE": "1",
+           "GITHUB_STEP_SUMMARY": str(summary), "GITHUB_OUTPUT": str(outputs), "EVALKIT_RULES": "",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def step(script, **extra):
+        return subprocess.run(["bash", "-e", "-c", script], cwd=work, env={**env, **extra}, capture_output=True,
+                              text=True)
+
+    out = step(run_step["run"], CANDIDATE_NAME="base", EVALKIT_RUN_ARGS=shipped_args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = step(gate_step["run"], FIRST_BASELINE="true")
+    assert out.returncode == 0 and step(promote_step["run"]).returncode == 0, out.stdout + out.stderr
+
+    out = step(run_step["run"], CANDIDATE_NAME="bf16", EVALKIT_RUN_ARGS=f"{shipped_args} --quant bf16")
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = step(gate_step["run"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "## evalkit gate: PASS" in out.stdout, out.stdout
+    assert outputs.read_text().splitlines()[-1] == "promote=true"
+    print("\n" + "\n".join(line for line in out.stdout.splitlines() if line.startswith(("## ", "| pass", "| fail",
+                                                                                          "| inconclusive"))))
