@@ -119,7 +119,14 @@ def _gguf_header(n_kv: int = 1) -> bytes:
             + struct.pack("<I", 8) + struct.pack("<Q", 5) + b"llama")
 
 
-@pytest.mark.parametrize("content", [os.urandom(4096), b"GGUF" + os.urandom(60), _gguf_header(3), b"GGUF", b""])
+def _gguf_key_past_any_file() -> bytes:
+    import struct
+
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 2**63)  # a key 2**63 bytes long
+
+
+@pytest.mark.parametrize("content", [os.urandom(4096), b"GGUF" + os.urandom(60), _gguf_header(3), b"GGUF", b"",
+                                     _gguf_key_past_any_file()])
 def test_a_server_tokenizer_gguf_that_is_truncated_or_random(invoke, tmp_path, content):
     path = tmp_path / "tok.gguf"
     path.write_bytes(content)

@@ -103,7 +103,7 @@ def gguf_file_type(path: Path) -> str:
             if key == "general.file_type":
                 value = int(got)
                 break
-    except (struct.error, ValueError, RecursionError) as exc:
+    except (struct.error, ValueError, OverflowError, RecursionError) as exc:  # Overflow: an offset past any file
         raise BadInput(f"{path}: the GGUF header does not read ({exc})") from None
     if value is None:
         return "unknown"
