@@ -377,9 +377,6 @@ def _check_regression(
     )
     if rule.margin.kind == "delta":
         common["limit"] = rule.margin.value
-    lacking = _lacking(rule.metric, candidate, baseline)
-    if lacking:
-        return lacking(rule, task, rules)
     why = _not_computed(rule.metric, *([candidate] if not in_cand else []), *([baseline] if not in_base else []))
     if why and not (in_cand and in_base):
         return VerdictRow(status="inconclusive", reason=why, **common)
