@@ -9,6 +9,7 @@ JUnit is checked by parsing it; terminal text by the absence of any C0 / C1 cont
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 import string
 import unicodedata
 import xml.dom.minidom
@@ -19,6 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
+
+import evalkit
 
 from evalkit.release.decide import Verdict, VerdictRow
 from evalkit.release.render import to_junit, to_markdown as gate_markdown
@@ -214,3 +217,38 @@ def test_terminal_json_reads_back_the_same_and_has_no_control_character(d):
 
     out = render(["name"], [[d]], "json")
     assert _controls(out) == [] and json.loads(out) == [{"name": d}]
+
+
+def _section_prose() -> list[tuple[str, int, str]]:
+    """Every literal piece of text evalkit's report code writes into a section's intro, notes, omitted
+    reason or caption: (file, line, text)."""
+    import ast
+
+    out = []
+    for path in sorted((Path(evalkit.__file__).parent / "report").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            values: list[ast.AST] = []
+            if isinstance(node, (ast.Assign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Attribute) and t.attr in ("omitted", "intro", "caption") for t in targets):
+                    values.append(node.value)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "append" \
+                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "notes":
+                values += node.args
+            elif isinstance(node, ast.Call):
+                values += [k.value for k in node.keywords if k.arg in ("omitted", "intro", "caption", "notes")]
+            for value in values:
+                for const in ast.walk(value):
+                    if isinstance(const, ast.Constant) and isinstance(const.value, str):
+                        out.append((path.name, const.lineno, const.value))
+    return out
+
+
+def test_the_reports_own_prose_carries_no_markup():
+    """Section text is written as data (escaped, shown as it is), so a backtick or an emphasis mark evalkit
+    writes there itself would show up literally in summary.md instead of as code."""
+    prose = _section_prose()
+    assert len(prose) > 40  # the scan finds the report's texts
+    marked = [(f, line, text) for f, line, text in prose if "`" in text or "**" in text]
+    assert not marked, marked

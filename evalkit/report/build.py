@@ -82,7 +82,7 @@ def drift_section(rows: list[dict], out_dir: Path) -> Section:
     """KL divergence and same top by response position, one line per variant (docs/drift.md)."""
     section = Section("drift", "Drift by response position")
     if not rows:
-        section.omitted = "no run here teacher-forced a base run's responses (`evalkit run --drift`)"
+        section.omitted = "no run here teacher-forced a base run's responses (evalkit run --drift makes them)"
         return section
     from evalkit.report.drift_plot import drift_plot
 

@@ -37,12 +37,12 @@ def _when(value) -> str:
 def promotions_section(data: Promotions) -> Section:
     section = Section(KEY, TITLE)
     if not data.tags and not data.gates:
-        section.omitted = ("no run was promoted (`evalkit promote RUN --tag NAME`) and no gate decision was "
-                           "recorded (`evalkit gate`)")
+        section.omitted = ("no run was promoted (evalkit promote RUN --tag NAME) and no gate decision was "
+                           "recorded (evalkit gate)")
         return section
-    section.intro = ("Each promotion, oldest first: `tag:NAME` is the run promoted to NAME most recently (in "
+    section.intro = ("Each promotion, oldest first: tag:NAME is the run promoted to NAME most recently (in "
                      "bold), so promoting an earlier run again rolls the tag back. Below, the gate decisions "
-                     "`evalkit gate` recorded, newest first (`gates`, and each check in `gate_checks`).")
+                     "evalkit gate recorded, newest first (table gates, and each check in table gate_checks).")
     by_tag: dict[str, list[dict[str, Any]]] = {}
     for row in data.tags:
         by_tag.setdefault(row["tag"], []).append(row)
@@ -70,7 +70,7 @@ def promotions_section(data: Promotions) -> Section:
                 gates.strong.add((i, 1))
         section.tables.append(gates)
         if len(data.gates) == MAX_GATES:
-            section.notes.append(f"The newest {plural(MAX_GATES, 'decision')}; every one is in the `gates` table.")
+            section.notes.append(f"The newest {plural(MAX_GATES, 'decision')}; every one is in the gates table.")
     else:
-        section.notes.append("No gate decision recorded yet (`evalkit gate` records each one unless --no-record).")
+        section.notes.append("No gate decision recorded yet (evalkit gate records each one unless --no-record).")
     return section
