@@ -107,8 +107,8 @@ def resume(run: str, *, db: str | os.PathLike | None = None, on_start: Callable[
 
     Only the batches its journal lacks are computed, and the rows equal an uninterrupted
     run's. Refused (BadInput) when the run is done or still running, has no journal, its
-    journal does not verify, or what it ran with (model file, quant, template, KV policy,
-    seed, versions) has changed. A run whose finished results wait in a spool file is
+    journal does not verify, or what it ran with (model file, tokenizer, quant, template, KV
+    policy, seed, versions) has changed. A run whose finished results wait in a spool file is
     brought in.
     """
     from evalkit.runner.resume import resume as resume_run

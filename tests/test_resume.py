@@ -263,3 +263,26 @@ def test_the_journal_goes_to_the_dbs_own_fallback_folder_when_the_spool_folder_c
     resumed = api.resume(run_id, db=db)
     assert (resumed.replayed, resumed.computed) == (1, 2)
     assert differences(db, "samples", ref_id, run_id)[2] == []
+
+
+def test_resume_refuses_a_tokenizer_that_changed(tiny_model_dir, tmp_path):
+    """The weights' hash does not cover a model folder's tokenizer files: the tokenizer the model loads
+    with now must be the one the run started with, or rows tokenized two ways would make one run."""
+    db = tmp_path / "evalkit.duckdb"
+    run_id, _ = killed_run(tiny_model_dir, db, "1")
+    con = duckdb.connect(str(db))
+    started = con.execute("SELECT tokenizer_hash FROM runs WHERE id = ?", [run_id]).fetchone()[0]
+    assert started  # the tiny model's tokenizer.json has an identity
+    con.execute("UPDATE runs SET tokenizer_hash = 'sha256:0' WHERE id = ?", [run_id])
+    con.close()
+    before = row_of(db, run_id)
+    out = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db)])
+    assert out.exit_code == 2, out.output
+    assert (f"run {run_id} cannot resume: its tokenizer has changed (tokenizer_hash sha256:0 at the start, "
+            f"{started} now)") in out.output
+    assert row_of(db, run_id) == before and journaled(db, run_id)[0] == 1
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE runs SET tokenizer_hash = ? WHERE id = ?", [started, run_id])
+    con.close()
+    out = CliRunner().invoke(main, ["run", "--resume", run_id, "--db", str(db)])
+    assert out.exit_code == 0 and status(db, run_id) == "done", out.output

@@ -165,7 +165,7 @@ def _whole_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _tokenizer(lm: Any) -> dict[str, str | None]:
+def tokenizer_columns(lm: Any) -> dict[str, str | None]:
     """The tokenizer identity the engine computed at load (`engines.tokenizer_id`); NULL when it gave none."""
     tid = getattr(lm, "tokenizer_id", None)
     return {"tokenizer_hash": getattr(tid, "hash", None), "tokenizer_source": getattr(tid, "source", None)}
@@ -214,7 +214,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "engine": model.engine,
         "unavailable": _unavailable(plan, lm),
         "metric_selection": plan.selection.spec,
-        **_tokenizer(lm),
+        **tokenizer_columns(lm),
         **_versions(),
         **rows.this_process(),
     })

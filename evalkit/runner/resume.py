@@ -20,7 +20,8 @@ from typing import Any
 
 from evalkit.errors import BadInput
 from evalkit.runner.config import RunConfig, plan_run
-from evalkit.runner.execute import Resumed, RunResult, _execute_plan, fingerprint, keeps_journal, run_row
+from evalkit.runner.execute import (Resumed, RunResult, _execute_plan, fingerprint, keeps_journal, run_row,
+                                     tokenizer_columns)
 from evalkit.store import journal, rows, runs, spool
 from evalkit.store.db import db_path, open_reader
 from evalkit.store.runs import open_writer
@@ -75,7 +76,8 @@ def resume(db, ref: str, *, on_start: Callable[[str], None] | None = None) -> Ru
     Everything is checked before the model loads: the run is resumable, its journal is this
     DB's journal of this run and verifies line by line, and the configuration it would run
     now has the fingerprint the journal recorded (model file, quant, template, KV policy,
-    seed, prompts, versions). Raises BadInput naming what is wrong otherwise.
+    seed, prompts, versions); once the model is loaded, its tokenizer is the one the run started with.
+    Raises BadInput naming what is wrong otherwise.
     """
     from evalkit.engines import resolve as models
 
@@ -105,11 +107,23 @@ def resume(db, ref: str, *, on_start: Callable[[str], None] | None = None) -> Ru
         lm = models.load(plan.model, batch_size=cfg.batch_size)
         if not keeps_journal(lm):
             raise BadInput(f"run {run_id}: the backend {type(lm).__name__} keeps no journal")
+        _check_tokenizer(run_id, row, lm)
         load_s = time.monotonic() - t0
         result = _execute_plan(plan, lm, t0, load_s, on_start, Resumed(run_id, row["created_at"], opened))
     finally:
         opened.close()
     return result
+
+
+def _check_tokenizer(run_id: str, row: dict[str, Any], lm: Any) -> None:
+    """The loaded tokenizer is the one the run started with (`runs.tokenizer_hash`): the weights' hash
+    in the fingerprint does not cover a model folder's tokenizer files or a separate `tokenizer=`, and
+    rows tokenized two ways must not make one run."""
+    started = row.get("tokenizer_hash")
+    now = tokenizer_columns(lm)["tokenizer_hash"]
+    if started is not None and now != started:
+        raise BadInput(f"run {run_id} cannot resume: its tokenizer has changed (tokenizer_hash {started} at the "
+                       f"start, {now or 'none'} now); run it again")
 
 
 def _finished(db, run_id: str) -> RunResult:
