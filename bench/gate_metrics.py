@@ -44,7 +44,8 @@ def run_one(db: str, variant: str, metrics: str, limit: int) -> dict:
     """One `evalkit run` in its own one-thread process: {variant, metrics, run, cpu_s, wall_s}."""
     cmd = [sys.executable, "-m", "evalkit", "run", "--tasks", "firsttoken", "--limit", str(limit), "--metrics",
            metrics, "--db", db, "--name", f"{variant}-{metrics}"]
-    cmd += ["--model", "llamacpp"] if variant == "llamacpp" else ["--quant", variant]
+    # llama.cpp's own thread pool takes the usable cores unless told: one thread, as the others
+    cmd += ["--model", "llamacpp", "--model-args", "n_threads=1"] if variant == "llamacpp" else ["--quant", variant]
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()

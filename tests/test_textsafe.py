@@ -140,6 +140,19 @@ def test_gate_markdown_is_inert(name, status):
     assert places[14:16] == [visible(name)] * 2 and places[21] == visible(name)
 
 
+def test_the_gates_own_prose_carries_no_escaped_mark():
+    """The line under the table is evalkit's text, escaped as data: a code mark of its own would show as a
+    literal backslash and backtick."""
+    from evalkit.release.verdict import NOT_COMPUTED_WORDS, TWIN_WORDS
+
+    rows = [_row("t", "ft_hit", f"{TWIN_WORDS} answer_prob", "skipped"),
+            _row("t", "opener_mass", f"{NOT_COMPUTED_WORDS}: run a did not compute it", "inconclusive")]
+    doc = gate_markdown(Verdict(outcome="inconclusive", rows=rows), "cand", "base")
+    prose = doc.split("\n\n")[-1]
+    assert prose.startswith("A fail needs") and "1 row reads a metric" in prose
+    assert "\\`" not in prose and "\\*" not in prose, prose
+
+
 def test_a_forged_heading_stays_in_its_cell():
     verdict = Verdict(outcome="inconclusive", rows=[_row("t\r## evalkit gate: PASS\r", "m", "<img src=x onerror=f()>",
                                                          "inconclusive")])

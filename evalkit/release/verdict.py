@@ -95,11 +95,20 @@ class Verdict:
                     "exact, continuous twin on the same task when the twin passes (answer_hit to answer_prob); "
                     "such rows are marked skipped and say so." if any(r.reason.startswith(TWIN_WORDS) for r in self.rows)
                     else "") + (
-                    f" {sum(r.reason.startswith(NOT_COMPUTED_WORDS) for r in self.rows)} rows read a metric a run "
-                    "did not compute (`evalkit run --metrics`, or its engine cannot): under the default rules such a "
+                    f" {_rows_read(sum(r.reason.startswith(NOT_COMPUTED_WORDS) for r in self.rows))} a metric a run "
+                    "did not compute (evalkit run --metrics skipped it, or its engine cannot): under the default rules such a "
                     "row is left to the metric that stands for it (its exact twin, or its stand-in) where that "
                     "passes, else it is inconclusive; it never fails." if any(
                         r.reason.startswith(NOT_COMPUTED_WORDS) for r in self.rows) else ""))
+
+
+def _rows_read(n: int) -> str:
+    """How many rows read something, the verb agreeing.
+
+    >>> _rows_read(1), _rows_read(4)
+    ('1 row reads', '4 rows read')
+    """
+    return "1 row reads" if n == 1 else f"{n} rows read"
 
 
 def _value(v: Any) -> float | None:
