@@ -208,7 +208,7 @@ def deciding_rows(outcomes_rows: list[list]) -> str:
     for rows in outcomes_rows:
         for r in rows:
             if r.status in ("fail", "inconclusive"):
-                c[f"{r.task}/{r.metric} {r.status}"] += 1
+                c[f"{r.task or '*'}/{r.metric} {r.status}"] += 1
     total = len(outcomes_rows)
     return ", ".join(f"{k} {v / total:.2f}" for k, v in c.most_common(3)) or "-"
 
