@@ -26,6 +26,7 @@ from typing import Any
 
 from evalkit import envvars
 from evalkit.defaults import DEFAULT_MODEL
+from evalkit.threads import settle_wait_policy
 
 
 METRICS_COLUMNS = ("task", "metric", "value", "ci_lo", "ci_hi", "n", "stderr", "filter")
@@ -115,6 +116,7 @@ def resume(run: str, *, db: str | os.PathLike | None = None, on_start: Callable[
     from evalkit.store.db import db_path
 
     envvars.check_environment()
+    settle_wait_policy()
     result = resume_run(db, run, on_start=on_start)
     return Run(result.run_id, result.status, result.n_samples, result.duration_s, db_path(db), result.metrics,
                result.load_s, result.eval_s, result.lead, result.replayed, result.computed)
@@ -130,6 +132,7 @@ def run_all(tasks: str | Sequence[str] = (), model: str = DEFAULT_MODEL, *, db: 
     from evalkit.store.db import db_path
 
     envvars.check_environment()
+    settle_wait_policy()  # before planning loads torch: on a busy CPU its threads sleep, not spin
     cfg = _config(tasks, model, db, options)
     path = db_path(cfg.db)
 

@@ -167,6 +167,10 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("USE_HUB_KERNELS", "text", None,
            "transformers' own hub-kernel switch: evalkit sets it to 0 in its process unless "
            "`EVALKIT_HUB_KERNELS` (or `--model-args use_kernels=True`) opts in; then transformers reads it as set."),
+    EnvVar("OMP_WAIT_POLICY", "text", None,
+           "How torch's OpenMP threads wait (libgomp reads it: ACTIVE spins, PASSIVE sleeps). Unset and the "
+           "1-minute load average at least the usable cores when a model loads: evalkit sets PASSIVE in its "
+           "process and says so (docs/performance.md, \"On a shared machine\"); any value set is left as it is."),
     EnvVar(DEFAULT_API_KEY_VAR, "secret", None,
            "API key the server engine (`--model server`) sends as `Authorization: Bearer` to its `base_url`'s "
            "host only; `--model-args api_key_env=NAME` reads it from another variable. Never stored or shown."),

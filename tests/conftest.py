@@ -3,7 +3,13 @@ lm-eval LM, the CLI in-process."""
 
 from __future__ import annotations
 
+import os
 import re
+
+# torch's OpenMP threads wait passively in the tests and their children, whatever the machine's load:
+# evalkit would choose so itself on a busy machine and say so on stderr (evalkit/threads.py), and a
+# test's stderr must not depend on the load (tests/test_threads.py unsets it to test that rule)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 from click.testing import CliRunner

@@ -53,9 +53,13 @@ def fuzz(ci_examples: int, *, deadline_s: float = 5.0) -> settings:
 PROGRESS_LINE = re.compile(r"^(?!evalkit: ).*(\[\d\d:\d\d(:\d\d)?\]|, ETA [\d:?]+.*)$")
 
 
+# a note evalkit prints as the model loads, not an error ("evalkit: note: load average 9.0 on 2 usable cores: ...")
+NOTE_LINE = re.compile(r"^evalkit: note: ")
+
+
 def error_lines(stderr: str) -> list[str]:
-    """The lines of `stderr` that are not a log's progress lines."""
-    return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.match(line)]
+    """The lines of `stderr` that are not a log's progress lines or notes."""
+    return [line for line in stderr.strip().splitlines() if not PROGRESS_LINE.match(line) and not NOTE_LINE.match(line)]
 
 
 def one_line(exc: BaseException) -> None:

@@ -93,7 +93,10 @@ def load(plan: ModelPlan, *, batch_size: int | str = DEFAULT_BATCH_SIZE):
     naming the model and its path (`loaderrors.loading`). `batch_size` "auto" goes to the model type as
     lm-eval's own "auto" (evalkit-hf derives it, `engines.caps`)."""
     from evalkit.progress import phases
+    from evalkit.threads import announce, settle_wait_policy
 
+    settle_wait_policy()  # before torch loads (a run settled it before planning): threads sleep, not spin,
+    announce()  # on a CPU other jobs fill
     if is_local(plan.args):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     check_local_files(plan.args)  # again: the files may have changed since the plan was made
