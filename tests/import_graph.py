@@ -29,7 +29,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {
     "floor": (("evalkit.errors", "evalkit.kinds", "evalkit.defaults", "evalkit.envvars", "evalkit.version",
                "evalkit.install", "evalkit.labels", "evalkit.contract", "evalkit.paths", "evalkit.progress",
                "evalkit.memo", "evalkit.cachedir", "evalkit.loaderrors",
-               "evalkit.redact", "evalkit.textsafe"),
+               "evalkit.redact", "evalkit.textsafe", "evalkit.threads"),
               frozenset()),
     "scoring": (("evalkit.scoring",), frozenset({"floor"})),
     "prompts": (("evalkit.prompts",), frozenset({"floor", "scoring"})),
