@@ -7,7 +7,7 @@ average is several times its core count) a spinning thread burns the time slice 
 waits for needs, and every kernel's barrier waits for a descheduled thread. Measured on 2 cores
 with 8 other busy processes (load average 9), 200 prompts of `evalkit run --metrics gate`: 621 s
 wall and 239 CPU s spinning, 184 s and 47 CPU s with the threads waiting passively; on the same
-cores idle, passive waiting costs 3 % (gate) to 12 % (a full run) of wall time
+cores idle, passive waiting costs 3–6 % (gate) to 12 % (a full run) of wall time
 (docs/performance.md, "On a shared machine").
 
 Owns: `usable_cores()`, the pure rule `wait_policy()` (passive when the 1-minute load average

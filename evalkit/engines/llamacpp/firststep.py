@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from evalkit.errors import BadInput
+from evalkit.threads import usable_cores
 
 # --kv-cache ggml:TYPE -> llama.cpp's ggml_type of the K and V cache (`full` is f32: nothing rounded)
 KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
@@ -43,10 +44,7 @@ N_BATCH = 2048  # tokens one llama_decode call takes (a longer prompt is fed in 
 
 def threads() -> int:
     """CPU threads llama.cpp computes with by default: the cores this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 _QUIET = None  # the log callback, kept alive for as long as llama.cpp may call it
