@@ -232,3 +232,18 @@ def m010_metric_intervals(con: duckdb.DuckDBPyConnection) -> None:
         WHERE r.status = 'done'
         """
     )
+
+
+# this module's migrations in the order they are applied (the package's MIGRATIONS joins the modules')
+MIGRATIONS = (
+    m001_create_runs,
+    m002_create_metrics,
+    m003_create_samples,
+    m004_create_first_token_topk,
+    m005_create_tags,
+    m006_create_views,
+    m007_create_run_drift_view,
+    m008_create_meta,
+    m009_run_liveness,
+    m010_metric_intervals,
+)

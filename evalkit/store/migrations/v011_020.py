@@ -368,3 +368,20 @@ def m020_answer_prob(con: duckdb.DuckDBPyConnection) -> None:
     # begins with a checkable answer (answers_full), the exact, continuous twin of answer_hit that
     # the gate can decide on a CI-sized run (docs/gate.md). Runs from before it hold NULL.
     con.execute("ALTER TABLE samples ADD COLUMN answer_prob DOUBLE")
+
+
+# this module's migrations in the order they are applied (the package's MIGRATIONS joins the modules'):
+# a migration's place is its schema_version number, so one is appended where it was written, even
+# when its name's number is lower
+MIGRATIONS = (
+    m011_run_model_name,
+    m012_answers_and_lead_indicators,
+    m013_kv_cache,
+    m016_topk_units,
+    m014_quant_detail,  # applied after m016
+    m015_attention_and_conflict,
+    m017_db_identity,
+    m019_drift_by_position,
+    m018_engine,  # after m019
+    m020_answer_prob,
+)

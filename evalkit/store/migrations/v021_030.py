@@ -159,3 +159,14 @@ def m026_metric_selection(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE runs ADD COLUMN metric_selection VARCHAR")
     con.execute("UPDATE runs SET metric_selection = 'all'")
     con.execute("ALTER TABLE samples ADD COLUMN opener_start_mass DOUBLE")
+
+
+# this module's migrations in the order they are applied (the package's MIGRATIONS joins the modules'); append here
+MIGRATIONS = (
+    m021_tokenizer_identity,
+    m022_no_interval_from_few_prompts,
+    m023_tag_history,
+    m024_gates,
+    m025_run_caps,
+    m026_metric_selection,
+)
