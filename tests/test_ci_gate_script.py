@@ -41,15 +41,22 @@ def run_script(tmp_path, env_extra, path_dir):
     return res, out.read_text().splitlines(), summary.read_text()
 
 
-@pytest.fixture
-def fake(tmp_path):
+def fake_evalkit(tmp_path, script: str):
+    """An `evalkit` executable in tmp_path/bin running `script` (a fake, or the real CLI), and an empty
+    log file a fake appends its arguments to."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     exe = bin_dir / "evalkit"
-    exe.write_text(FAKE)
+    exe.write_text(script)
     exe.chmod(0o755)
     log = tmp_path / "calls.log"
     log.write_text("")
+    return bin_dir, log
+
+
+@pytest.fixture
+def fake(tmp_path):
+    bin_dir, log = fake_evalkit(tmp_path, FAKE)
 
     def go(tags, gate=0, **extra):
         res, out, summary = run_script(tmp_path, {"FAKE_LOG": str(log), "FAKE_TAGS": str(tags),
@@ -138,11 +145,7 @@ def test_with_the_real_cli_on_a_small_db(fake_run, tmp_path):
     db = tmp_path / "reports" / "evalkit.duckdb"
     db.parent.mkdir()
     fake_run(db, "hit", name="candidate", limit=20)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "evalkit"
-    exe.write_text(f'#!/usr/bin/env bash\nexec "{sys.executable}" -m evalkit "$@"\n')
-    exe.chmod(0o755)
+    bin_dir, _ = fake_evalkit(tmp_path, f'#!/usr/bin/env bash\nexec "{sys.executable}" -m evalkit "$@"\n')
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
     env = {"EVALKIT_DB": str(db), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     before = db.read_bytes()
@@ -179,12 +182,7 @@ esac
 
 @pytest.fixture
 def candidate_step(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "evalkit"
-    exe.write_text(FAKE_RUNS)
-    exe.chmod(0o755)
-    log = tmp_path / "calls.log"
+    bin_dir, log = fake_evalkit(tmp_path, FAKE_RUNS)
 
     def go(last=None, resume=0, db=True):
         log.write_text("")
