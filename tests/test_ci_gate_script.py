@@ -157,7 +157,7 @@ def test_with_the_real_cli_on_a_small_db(fake_run, tmp_path):
 
     res, out, _ = run_script(tmp_path, {**env, "FIRST_BASELINE": "true"}, bin_dir)
     assert res.returncode == 0 and out == ["promote=true"], res.stderr
-    promoted = subprocess.run([str(exe), "promote", "latest", "--tag", "prod"], env={**os.environ, **env},
+    promoted = subprocess.run([str(bin_dir / "evalkit"), "promote", "latest", "--tag", "prod"], env={**os.environ, **env},
                               capture_output=True, text=True)
     assert promoted.returncode == 0, promoted.stderr
 
