@@ -27,6 +27,7 @@ from evalkit.defaults import (
     DEFAULT_TEMPERATURE,
     DEFAULT_TEMPLATE,
 )
+from evalkit.engines.vocab import bytes_to_unicode
 from evalkit.errors import BadInput
 from evalkit.prompts.templates import render_prompt
 
@@ -234,21 +235,8 @@ def _byte_level_bytes(piece: str | None) -> bytes | None:
             return bytes([int(piece[3:5], 16)])
         except ValueError:
             return None
-    decoder = {c: b for b, c in _bytes_to_unicode().items()}
+    decoder = {c: b for b, c in bytes_to_unicode().items()}
     try:
         return bytes(decoder[c] for c in piece)
     except KeyError:
         return None
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
