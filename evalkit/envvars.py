@@ -247,13 +247,17 @@ def api_key(name: str | None = None) -> str | None:
     must then be set, else $EVALKIT_API_KEY (None when unset). BadInput (one line that never shows
     the value) for a name that is no variable name, an unset named variable, or a value that cannot
     be an HTTP header's token."""
+    from evalkit import redact
+
     if name is None or name == DEFAULT_API_KEY_VAR:
+        redact.register(VARS[DEFAULT_API_KEY_VAR].raw())  # hidden by value wherever evalkit writes text
         return cast("str | None", VARS[DEFAULT_API_KEY_VAR].get())
     if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
         raise BadInput(f"--model-args api_key_env={name!r}: expected the name of an environment variable")
     var = EnvVar(name, "secret", None, "the API key --model-args api_key_env names")
     if var.raw() is None:
         raise BadInput(f"--model-args api_key_env={name}: {name} is not set (or empty); set it to the API key")
+    redact.register(var.raw())
     return cast(str, var.get())
 
 

@@ -108,6 +108,10 @@ def bar(*args: Any, file: IO[str] | None = None, disable: bool | None = False, q
     a log or a pipe (`quiet`: no first and last line, only the ticks of a long wait). `disable=True`
     gives a disabled bar; None disables it off a terminal (tqdm's own rule)."""
     stream = file if file is not None else sys.stderr
+    if isinstance(kwargs.get("desc"), str):  # what a bar shows never holds a secret (`redact`)
+        from evalkit import redact
+
+        kwargs["desc"] = redact.text(kwargs["desc"])
     if disable or (disable is None and not is_terminal(stream)):
         return tqdm(*args, file=stream, disable=True, **kwargs)
     if is_terminal(stream):

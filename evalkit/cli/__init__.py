@@ -62,6 +62,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
       evalkit query "SELECT template, metric, value FROM leaderboard"
     """
     ctx.ensure_object(dict)
+    redact.install_log_scrub()  # every log line, evalkit's and libraries', without the process's secrets
+    envvars.api_key()  # the key in the environment is registered, so no command shows it (`redact`)
     envvars.check_environment()  # a bad value is one line, exit 2, before any work
     ctx.obj["debug"] = debug or envvars.debug()
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evalkit import redact
 from evalkit.contract import FirstStepResult
 from evalkit.errors import BadInput
 from evalkit.paths import open_input, read_lines
@@ -109,6 +110,9 @@ def decode(data: dict[str, Any]) -> FirstStepResult:
 
 
 def _dumps(value: Any) -> str:
+    """A journal line's text: every line written and signed passes here, its secrets as `***` (`redact`)."""
+    if redact.active():
+        value = redact.value(value)
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 

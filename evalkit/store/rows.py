@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from evalkit import redact
 from evalkit.kinds import RunStatus
 from evalkit.scoring import registry
 from evalkit.store.db import now
@@ -63,7 +64,14 @@ def _check_columns(fields) -> None:
         raise ValueError(f"unknown run columns: {sorted(unknown)}")
 
 
+def scrub_row(fields: dict[str, Any]) -> dict[str, Any]:
+    """A row as it may be stored: every registered secret and URL credential in its text as `***`
+    (`redact.value`); every write of a run row or result rows passes through here."""
+    return redact.value(fields)
+
+
 def _update(con, run_id: str, fields: dict[str, Any]) -> None:
+    fields = scrub_row(fields)
     assignments = ", ".join(f"{c} = ?" for c in fields)
     con.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*fields.values(), run_id])
 
@@ -103,6 +111,8 @@ def insert_rows(con, table: str, columns: Sequence[str], rows: Sequence[dict[str
     """
     if not rows:
         return
+    if redact.active():  # a registered secret a server sent back in a text is stored as ***
+        rows = [scrub_row(r) for r in rows]
     import pyarrow as pa
 
     types = dict(con.execute(

@@ -17,10 +17,11 @@ from typing import Any
 
 import duckdb
 
+from evalkit import redact
 from evalkit.errors import BadInput
 from evalkit.store import db, spool
 from evalkit.store.db import db_path, now
-from evalkit.store.rows import _check_columns, _update, mark_abandoned, this_process, write_results
+from evalkit.store.rows import _check_columns, _update, scrub_row, mark_abandoned, this_process, write_results
 
 
 @contextlib.contextmanager
@@ -44,6 +45,7 @@ def insert_run(path, row: dict[str, Any]):
     """Record a run as it starts (status 'running'); return the DB's `spool.Identity`, which binds
     the run's results to this DB should they have to be kept in a spool file."""
     _check_columns(row)
+    row = scrub_row(row)
     cols = list(row)
     with transaction(path) as con:
         con.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
@@ -86,7 +88,7 @@ def mark_interrupted(path, run_id: str, error: str, duration_s: float) -> None:
         con.execute(
             "UPDATE runs SET status = 'interrupted', error = ?, finished_at = ?, duration_s = ? "
             "WHERE id = ? AND status = 'running'",
-            [error, now(), duration_s, run_id],
+            [redact.text(error), now(), duration_s, run_id],
         )
 
 

@@ -208,6 +208,7 @@ def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, to
 
 def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(),
            attention=()) -> Path:
+    row = rows.scrub_row(row)
     final = folder / f"{row['id']}{SUFFIX}"
     partial = folder / f".{row['id']}{SUFFIX}.partial"
     partial.unlink(missing_ok=True)

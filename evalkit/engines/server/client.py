@@ -49,6 +49,8 @@ class Client:
     def __init__(self, base_url: str, *, timeout: float = 120, retries: int = 3,
                  run_timeout: float | None = None, api_key: str | None = None) -> None:
         self.base = base_url.rstrip("/")
+        redact.register_url(self.base)  # its password, by value, out of every text evalkit writes
+        redact.register(api_key)
         self.shown = redact.text(self.base)
         self.origin = _origin(self.base)
         self._auth = _credentials(self.base, api_key)
@@ -96,10 +98,10 @@ class Client:
                 last = redact.text(_one_line(f"{type(exc).__name__}: {exc}"))
                 continue
             if status == 429 or status >= 500:
-                last = f"HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}"
+                last = f"HTTP {status}: {_said(raw)}"
                 continue
             if status >= 400:
-                raise ServerError(f"{shown}: HTTP {status}: {_one_line(raw[:300].decode('utf-8', 'replace'))}")
+                raise ServerError(f"{shown}: HTTP {status}: {_said(raw)}")
             return read_json(raw, shown)
         raise ServerError(f"{shown}: no answer after {self.retries + 1} tries ({last})")
 
@@ -219,6 +221,12 @@ def read_json(raw: bytes, url: str) -> Any:
                           f"{_clip(raw[:80].decode('utf-8', 'replace'))})") from None
     except RecursionError:
         raise ServerError(f"{url}: the server's JSON is nested too deep to read") from None
+
+
+def _said(raw: bytes, width: int = 300) -> str:
+    """What an error answer's body says, on one line, cut to `width` characters after its secrets are
+    scrubbed (a body quoting the request's Authorization header: a secret cut in two is still found)."""
+    return _one_line(redact.text(raw[: 64 * width].decode("utf-8", "replace")))[:width]
 
 
 def _one_line(text: str) -> str:

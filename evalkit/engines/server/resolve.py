@@ -61,6 +61,7 @@ def resolve_server(record: EngineRecord | None, ask: ModelRequest) -> ModelPlan:
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise BadInput(f"--model {model_type} needs --model-args base_url=http://HOST:PORT/v1 "
                        f"(got {redact.text(url) if isinstance(url, str) else url!r})")
+    check_base_url(url)
     envvars.api_key(args.get("api_key_env"))  # checked now: a missing or unsendable key is one line, no work
     for key, lo, hi in (("top_logprobs", 1, 1 << 16), ("concurrency", 1, 256), ("retries", 0, 100),
                         ("timeout", 1, 86400)):
@@ -84,6 +85,22 @@ def resolve_server(record: EngineRecord | None, ask: ModelRequest) -> ModelPlan:
         embedded=False, label=redact.text(str(args.get("model") or url)), quant=None, dtype=None, top_k=k,
         device=None,
     )
+
+
+def check_base_url(url: str) -> None:
+    """Read `url` with urllib, the parser the client sends with, and register its password (`redact.register_url`:
+    hidden by value wherever evalkit writes text, whatever characters it holds); BadInput, one line that
+    does not show the URL, when urllib cannot read its host and port (a '/', '?' or '#' in a password
+    ends the host early: those are written percent-encoded)."""
+    try:
+        parts = redact.register_url(url)
+        ok = bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise BadInput("--model-args base_url cannot be read as http(s)://[USER:PASSWORD@]HOST[:PORT]/PATH by urllib, "
+                       "which sends it (a '/', '?' or '#' in a password is written percent-encoded: %2F %3F %23); "
+                       "the URL is not shown, as it may hold a password")
 
 
 def check_tokenizer(path: Path) -> None:
