@@ -149,3 +149,58 @@ def test_a_db_path_with_a_byte_that_is_not_utf8(invoke, tmp_path):
         assert res.exit_code == 2 and len(lines) == 1, res.stderr
         assert "holds a byte that is not UTF-8" in lines[0] and "a\\xffb.duckdb" in lines[0], lines
     assert os.listdir(tmp_path) == []
+
+
+# ---- a server's text fields (`engines.server.client.check_text`, called by `completion`) --------------
+
+ODD_STRINGS = {"lone high surrogate": "\ud800", "lone low surrogate in a word": "ab\udfffc", "NUL": "\x00",
+               "NUL in a word": "Par\x00is", "U+FFFD": "\ufffd", "U+FFFD in a word": "caf\ufffd",
+               "1 MB token": "a" * 1_000_000}
+
+
+def _odd_answer(field: str, odd: str):
+    from tests.fake_server import Reply, completion
+
+    def answer(method, path, body):
+        if path == "/models":
+            return Reply({"object": "list", "data": [{"id": "odd-model"}]})
+        good = completion("Paris", {"Paris": -0.1, "London": -2.5}, offset=len((body or {}).get("prompt", "")))
+        choice = good["choices"][0]
+        if field == "text":
+            choice["text"] = odd
+        elif field == "tokens":
+            choice["logprobs"]["tokens"] = [odd]
+        else:
+            choice["logprobs"]["top_logprobs"] = [{"Paris": -0.1, odd: -2.5}]
+        return Reply(good)
+
+    return answer
+
+
+@pytest.mark.parametrize("kind", list(ODD_STRINGS))
+@pytest.mark.parametrize("field", ["top_logprobs key", "text", "tokens"])
+def test_a_server_text_field_holding_an_odd_string(invoke, tiny_model_dir, tmp_path, field, kind):
+    """Each ends in one line naming the server, the field and the token: the run's error, never a
+    library's TypeError."""
+    import duckdb
+
+    from tests.fake_server import FakeServer
+
+    odd = ODD_STRINGS[kind]
+    db = tmp_path / "odd.duckdb"
+    with FakeServer(_odd_answer(field, odd)) as url:
+        res = invoke("run", "--model", "server", "--model-args",
+                     f"base_url={url},tokenizer={tiny_model_dir},retries=0,timeout=10,top_logprobs=2",
+                     "--tasks", "firsttoken_en", "--limit", 1, "--db", db)
+    lines = [line for line in error_lines(res.stderr) if not line.startswith("run ")]  # "run ID started"
+    assert res.exit_code == 1 and len(lines) == 1, res.stderr[-2000:]
+    line = lines[0]
+    assert line.startswith("evalkit: error: ") and url in line and "the server's" in line, line
+    where = {"text": "completion text", "tokens": "logprobs.tokens[0]",
+             "top_logprobs key": "logprobs.top_logprobs[0] key"}[field]
+    assert where in line, line
+    assert "TypeError" not in res.stderr and "Traceback" not in res.stderr and len(line) < 1000
+    con = duckdb.connect(str(db), read_only=True)
+    error, = con.execute("SELECT error FROM runs").fetchone()
+    con.close()
+    assert where in error and "TypeError" not in error, error

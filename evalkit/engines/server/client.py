@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -262,6 +263,36 @@ def served_models(listed: Any, base_url: str) -> list[str | None]:
     return [m["id"] for m in data] or [None]
 
 
+MAX_TOKEN_CHARS = 4096  # one token's text (real vocabularies' longest are a few hundred characters)
+MAX_TEXT_CHARS = 256 * 1024  # one completion's text
+_ODD = re.compile("[\ud800-\udfff\x00\ufffd]")
+_ODD_NAMES = {"\x00": "a NUL character", "\ufffd": "U+FFFD (bytes the server could not decode: the token is lost)"}
+
+
+def check_text(value: str, field: str, url: str, limit: int = MAX_TOKEN_CHARS) -> None:
+    """Refuse a text field of a server's answer (`text`, a `tokens` item, a `top_logprobs` key) that no
+    tokenizer can take or map back to its token: a lone surrogate (valid JSON, "\\ud800", but no text),
+    a NUL, U+FFFD (the server replaced bytes it could not decode), or more than `limit` characters.
+    ServerError, one line naming the server, the field and the token (clipped).
+
+    >>> check_text("Paris", "logprobs.tokens[0]", "u")
+    >>> check_text("\ufffd", "logprobs.tokens[0]", "http://h/v1/completions")
+    Traceback (most recent call last):
+    ...
+    evalkit.engines.server.client.ServerError: http://h/v1/completions: the server's logprobs.tokens[0] '�' holds U+FFFD (bytes the server could not decode: the token is lost); a tokenizer cannot map it to a token
+    """
+    if len(value) > limit:
+        raise ServerError(f"{url}: the server's {field} {_clip(value)} is {len(value)} characters long, "
+                          f"more than the {limit} a {'token' if limit == MAX_TOKEN_CHARS else 'completion'} "
+                          "may hold")
+    odd = _ODD.search(value)
+    if odd:
+        ch = odd.group(0)
+        what = _ODD_NAMES.get(ch, f"a lone surrogate (U+{ord(ch):04X}), which is no text")
+        raise ServerError(f"{url}: the server's {field} {_clip(value)} holds {what}; "
+                          "a tokenizer cannot map it to a token")
+
+
 _LOGPROB_FIELDS = {  # field of a completion's `logprobs` -> (what each item may be, in words)
     "tokens": ((str,), "a token text"),
     "token_logprobs": ((int, float, type(None)), "a number or null"),
@@ -297,6 +328,7 @@ def completion(answer: Any, url: str) -> dict[str, Any]:
         text = ""
     if not isinstance(text, str):
         raise ServerError(f"{url}: the server's completion text is {_kind(text)}, not a string")
+    check_text(text, "completion text", url, MAX_TEXT_CHARS)
     choice["text"] = text
     lp = choice.get("logprobs")
     if lp is None:
@@ -313,8 +345,11 @@ def completion(answer: Any, url: str) -> dict[str, Any]:
         for i, item in enumerate(items):
             if isinstance(item, bool) or not isinstance(item, types):
                 raise ServerError(f"{url}: the server's logprobs.{name}[{i}] is {_clip(item)}, not {words}")
+            if isinstance(item, str):
+                check_text(item, f"logprobs.{name}[{i}]", url)
             if isinstance(item, dict):
                 for token, value in item.items():
+                    check_text(token, f"logprobs.{name}[{i}] key", url)
                     if isinstance(value, bool) or not isinstance(value, (int, float)):
                         raise ServerError(f"{url}: the server's logprobs.top_logprobs[{i}][{_clip(token)}] is "
                                           f"{_clip(value)}, not a number")
