@@ -14,7 +14,8 @@ from evalkit.cli.output import render
 @format_option
 def tags_command(name, db, fmt):
     """Each tag's history: every promotion, oldest first; `current` marks the run `tag:NAME` names
-    (the one promoted to it most recently). Only reads the DB.
+    (the one promoted to it most recently); `dangling` marks a promotion whose run is gone from the DB
+    (deleted by another DuckDB client: `tag:NAME` is then refused). Only reads the DB.
 
     \b
     Examples:
@@ -24,9 +25,10 @@ def tags_command(name, db, fmt):
     from evalkit.store.promotions import read_tag_history
 
     rows = read_tag_history(db, name)
-    cols = ["tag", "promoted_at", "run_id", "name", "model", "quant", "current"]
-    shown = [[r[c] if c != "current" else ("*" if r[c] else "") for c in cols] if fmt == "table"
-             else [r[c] for c in cols] for r in rows]
+    cols = ["tag", "promoted_at", "run_id", "name", "model", "quant", "current", "dangling"]
+    shown = [[r[c] if c not in ("current", "dangling") else
+              ("*" if c == "current" and r[c] else "run gone" if c == "dangling" and r[c] else "") for c in cols]
+             if fmt == "table" else [r[c] for c in cols] for r in rows]
     if not rows:
         click.echo("no tags yet (evalkit promote RUN --tag NAME)", err=True)
         return

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -32,7 +31,6 @@ if TYPE_CHECKING:  # evalkit.release.decide imports numpy and yaml: loaded when 
     from evalkit.release.decide import Verdict
     from evalkit.release.rules import Rules
 
-_TAG_RE = re.compile(r"[\w.\-]+")
 
 
 @dataclass(frozen=True)
@@ -268,8 +266,9 @@ def promote(db, ref: str, tag: str) -> Promotion:
 
     Raises BadInput for a bad tag name or an unknown or unfinished run, before anything is written.
     """
-    if not _TAG_RE.fullmatch(tag or ""):
-        raise BadInput(f"bad tag name {tag!r}: use letters, digits, '.', '_' or '-'")
+    from evalkit.runner.config import check_tag_name
+
+    check_tag_name(tag)
     if not db_path(db).is_file():
         raise BadInput(f"no evalkit database at {db_path(db)} (store a run with `evalkit run`, or pass --db)")
     with transaction(db) as con:

@@ -119,12 +119,29 @@ def check_text(option: str, value: str, *, max_len: int = MAX_NAME) -> str:
     text = value.strip()
     if not text:
         raise BadInput(f"{option} is empty")
+    if len(text) > max_len:
+        raise BadInput(f"{option} is longer than {max_len} characters")
     bad = next((c for c in text if unicodedata.category(c)[0] == "C"), None)
     if bad is not None:
         raise BadInput(f"{option} {value!r} holds the control character U+{ord(bad):04X}")
-    if len(text) > max_len:
-        raise BadInput(f"{option} is longer than {max_len} characters")
+    odd = next((c for c in text if unicodedata.normalize("NFKC", c) != c), None)
+    if odd is not None:  # a fullwidth 'ｐｒｏｄ' reads as 'prod' and is another label
+        raise BadInput(f"{option} {text!r} holds {odd!r} (U+{ord(odd):04X}), a compatibility form of "
+                       f"{unicodedata.normalize('NFKC', odd)!r}: it would look like another label; write that instead")
     return text
+
+
+def check_tag_name(tag: str) -> str:
+    """A tag's name (`promote --tag`): letters, digits, '.', '_' or '-', not starting with '-' (a
+    command line would read it as an option), and a label as `check_text` checks it (length, no
+    compatibility forms such as fullwidth letters)."""
+    import re
+
+    if not isinstance(tag, str) or not re.fullmatch(r"[\w.\-]+", tag):
+        raise BadInput(f"bad tag name {tag!r}: use letters, digits, '.', '_' or '-'")
+    if tag.startswith("-"):
+        raise BadInput(f"bad tag name {tag[:40]!r}: it starts with '-', which a command line reads as an option")
+    return check_text("--tag", tag)
 
 
 def check_run_name(name: str) -> str:

@@ -54,11 +54,12 @@ def add_tag(con: duckdb.DuckDBPyConnection, tag: str, run_id: str) -> str | None
 
 def tag_history(con: duckdb.DuckDBPyConnection, tag: str | None = None) -> list[dict[str, Any]]:
     """Every promotion, per tag oldest first: tag, promoted_at, run_id, the run's name, model,
-    quant and status, and `current` (the row `tag:NAME` resolves to). BadInput for a tag no row has."""
+    quant and status, `current` (the row `tag:NAME` resolves to) and `dangling` (its run is gone
+    from the DB, deleted by another client). BadInput for a tag no row has."""
     rows = con.execute(
         """
         SELECT t.tag, t.created_at AS promoted_at, t.run_id, r.name, coalesce(r.model_name, r.model) AS model, r.quant,
-               t.created_at = max(t.created_at) OVER (PARTITION BY t.tag) AS current
+               t.created_at = max(t.created_at) OVER (PARTITION BY t.tag) AS current, r.id IS NULL AS dangling
         FROM tags t LEFT JOIN runs r ON r.id = t.run_id
         WHERE ? IS NULL OR t.tag = ?
         ORDER BY t.tag, t.created_at

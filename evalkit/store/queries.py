@@ -43,6 +43,12 @@ def unaddressable_name(name: str) -> str | None:
     return None
 
 
+def dangling(tag: str, run_id: str) -> str:
+    """The line for a tag whose current run is gone from the DB (deleted by another client)."""
+    return (f"tag:{tag} points to run {run_id}, which is gone from the DB (deleted outside evalkit); "
+            f"promote a run to it again (evalkit promote RUN --tag {tag}), or see `evalkit tags {tag}`")
+
+
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     """A run id from an id, a unique id prefix, `latest`, `tag:NAME` (the run promoted to NAME
     most recently), or a run's `--name` (the newest `done` run of that name, else the newest of
@@ -58,6 +64,8 @@ def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
         run_id = current_run(con, tag)  # the run promoted to it most recently (a rollback moves it back)
         if run_id is None:
             raise BadInput(f"no run has the tag {tag!r}")
+        if not con.execute("SELECT count(*) FROM runs WHERE id = ?", [run_id]).fetchone()[0]:
+            raise BadInput(dangling(tag, run_id))
         return run_id
     if not ref:
         raise BadInput("empty run id")
