@@ -139,6 +139,8 @@ def test_a_bound_at_the_edge_of_the_range_is_kept(tmp_path, key, spec):
 
 
 def test_a_drop_wider_than_the_range_is_refused(tmp_path):
-    with pytest.raises(BadInput, match=r"regressions\.ft_hit: a drop of 1\.5 is more than ft_hit can move"):
+    with pytest.raises(BadInput, match=r"regressions\.ft_hit: a margin of 1\.5 can never fail: the largest possible drop is 1"):
         load_rules(rules_file(tmp_path, "regressions:\n  ft_hit: 1.5\n"))
-    assert load_rules(rules_file(tmp_path, "regressions:\n  start_gap: 2\n")).regressions[0].margin.value == 2
+    assert load_rules(rules_file(tmp_path, "regressions:\n  start_gap: 1.9\n")).regressions[0].margin.value == 1.9
+    with pytest.raises(BadInput, match="can never fail"):  # a drop equal to the whole width cannot exceed it
+        load_rules(rules_file(tmp_path, "regressions:\n  start_gap: 2\n"))

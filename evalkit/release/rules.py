@@ -418,14 +418,53 @@ def _check_bound(where: str, metric: str, op: str, value: float, bad) -> None:
 
 
 def _check_margin(where: str, metric: str, margin: Margin, bad) -> None:
-    """A tolerated drop wider than the registry's range of `metric` could never be exceeded."""
+    """Refuse a margin under which no value in the registry's range of `metric` can fail the check
+    (`never_fails`): a delta at least the range's width, or a relative margin no drop can exceed."""
     span = registry.value_range(metric)
-    if span is None or span[1] is None or margin.kind != "delta":
+    higher = registry.higher_is_better(metric)
+    if span is None or higher is None:
         return
-    width = span[1] - span[0]
-    if margin.value > width:
-        raise bad(f"{where}: a drop of {margin.value:g} is more than {metric} can move ({metric} lies in "
-                  f"{_range_text(*span)}, a width of {width:g}); the check could never fail")
+    why = never_fails(margin.kind, margin.value, span[0], span[1], higher)
+    if why:
+        raise bad(f"{where}: a margin of {margin} can never fail: {why} ({metric} lies in "
+                  f"{_range_text(*span)}); give a margin some drop can exceed")
+
+
+def never_fails(kind: str, r: float, lo: float, hi: float | None, higher: bool) -> str | None:
+    """Why no candidate and baseline values in [lo, hi] can fail a regression with this margin, or None.
+
+    A regression fails when the drop exceeds the margin: for a delta, `drop > r`, and the largest
+    drop is the range's width; for a relative margin, `drop - r * baseline > 0` (`release.paired`),
+    whose largest value over the range is at one of its corners.
+
+    >>> never_fails("delta", 1.0, 0.0, 1.0, True)
+    'the largest possible drop is 1, the width of the range'
+    >>> never_fails("delta", 0.99, 0.0, 1.0, True) is None, never_fails("relative", 0.5, 0.0, 1.0, True) is None
+    (True, True)
+    >>> never_fails("relative", 1.0, 0.0, 1.0, True)
+    'a drop is at most the whole baseline value, so never more than 1 x it'
+    >>> never_fails("relative", 1e300, 0.0, None, False) is None  # lower is better, unbounded: can fail
+    True
+    """
+    if kind == "delta":
+        if hi is not None and r >= hi - lo:
+            return f"the largest possible drop is {hi - lo:g}, the width of the range"
+        return None
+    if higher:  # drop - r*b = (1 - r) * b - c, largest at c = lo and b at an end of the range
+        ends = [lo] + ([hi] if hi is not None else [])
+        if hi is None and r < 1:
+            return None
+        worst = max((1 - r) * b - lo for b in ends)
+        if hi is None and r == 1:
+            worst = max(worst, -lo)
+    else:  # drop - r*b = c - (1 + r) * b, largest at c = hi, b = lo (1 + r > 0)
+        if hi is None:
+            return None
+        worst = hi - (1 + r) * lo
+    if worst <= 0:
+        return (f"a drop is at most the whole baseline value, so never more than {r:g} x it" if higher and lo >= 0
+                else f"no drop in the range exceeds {r:g} x the baseline value")
+    return None
 
 
 def _clip(text: str, width: int = 40) -> str:
