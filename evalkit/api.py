@@ -65,6 +65,7 @@ class Run:
     lead: list[dict[str, Any]] = field(default_factory=list)  # does the first token predict the answer?
     replayed: int | None = None  # a resumed run: batches replayed from its journal (None: not resumed)
     computed: int | None = None  # a resumed run: batches computed in the resume
+    degenerate: list[dict[str, Any]] = field(default_factory=list)  # its flagged tasks (`scoring.degenerate`)
 
     def metrics_frame(self):
         """The metrics as a pandas DataFrame: task, metric, value, ci_lo, ci_hi, n, stderr, filter, in that
@@ -119,7 +120,7 @@ def resume(run: str, *, db: str | os.PathLike | None = None, on_start: Callable[
     settle_wait_policy()
     result = resume_run(db, run, on_start=on_start)
     return Run(result.run_id, result.status, result.n_samples, result.duration_s, db_path(db), result.metrics,
-               result.load_s, result.eval_s, result.lead, result.replayed, result.computed)
+               result.load_s, result.eval_s, result.lead, result.replayed, result.computed, result.degenerate)
 
 
 def run_all(tasks: str | Sequence[str] = (), model: str = DEFAULT_MODEL, *, db: str | os.PathLike | None = None,
@@ -138,7 +139,7 @@ def run_all(tasks: str | Sequence[str] = (), model: str = DEFAULT_MODEL, *, db: 
 
     def as_run(result) -> Run:
         return Run(result.run_id, result.status, result.n_samples, result.duration_s, path, result.metrics,
-                   result.load_s, result.eval_s, result.lead)
+                   result.load_s, result.eval_s, result.lead, degenerate=result.degenerate)
 
     done = (lambda result: on_done(as_run(result))) if on_done else None
     return [as_run(r) for r in execute_sweep(cfg, on_start=on_start, on_done=done)]

@@ -103,6 +103,8 @@ class RunInfo:
     quant_detail: dict | None  # runs.quant_detail, parsed (None: not recorded)
     tokenizer_hash: str | None = None  # runs.tokenizer_hash (None: stored before tokenizer identities)
     tokenizer_source: str | None = None
+    # (task, reason) of each task flagged as degenerate output (`scoring.degenerate`): its deltas rank nothing
+    degenerate: tuple[tuple[str, str], ...] = ()
 
     @property
     def quant_summary(self) -> str:
@@ -181,14 +183,17 @@ def run_info(con, ids: list[str]) -> dict[str, RunInfo]:
 
     rows = con.execute("SELECT id, name, coalesce(model_name, model), quant, quant_detail, tokenizer_hash, "
                        "tokenizer_source FROM runs WHERE id IN (SELECT unnest(?))", [ids]).fetchall()
+    from evalkit.store.queries import degenerate_flags
+
     out = {}
     for run_id, name, model, quant, detail, tok_hash, tok_source in rows:
         try:
             parsed = json.loads(detail) if detail else None
         except ValueError:
             parsed = None
+        flags = tuple((f["task"], f["reason"]) for f in degenerate_flags(con, run_id))
         out[run_id] = RunInfo(run_id, name, model, quant, parsed if isinstance(parsed, dict) else None,
-                              tok_hash, tok_source)
+                              tok_hash, tok_source, flags)
     return out
 
 

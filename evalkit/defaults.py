@@ -10,6 +10,8 @@ values (`runner.config` does), or hold a closed set of names (`evalkit.kinds`).
 ('hf', 'chat', 50, 0.8)
 >>> MIDDLE_BAND
 (0.3, 0.7)
+>>> DEGENERATE_SHARE, DEGENERATE_SPECIAL_MASS, REPEAT_MIN_COPIES, REPEAT_MAX_UNIT
+(0.5, 0.5, 3, 8)
 """
 
 from __future__ import annotations
@@ -81,3 +83,13 @@ SINK_EPSILON: Final = 0.3  # ε of Gu et al. 2025: a head is a sink head when α
 # rounding, read as 0: two distributions equal up to the last bits (a permuted-id twin, whose
 # log-softmax sums its terms in another order) compute to about 1e-16, their true distance to 1e-32
 JSD_ROUNDING: Final = 1e-12
+# degenerate output (`scoring.degenerate`, docs/metrics.md "Degenerate output"): a run's task is flagged, and never
+# ranked, when more than DEGENERATE_SHARE of its responses are empty (no visible character: the model ended at once,
+# or gave whitespace only) or one unit repeated ("????????", "</h4></h4></h4>"), or when its mean first-step mass on
+# the special tokens (EOS, end of turn, any control token) is above DEGENERATE_SPECIAL_MASS
+DEGENERATE_SHARE: Final = 0.5
+DEGENERATE_SPECIAL_MASS: Final = 0.5
+# a response "repeats one token or character" when, its whitespace removed, it is at least REPEAT_MIN_COPIES copies
+# of one unit of at most REPEAT_MAX_UNIT characters (the last copy may be cut short by the token limit)
+REPEAT_MIN_COPIES: Final = 3
+REPEAT_MAX_UNIT: Final = 8

@@ -16,6 +16,7 @@ MODES = {
     "other": lambda doc: "Hmm, that depends on many things.",
     "key": lambda doc: f"The code is {doc['key']}." if doc.get("key") else "none",
     "nokey": lambda doc: "I do not know.",
+    "repeat": lambda doc: "????????????????",  # degenerate output (docs/metrics.md): one token repeated
 }
 
 

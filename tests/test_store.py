@@ -68,6 +68,8 @@ EXPECTED_TABLES = {
         "trie_positions": "INTEGER",
         "memory_budget": "BIGINT",
         "metric_selection": "VARCHAR",  # m026
+        "model_arch": "VARCHAR",  # m029
+        "model_file_type": "VARCHAR",
     },
     "metrics": {
         "run_id": "VARCHAR",
@@ -125,6 +127,7 @@ EXPECTED_TABLES = {
         "conflict_order": "VARCHAR",
         "answer_prob": "DOUBLE",  # m020
         "opener_start_mass": "DOUBLE",  # m026
+        "special_mass": "DOUBLE",  # m029
     },
     "first_token_topk": {
         "run_id": "VARCHAR",
@@ -150,6 +153,11 @@ EXPECTED_TABLES = {
         "p_fail": "DOUBLE", "decide_n": "INTEGER", "reason": "VARCHAR",
     },
     "evalkit_meta": {"key": "VARCHAR", "value": "VARCHAR"},
+    "degenerate": {  # m029
+        "run_id": "VARCHAR", "task": "VARCHAR", "n": "INTEGER", "n_empty": "INTEGER", "n_at_once": "INTEGER",
+        "n_cut": "INTEGER", "n_repeated": "INTEGER", "special_mass": "DOUBLE", "degenerate": "BOOLEAN",
+        "reason": "VARCHAR", "example": "VARCHAR",
+    },
     "lead_indicators": {
         "run_id": "VARCHAR", "task": "VARCHAR", "category": "VARCHAR", "signal": "VARCHAR", "auroc": "DOUBLE",
         "ci_lo": "DOUBLE", "ci_hi": "DOUBLE", "n": "INTEGER", "n_right": "INTEGER", "base_rate": "DOUBLE",
@@ -354,7 +362,8 @@ def test_quant_detail_migration_keeps_every_leaderboard_column(tmp_path):
     con.close()
     with open_writer(path) as con:
         after = [r[0] for r in con.execute("DESCRIBE leaderboard").fetchall()]
-        assert after == before + ["quant_detail", "engine"]  # m018 (engine) ends it since
+        # m018 (engine), then m029 (the degenerate-output flag and its reason) end it since
+        assert after == before + ["quant_detail", "engine", "degenerate", "degenerate_reason"]
         assert {"ci_lo", "ci_hi", "model_name", "kv_cache"} <= set(after)
         assert con.execute("SELECT quant, quant_detail FROM leaderboard").fetchall() == [("bf16", None)]
         assert con.execute("SELECT version, name FROM schema_version WHERE version <= 17 "

@@ -68,6 +68,8 @@ def _two(m, fmt) -> None:
         out["quant_detail_a"], out["quant_detail_b"] = (a.quant_detail if a else None), (b.quant_detail if b else None)
         out["tokenizer_a"] = {"hash": a.tokenizer_hash, "source": a.tokenizer_source} if a else None
         out["tokenizer_b"] = {"hash": b.tokenizer_hash, "source": b.tokenizer_source} if b else None
+        out["degenerate_a"] = dict(a.degenerate) if a else {}
+        out["degenerate_b"] = dict(b.degenerate) if b else {}
         click.echo(json.dumps(out, ensure_ascii=False, indent=2))
         return
     if fmt == "csv":
@@ -90,6 +92,7 @@ def _two(m, fmt) -> None:
     if (a and a.quant) or (b and b.quant):
         click.echo(f"A quant  {a.quant_summary if a else '-'}")
         click.echo(f"B quant  {b.quant_summary if b else '-'}")
+    _degenerate([("A", a), ("B", b)])
     click.echo()
     if c.drift:
         click.echo("first-token drift (A -> B)")
@@ -147,6 +150,7 @@ def _sweep(m, fmt) -> None:
         others = {k: v for k, v in c.dimensions.items() if k != "quant"}
         if others:
             click.echo(f"         differs from the baseline in: {_differ(others)}")
+    _degenerate([(run_id, m.runs.get(run_id)) for run_id in [m.baseline, *(c.run_b for c in m.comparisons)]])
     click.echo()
     click.echo("first-token drift against the baseline, a row per run and task")
     click.echo(render(SWEEP_DRIFT_COLUMNS, drift, "table"))
@@ -158,6 +162,15 @@ def _sweep(m, fmt) -> None:
     click.echo("metric deltas run - baseline (paired bootstrap 95% CI)")
     click.echo(render(SWEEP_DELTA_COLUMNS, deltas, "table"))
     _not_computed(m.comparisons)
+
+
+def _degenerate(named) -> None:
+    """A note per compared run's task flagged as degenerate output (docs/metrics.md): its deltas are no
+    improvement or regression of a model that answers, whatever their intervals say."""
+    for who, info in named:
+        for task, reason in (info.degenerate if info else ()):
+            click.echo(f"note: {who} ({info.run_id}) is degenerate output on {task}: {reason}; "
+                       "its deltas there rank nothing")
 
 
 def _not_computed(comparisons) -> None:

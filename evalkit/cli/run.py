@@ -165,6 +165,9 @@ def _print_result(result) -> None:
         click.echo(lead_table(lead))
     if result.metrics:
         click.echo(next_steps(result.id))
+    if result.degenerate:  # one line, after everything else (docs/metrics.md "Degenerate output")
+        said = "; ".join(f"{flag['task']}: {flag['reason']}" for flag in result.degenerate)
+        click.echo(f"evalkit: warning: run {result.id} gave degenerate output, not ranked ({said})", err=True)
 
 
 COMMANDS = [run_command]

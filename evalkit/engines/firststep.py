@@ -207,3 +207,37 @@ def tolerance_cut(fresh: Iterable[Node], log_p: Mapping[Node, float], kept: Coll
             break
         budget -= p
     return level, budget
+
+
+_SPECIALS: Any = None  # weakref.WeakKeyDictionary: tokenizer -> the ids of its special tokens (`special_ids`)
+
+
+def special_ids(tokenizer) -> list[int]:
+    """The ids of the tokens that add no text to a response (`engines.vocab`: a piece of None — EOS, end
+    of turn, BOS, control and unused tokens), once per tokenizer object."""
+    global _SPECIALS
+    import weakref
+
+    from evalkit.engines.vocab import vocab_table
+
+    if _SPECIALS is None:
+        _SPECIALS = weakref.WeakKeyDictionary()
+    try:
+        return _SPECIALS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    ids = [i for i, piece in enumerate(vocab_table(tokenizer).pieces) if piece is None]
+    try:
+        _SPECIALS[tokenizer] = ids
+    except TypeError:  # an object that takes no weak reference: computed each time
+        pass
+    return ids
+
+
+def special_mass(logprobs: torch.Tensor, tokenizer) -> float:
+    """`special_mass`: the first-step probability of the tokens that add no text (`special_ids`) under
+    `logprobs` (V,); the mass on a response that ends, or says nothing, at once (docs/metrics.md
+    "Degenerate output"). Ids past the distribution's end (a tokenizer longer than the model's
+    output) are left out."""
+    n = int(logprobs.reshape(-1).shape[0])
+    return start_mass(logprobs, [i for i in special_ids(tokenizer) if i < n])

@@ -71,7 +71,40 @@ def parse_model_args(text: str | None) -> dict[str, Any]:
             raise BadInput(f"--model-args {key}={value}: the quotes are part of the value here (a shell's quotes "
                            f"go around the whole option); write {key}={value[1:-1]}")
         out[key] = _typed(value)
+        check_type(key, out[key])
     return out
+
+
+# lm-eval model args whose type is known and admits no text (HFLM's signature: bool | None, int | None);
+# a value of another type would reach the library as text (`max_length=٣٢` stays "٣٢")
+LM_EVAL_TYPES: dict[str, type] = {
+    "max_length": int, "max_batch_size": int, "prefix_token_id": int,
+    "truncation": bool, "logits_cache": bool, "trust_remote_code": bool, "use_fast_tokenizer": bool,
+    "parallelize": bool, "gptqmodel": bool, "enable_thinking": bool,
+}
+_TYPE_WORDS = {int: "a whole number (ASCII digits)", bool: "true or false"}
+_LEAST = {"max_length": 1, "max_batch_size": 1, "prefix_token_id": 0}  # a whole number's least value
+
+
+def check_type(key: str, value: Any) -> None:
+    """Refuse a model arg of a known type (`LM_EVAL_TYPES`) whose value does not have it: one line
+    naming the arg, the value and the type.
+
+    >>> check_type("max_length", 32)
+    >>> check_type("max_length", "٣٢")
+    Traceback (most recent call last):
+    ...
+    evalkit.errors.BadInput: --model-args max_length='٣٢': lm-eval takes max_length as a whole number (ASCII digits)
+    """
+    want = LM_EVAL_TYPES.get(key)
+    if want is None:
+        return
+    ok = isinstance(value, bool) if want is bool else isinstance(value, int) and not isinstance(value, bool)
+    if ok and want is int and value < _LEAST.get(key, 0):
+        raise BadInput(f"--model-args {key}={value}: lm-eval takes {key} as a whole number from {_LEAST.get(key, 0)}")
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
+        raise BadInput(f"--model-args {key}={shown}: lm-eval takes {key} as {_TYPE_WORDS[want]}")
 
 
 def _typed(value: str):

@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+from typing import Any
 
 from evalkit.defaults import (
     DEFAULT_BATCH_SIZE,
@@ -105,6 +106,26 @@ def load(plan: ModelPlan, *, batch_size: int | str = DEFAULT_BATCH_SIZE):
     with phases(f"loading {plan.label}{variant}", ["loading the model"]) as step, \
             loading(f"model {plan.label}", files[0][1] if files and not plan.embedded else None):
         step("loading the model")
-        return model_class(plan.model_type).create_from_arg_obj(
+        lm = model_class(plan.model_type).create_from_arg_obj(
             {**plan.args, **plan.backend_args}, {"batch_size": batch_size, "device": plan.device},
         )
+    check_context_fields(getattr(getattr(lm, "model", None), "config", None), f"model {plan.label}")
+    return lm
+
+
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def check_context_fields(config: Any, what: str) -> None:
+    """Refuse a loaded model whose config gives its context as anything but a whole number above 0
+    (`max_position_embeddings: 0` would leave every prompt-fits check without a length): one line
+    naming the model and the field, before any run row is written."""
+    if config is None:
+        return
+    for name in CONTEXT_FIELDS:
+        value = getattr(config, name, None)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BadInput(f"{what}: its config gives {name} = {value!r}; a model's context is a whole number of "
+                           "positions above 0 (fix config.json)")

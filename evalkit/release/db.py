@@ -23,7 +23,7 @@ from evalkit.errors import BadInput
 from evalkit.scoring.registry import RULE_SET_QUESTIONS
 from evalkit.store.db import db_path, now, open_reader
 from evalkit.store.promotions import GateRecord, add_tag, record_gate
-from evalkit.store.queries import not_computed, resolve_run, shown_status
+from evalkit.store.queries import degenerate_flags, not_computed, resolve_run, shown_status
 from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 from evalkit.store.runs import transaction
 
@@ -101,7 +101,8 @@ def load_run_data(con, run_id: str):
         for task, doc_id, *values in batch:
             samples[(task, doc_id)] = {m: v for m, v in zip(SAMPLE_METRIC_COLUMNS, values) if v is not None}
     return RunData(run_id=run_id, metrics=metrics, samples=samples, intervals=intervals,
-                   not_computed=not_computed(con, run_id))
+                   not_computed=not_computed(con, run_id),
+                   degenerate={f["task"]: f["reason"] for f in degenerate_flags(con, run_id)})
 
 
 def with_distances(con, cand, base):
@@ -131,7 +132,7 @@ def with_distances(con, cand, base):
         why = lacks.get(run.run_id)
         return RunData(run_id=run.run_id, metrics=run.metrics, samples=samples, intervals=run.intervals,
                        lacks={m: why for m in DISTANCE_METRICS} if why else {}, pairing=pairing,
-                       not_computed=run.not_computed)
+                       not_computed=run.not_computed, degenerate=run.degenerate)
 
     return added(cand, cand.run_id == base.run_id), added(base, True)
 
@@ -158,11 +159,12 @@ def gate_runs(db, candidate: str, baseline: str, rules_path=None) -> GateResult:
     verdict = decide(cand, base, rules)
     check_verdict(verdict, rules)
     head = rules_lines(rules, differ, cand.pairing)
+    flagged = degenerate_lines(rules, cand, base)
     return GateResult(
         verdict=verdict,
         candidate_id=cand_id,
         baseline_id=base_id,
-        markdown=to_markdown(verdict, cand_id, base_id, head=head),
+        markdown=to_markdown(verdict, cand_id, base_id, head=head + flagged),
         junit=to_junit(verdict, cand_id, base_id, rules=rules.source),
         rules=rules.source,
         question=RULE_SET_QUESTIONS.get(rules.question or ""),
@@ -180,6 +182,21 @@ def _model_or_tokenizer_differs(con, a: str, b: str) -> str | None:
     found = [name for name, x, y in (("model fingerprint", fa[0], fb[0]), ("tokenizer", fa[1], fb[1]))
              if x is not None and y is not None and x != y]
     return " and ".join(found) or None
+
+
+def degenerate_lines(rules, cand, base) -> list[str]:
+    """A note per task where a gated run's output is degenerate (`scoring.degenerate`): the candidate's
+    fails the upgrade rules (`decide.degenerate_rows`); under other rules, and for the baseline, the
+    means the rules compare rank nothing there."""
+    lines = []
+    for who, run in (("candidate", cand), ("baseline", base)):
+        if who == "baseline" and run.run_id == cand.run_id:
+            continue
+        for task, why in sorted(run.degenerate.items()):
+            then = ("the upgrade rules refuse it" if who == "candidate" and rules.question == "upgrade"
+                    else "its metrics there rank nothing, whatever the rules below say")
+            lines.append(f"Note: the {who} {run.run_id} is degenerate output on {task} ({why}): {then}.")
+    return lines
 
 
 def rules_lines(rules, differ: str | None, pairing) -> list[str]:

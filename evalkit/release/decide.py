@@ -46,6 +46,7 @@ from evalkit.release import paired
 from evalkit.release.rules import OPS, Regression, Rules, Threshold
 from evalkit.release.verdict import (  # RunData, Verdict, VerdictRow and fmt are read from here too
     ALPHA,
+    DEGENERATE_METRIC,
     N_BOOT,
     NOT_COMPUTED_WORDS,
     TWIN_WORDS,
@@ -150,6 +151,7 @@ def decide(
     rows, family = _holm(rows, alpha)
     if twins if twins is not None else rules.shipped is not None:
         rows = _twins_speak(rows)
+    rows += degenerate_rows(candidate, rules)
     if any(r.status == "fail" for r in rows):
         outcome: GateOutcome = "fail"
     elif any(r.status == "inconclusive" for r in rows):
@@ -157,6 +159,27 @@ def decide(
     else:
         outcome = "pass"
     return Verdict(outcome=outcome, rows=rows, family=family)
+
+
+def degenerate_rows(candidate: RunData, rules: Rules) -> list[VerdictRow]:
+    """Under rules that ask "is the candidate no worse?" (`upgrade`, or a file extending it), a failing row
+    per task where the candidate's output is degenerate (`scoring.degenerate`): a model that answers
+    "????" or stops at once looks confident and free of openers, so its means may pass every rule; it is
+    refused with the reason instead. Under other rules the gate only notes it (`release.db`).
+
+    >>> from evalkit.release.rules import rule_set
+    >>> run = RunData("c", {}, {}, degenerate={"firsttoken_en": "9 of 10 responses repeat one token or character"})
+    >>> [(r.status, r.task, r.metric) for r in degenerate_rows(run, rule_set("upgrade"))]
+    [('fail', 'firsttoken_en', 'degenerate')]
+    >>> degenerate_rows(run, rule_set("same"))
+    []
+    """
+    if rules.question != "upgrade":
+        return []
+    return [VerdictRow(kind="threshold", task=task, metric=DEGENERATE_METRIC, status="fail",
+                       reason=f"the candidate's output is degenerate ({why}); the upgrade rules pass no "
+                              "degenerate candidate (docs/gate.md)")
+            for task, why in sorted(candidate.degenerate.items())]
 
 
 def _lacking(metric: str, candidate: RunData, baseline: RunData):

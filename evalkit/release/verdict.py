@@ -15,6 +15,7 @@ from evalkit.release import paired
 
 TWIN_WORDS = "left to its exact twin"  # how a row left to its twin begins (`_twins_speak`)
 NOT_COMPUTED_WORDS = "not computed"  # how a row on a metric a run did not compute begins (`_not_computed`)
+DEGENERATE_METRIC = "degenerate"  # the metric of the row that refuses a degenerate candidate (`decide`)
 
 # the two-sided level of every interval; a fail is one-sided at ALPHA / 2 after Holm
 ALPHA = 0.05
@@ -36,6 +37,9 @@ class RunData:
     # registry metric -> why the run did not compute it (the run row's `unavailable`: `evalkit run --metrics`
     # skipped it, or its engine cannot); a rule on it is then "not computed", never a fail
     not_computed: dict[str, str] = field(default_factory=dict)
+    # task -> why the run's output there is degenerate (`scoring.degenerate`, the `degenerate` table): the
+    # upgrade rules pass no candidate that has one
+    degenerate: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def read_report(con, refs: list[str], prompts: int) -> ReportData:
     done = [r["id"] for r in runs if r["status"] == "done"]
 
     leaderboard = _rows(con, f"""
-        SELECT run_id, task, metric, value, stderr, ci_lo, ci_hi, n
+        SELECT run_id, task, metric, value, stderr, ci_lo, ci_hi, n, degenerate, degenerate_reason
         FROM leaderboard WHERE run_id IN {IDS}
         ORDER BY task, metric
     """, [done])

@@ -30,6 +30,7 @@ MAX_TREND_TASKS = 6  # lines per trend panel (one per task)
 TOKENS_PER_PROMPT = 8  # bars per prompt in the first-token plot
 TABLE_RANKS = 5  # ranks per run in the first-token tables
 FIRST_TOKEN_TITLE = "First-token distributions"
+DEGENERATE_MARK = "⚠ degenerate"  # beside a leaderboard row whose task's output is degenerate (docs/report.md)
 
 
 @dataclass
@@ -147,10 +148,12 @@ def leaderboard_section(data: ReportData, out_dir: Path) -> Section:
                                  runs[k[1]]["kv_cache"] or "", runs[k[1]]["template"] or "",
                                  runs[k[1]]["created_at"], k[1]))
     columns = ["task", "run: name · model · quant · template · engine"] + [m + arrow(m) for m in metrics]
+    # (task, run) -> why its output is degenerate (`scoring.degenerate`): marked, and never ranked as best
+    flagged = {(r["task"], r["run_id"]): r.get("degenerate_reason") or "" for r in main if r.get("degenerate")}
     rows, strong = [], set()
     for task, run_id in keys:
         run = runs[run_id]
-        row = [task, run["label"]]
+        row = [task, run["label"] + (f" {DEGENERATE_MARK}" if (task, run_id) in flagged else "")]
         row += [with_ci(cells[(task, run_id, m)]) if (task, run_id, m) in cells else "" for m in metrics]
         rows.append(row)
     for j, metric in enumerate(metrics):
@@ -159,7 +162,7 @@ def leaderboard_section(data: ReportData, out_dir: Path) -> Section:
             continue
         for task in {k[0] for k in keys}:
             values = [(i, cells[(task, k[1], metric)]["value"]) for i, k in enumerate(keys)
-                      if k[0] == task and (task, k[1], metric) in cells
+                      if k[0] == task and (task, k[1], metric) in cells and k not in flagged
                       and cells[(task, k[1], metric)]["value"] is not None]
             if len(values) < 2 or len({v for _, v in values}) == 1:
                 continue
@@ -168,6 +171,13 @@ def leaderboard_section(data: ReportData, out_dir: Path) -> Section:
     section.intro = ("Each metric's value and its 95 % interval from the leaderboard view (Wilson for "
                      "proportions, bootstrap percentile for other means, so it stays inside the metric's "
                      "range); ↑ higher is better, ↓ lower is better; the best run per task is in bold.")
+    if flagged:
+        section.intro += (f" A run marked {DEGENERATE_MARK} gave degenerate output on that task (mostly empty, "
+                          "stopped at once, one token repeated, or its first-step mass on special tokens): its "
+                          "values are shown, never bolded.")
+    for (task, run_id), why in sorted(flagged.items()):
+        section.notes.append(f"{DEGENERATE_MARK} {runs[run_id]['label']} on {task}: degenerate output, not ranked: "
+                             f"{why}.")
     for a, b in column_chunks(len(metrics), MAX_TABLE_METRICS):  # tables that fit the page, never cut off
         caption = f"metrics {a + 1}-{b} of {len(metrics)}" if b - a < len(metrics) else ""
         section.tables.append(Table(columns[:2] + columns[2 + a:2 + b], [r[:2] + r[2 + a:2 + b] for r in rows],

@@ -55,6 +55,7 @@ class RunResult:
     replayed: int | None = None  # a resumed run: batches replayed from its journal (None: not resumed)
     computed: int | None = None  # a resumed run: batches computed now
     prompts_computed: int | None = None  # prompts this process computed (its share under a launch); None: unknown
+    degenerate: list[dict[str, Any]] = field(default_factory=list)  # the flagged `degenerate` rows (`scoring.degenerate`)
 
 
 def _quiet_lm_eval() -> None:
@@ -171,6 +172,21 @@ def tokenizer_columns(lm: Any) -> dict[str, str | None]:
     return {"tokenizer_hash": getattr(tid, "hash", None), "tokenizer_source": getattr(tid, "source", None)}
 
 
+def identity_columns(model: Any) -> dict[str, Any]:
+    """The model as its own files name it (`engines.modelid`): `model_name` (the GGUF's basename and
+    size label, a config's `_name_or_path`; the plan's label where the file says none, and the embedded
+    model's own label), `model_arch`, `model_file_type` (Q4_K_M ...), and `quant`: the `--quant` asked
+    for, else a GGUF's own type, lower case as llama.cpp runs store it (the weights as loaded)."""
+    from evalkit.engines.modelid import model_identity
+
+    ident = model_identity(model.args)
+    gguf = ident.file_type is not None and ident.arch is not None and any(
+        str(model.args.get(k) or "").endswith(".gguf") for k in ("model", "gguf_file"))
+    return {"model_name": model.label if model.embedded or not ident.name else redact.text(ident.name),
+            "model_arch": ident.arch, "model_file_type": ident.file_type,
+            "quant": model.quant or (ident.file_type.lower() if gguf and ident.file_type else None)}
+
+
 def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
     """The `runs` row of a run as it starts (`lm`: the loaded model, which says what `--quant` applied
     and which attention implementation it runs)."""
@@ -183,11 +199,10 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "status": "running",
         "name": cfg.name,
         "model": model.label if model.embedded else cfg.model,
-        "model_name": model.label,
         "model_args": json.dumps(model.args, sort_keys=True, default=str),
         "model_fingerprint": models.fingerprint(model.args),
         "dtype": model.dtype or (detail or {}).get("compute_dtype"),
-        "quant": model.quant,
+        **identity_columns(model),
         "quant_detail": json.dumps(detail, sort_keys=True) if isinstance(detail, dict) else None,
         "kv_cache": model.kv_cache,
         "template": plan.template.name,
@@ -441,9 +456,15 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
 
     metric_rows += drift.observe(plan, lm, run_id, results)  # drift by position (--drift): [] otherwise
     lead_rows = lead_table(run_id, sample_rows, results.get("group_subtasks") or {})
+    from evalkit.scoring.degenerate import task_rows
+
+    groups = results.get("group_subtasks") or {}
+    flag_rows = task_rows(run_id, sample_rows, groups)
+    flagged = [r for r in flag_rows if r["degenerate"]]
+    shown = [r for r in flagged if r["task"] not in groups] or flagged  # said per task; a group only alone
     result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0,
-                       lead_rows, prompts_computed=computed)
-    return result, (metric_rows, sample_rows, topk_rows, lead_rows, attention_rows)
+                       lead_rows, prompts_computed=computed, degenerate=shown)
+    return result, (metric_rows, sample_rows, topk_rows, lead_rows, attention_rows, flag_rows)
 
 
 def _simple_evaluate(plan: RunPlan, lm, tasks: list[str], manager, limit: int | None, metadata: dict[str, Any]):
@@ -482,17 +503,17 @@ def merge_results(parts: list[dict | None]) -> dict | None:
 
 def _store(db, ident, row: dict[str, Any], rows) -> None:
     """Write a finished run in one transaction; when the DB cannot take it, keep it in a spool file."""
-    metrics, samples, topk, lead, attention = rows
+    metrics, samples, topk, lead, attention, flags = rows
     final = {k: row[k] for k in ("status", "finished_at", "duration_s")}
     try:
         runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, lead=lead, attention=attention,
-                        **final)
+                        flags=flags, **final)
         return
     except (DatabaseBusy, StorageFault, duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0]
     try:
         kept = spool.keep(db_path(db), ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,
-                          attention=attention)
+                          attention=attention, flags=flags)
     except OSError as exc:
         raise RunFailed(f"run {row['id']} finished but its results could not be written ({reason}) "
                         f"nor kept ({exc})") from exc

@@ -30,7 +30,7 @@ import difflib
 from dataclasses import asdict, dataclass
 
 from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE
-from evalkit.defaults import MIDDLE_BAND, SINK_EPSILON, SINK_TOKENS, UNSTABLE_BELOW
+from evalkit.defaults import DEGENERATE_SPECIAL_MASS, MIDDLE_BAND, SINK_EPSILON, SINK_TOKENS, UNSTABLE_BELOW
 from evalkit.kinds import METRIC_LEVELS, RULE_SETS, Aggregation, EnginePhase, MarginKind, MetricLevel, MetricUnit
 
 LEVELS = METRIC_LEVELS  # kinds.MetricLevel, in this order
@@ -140,6 +140,10 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            unit="nats", per_sample=True, hi=None),
     Metric("top1_prob", "distribution", True, "probability of the most likely first token", unit="probability",
            per_sample=True),
+    Metric("special_mass", "distribution", None,
+           "first-step probability of the special tokens (EOS, end of turn, control tokens: those that add no "
+           f"text); a task whose mean is above {DEGENERATE_SPECIAL_MASS} is flagged degenerate, never ranked",
+           unit="probability", per_sample=True, doc=None),
     Metric("answer_hit", "text", True,
            "the whole answer is right: a checkable answer (answers_full) occurs in the greedy continuation",
            per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="answer_prob", reads=("answer",)),

@@ -113,7 +113,9 @@ def list_runs(path, limit: int = 50):
             f"""
             SELECT id, created_at, status, name, coalesce(model_name, model) AS model, engine, quant, template, kv_cache,
                    tasks,
-                   round(duration_s, 1) AS duration_s, {_LIVENESS}
+                   round(duration_s, 1) AS duration_s,
+                   (SELECT '⚠ ' || string_agg(d.task, ', ' ORDER BY d.task) FROM degenerate d
+                    WHERE d.run_id = runs.id AND d.degenerate) AS degenerate, {_LIVENESS}
             FROM runs ORDER BY created_at DESC, id DESC LIMIT ?
             """,
             [limit],
@@ -151,7 +153,7 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         run_id = resolve_run(con, ref)
         cur = con.execute(
             "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
-            "engine, quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, batch_size, "
+            "model_arch, model_file_type, engine, quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, batch_size, "
             "batch_positions, trie_positions, memory_budget, first_temperature, "
             "ban_openers, metric_selection, unavailable, "
             "attention, attn_implementation, opener_lexicon_version, model_fingerprint, tokenizer_hash, tokenizer_source, "
@@ -162,6 +164,8 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         cols = [d[0] for d in cur.description]
         info = dict(zip(cols, cur.fetchone()))
         info["status"] = shown_status(con, run_id, pending_ids(db_path(path)))
+        flags = degenerate_flags(con, run_id)
+        info["degenerate"] = "; ".join(f"⚠ {f['task']}: {f['reason']}" for f in flags) or None
         cur = con.execute(
             "SELECT task, metric, filter, value, stderr, ci_lo, ci_hi, n FROM metrics WHERE run_id = ? "
             "ORDER BY task, metric, filter",
@@ -170,6 +174,16 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         return info, [d[0] for d in cur.description], cur.fetchall()
 
     return _read(path, q)
+
+
+def degenerate_flags(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict[str, Any]]:
+    """The run's tasks flagged as degenerate output (`scoring.degenerate`, the `degenerate` table), by task:
+    [{task, reason, n, n_empty, n_at_once, n_repeated, special_mass, example}]; [] when none is (or the run
+    was not checked: stored before m029)."""
+    cur = con.execute("SELECT task, reason, n, n_empty, n_at_once, n_repeated, special_mass, example FROM degenerate "
+                      "WHERE run_id = ? AND degenerate ORDER BY task", [run_id])
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
 def needle_cells(path, ref: str) -> tuple[str, list[dict[str, Any]]]:

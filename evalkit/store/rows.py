@@ -21,7 +21,7 @@ import duckdb
 
 from evalkit import redact
 from evalkit.kinds import RunStatus
-from evalkit.scoring import registry
+from evalkit.scoring import degenerate, registry
 from evalkit.store.db import now
 
 RUN_COLUMNS = (
@@ -32,7 +32,7 @@ RUN_COLUMNS = (
     "transformers_version", "torch_version", "git_commit", "host", "duration_s",
     "config", "error", "pid", "pid_start", "heartbeat_at", "model_name", "kv_cache", "quant_detail", "attention",
     "attn_implementation", "engine", "unavailable", "tokenizer_hash", "tokenizer_source", "batch_positions",
-    "trie_positions", "memory_budget", "metric_selection",
+    "trie_positions", "memory_budget", "metric_selection", "model_arch", "model_file_type",
 )
 SAMPLE_COLUMNS = (
     "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
@@ -42,7 +42,7 @@ SAMPLE_COLUMNS = (
     "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
     "top1_prob", "answer_hit", "ft_answer_mismatch", "answer",
     "sink_rate", "needle_attn", "question_attn", "first_wins", "last_wins", "conflict_both",
-    "conflict_pick", "conflict_pair", "conflict_order", "answer_prob", "opener_start_mass",
+    "conflict_pick", "conflict_pair", "conflict_order", "answer_prob", "opener_start_mass", "special_mass",
 )
 # the samples columns that hold one numeric per-sample metric value each (the registry says which)
 SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()
@@ -51,8 +51,10 @@ TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logpro
 LEAD_COLUMNS = ("run_id", "task", "category", "signal", "auroc", "ci_lo", "ci_hi", "n", "n_right", "base_rate",
                 "reason")
 ATTENTION_COLUMNS = ("run_id", "task", "doc_id", "layer", "sink_rate", "sink_score", "needle_attn", "question_attn")
+DEGENERATE_COLUMNS = degenerate.COLUMNS  # one row per run x task: its responses counted, flagged or not (m029)
 RESULT_TABLES = {"metrics": METRIC_COLUMNS, "samples": SAMPLE_COLUMNS, "first_token_topk": TOPK_COLUMNS,
-                 "lead_indicators": LEAD_COLUMNS, "attention_layers": ATTENTION_COLUMNS}
+                 "lead_indicators": LEAD_COLUMNS, "attention_layers": ATTENTION_COLUMNS,
+                 "degenerate": DEGENERATE_COLUMNS}
 
 # a run on another host is taken for abandoned when its heartbeat is older than this
 STALE_AFTER = dt.timedelta(minutes=10)
@@ -76,7 +78,8 @@ def _update(con, run_id: str, fields: dict[str, Any]) -> None:
     con.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*fields.values(), run_id])
 
 
-def write_results(con, run_id: str, *, metrics, samples, topk, lead=(), attention=(), **fields: Any) -> None:
+def write_results(con, run_id: str, *, metrics, samples, topk, lead=(), attention=(), flags=(),
+                  **fields: Any) -> None:
     """Insert a run's results and set its final columns, inside the caller's transaction."""
     _check_columns(fields)
     insert_rows(con, "metrics", METRIC_COLUMNS, metrics)
@@ -84,6 +87,7 @@ def write_results(con, run_id: str, *, metrics, samples, topk, lead=(), attentio
     insert_rows(con, "first_token_topk", TOPK_COLUMNS, topk)
     insert_rows(con, "lead_indicators", LEAD_COLUMNS, list(lead))
     insert_rows(con, "attention_layers", ATTENTION_COLUMNS, list(attention))
+    insert_rows(con, "degenerate", DEGENERATE_COLUMNS, list(flags))  # `scoring.degenerate.task_rows`
     _update(con, run_id, fields)
 
 

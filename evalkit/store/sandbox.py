@@ -48,8 +48,9 @@ _EXPLAINED = re.compile(r"^\s*EXPLAIN\b(?:\s+ANALY[SZ]E\b)?(?:\s*\([^)]*\))?\s*(
 # the tables of an evalkit DB that an export holds and a merged query unions; an export made by an
 # older evalkit may lack the later ones (OPTIONAL): they read as empty tables
 TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags", "lead_indicators", "attention_layers", "gates",
-          "gate_checks")
-OPTIONAL = frozenset({"lead_indicators", "attention_layers", "gates", "gate_checks"})  # older exports lack them
+          "gate_checks", "degenerate")
+# older exports lack them
+OPTIONAL = frozenset({"lead_indicators", "attention_layers", "gates", "gate_checks", "degenerate"})
 # seconds the user's SQL may run before it is stopped (`evalkit query --timeout`)
 DEFAULT_TIMEOUT = 300.0
 PARQUET_MAGIC = b"PAR1"  # the first and the last four bytes of every Parquet file

@@ -188,7 +188,8 @@ def manifest_of(path: Path) -> Path:
     return Path(str(path) + MANIFEST)
 
 
-def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(), attention=()) -> Path:
+def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(), attention=(),
+         flags=()) -> Path:
     """Write one finished run (its complete `runs` row and its results) to a spool file; return its path.
 
     The file is written under a temporary name and renamed when complete; its manifest
@@ -200,14 +201,14 @@ def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, to
     for folder in (spool_dir(db), fallback_dir(ident)):
         try:
             return _write(make_folder(db, folder), ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,
-                          attention=attention)
+                          attention=attention, flags=flags)
         except (OSError, duckdb.Error) as exc:
             errors.append(f"{folder}: {str(exc).splitlines()[0]}")
     raise OSError("cannot keep the run's results anywhere (" + "; ".join(errors) + ")")
 
 
 def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(),
-           attention=()) -> Path:
+           attention=(), flags=()) -> Path:
     row = rows.scrub_row(row)
     final = folder / f"{row['id']}{SUFFIX}"
     partial = folder / f".{row['id']}{SUFFIX}.partial"
@@ -223,6 +224,7 @@ def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, sampl
         rows.insert_rows(con, "first_token_topk", rows.TOPK_COLUMNS, topk)
         rows.insert_rows(con, "lead_indicators", rows.LEAD_COLUMNS, list(lead))
         rows.insert_rows(con, "attention_layers", rows.ATTENTION_COLUMNS, list(attention))
+        rows.insert_rows(con, "degenerate", rows.DEGENERATE_COLUMNS, list(flags))
         con.execute("CHECKPOINT")
     finally:
         con.close()

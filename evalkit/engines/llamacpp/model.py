@@ -398,6 +398,7 @@ class EvalkitLlamaCpp(TemplateLM):
             "top3_mass": top3,
             "unstable": unstable(top3),
             "entropy": step.entropy,
+            "special_mass": shared.special_mass(step.logprobs, self.tokenizer),  # degenerate output's signal
         }
         if kind == FIRSTTOKEN and doc.get("answers"):  # a set whose trie was skipped gives no value, never a 0
             answers, openers = list(cands.starts), list(cands.openers)

@@ -26,7 +26,6 @@ from evalkit.engines.plan import (
     whole,
 )
 from evalkit.errors import BadInput
-from evalkit.paths import ANY_SIZE, open_input
 
 LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretrained": "a folder, with gguf_file=",
                  "gguf_file": "the .gguf file in pretrained=", "n_ctx": "context cells (default: the model's, <= 8192; at least 256)",
@@ -51,68 +50,15 @@ def llamacpp_refusal(policy: KVPolicy) -> str | None:
             f"--kv-cache ggml:{'|'.join(GGML_TYPES)}")
 
 
-# GGUF metadata value types -> struct format of a scalar (8: string, 9: array)
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
 def gguf_file_type(path: Path) -> str:
     """The GGUF's own quantization type, lower case as runs.quant stores it (q4_1, q8_0, q4_k_m);
     BadInput naming the path for a file that is not a GGUF or whose header does not read.
 
-    Reads the header's key-value pairs only, up to `general.file_type` (llama.cpp's LLAMA_FTYPE
-    numbering, named by the gguf package): the gguf package's full reader takes seconds on a big
-    vocabulary, and this runs before the model loads."""
-    import struct
+    Reads the header's key-value pairs only, up to `general.file_type` (`engines.modelid`): the
+    gguf package's full reader takes seconds on a big vocabulary, and this runs before the model loads."""
+    from evalkit.engines.modelid import file_type_name, gguf_metadata
 
-    with open_input(path, "GGUF file", ANY_SIZE) as fh:  # a regular file; a FIFO is never waited on
-        data = fh.read(64 << 20)  # the header: far less than this for any vocabulary
-    if data[:4] != b"GGUF":
-        raise BadInput(f"{path} is not a GGUF file (no GGUF magic)")
-    value = None
-    try:
-        n_kv = struct.unpack_from("<Q", data, 16)[0]
-        at = 24
-
-        def skip(kind: int) -> int:
-            nonlocal at
-            if kind in _GGUF_SCALARS:
-                found = struct.unpack_from("<" + _GGUF_SCALARS[kind], data, at)[0]
-                at += struct.calcsize(_GGUF_SCALARS[kind])
-                return found
-            if kind == 8:
-                at += 8 + struct.unpack_from("<Q", data, at)[0]
-                return -1
-            if kind == 9:
-                inner, count = struct.unpack_from("<IQ", data, at)
-                at += 12
-                if inner in _GGUF_SCALARS:
-                    at += count * struct.calcsize(_GGUF_SCALARS[inner])
-                else:
-                    for _ in range(count):
-                        skip(inner)
-                return -1
-            raise ValueError(f"unknown metadata type {kind}")
-
-        for _ in range(n_kv):
-            size = struct.unpack_from("<Q", data, at)[0]
-            key = data[at + 8 : at + 8 + size].decode("utf-8", "replace")
-            at += 8 + size
-            kind = struct.unpack_from("<I", data, at)[0]
-            at += 4
-            got = skip(kind)
-            if key == "general.file_type":
-                value = int(got)
-                break
-    except (struct.error, ValueError, OverflowError, RecursionError) as exc:  # Overflow: an offset past any file
-        raise BadInput(f"{path}: the GGUF header does not read ({exc})") from None
-    if value is None:
-        return "unknown"
-    from gguf import LlamaFileType
-
-    try:
-        return LlamaFileType(value).name.removeprefix("MOSTLY_").removeprefix("ALL_").lower()
-    except ValueError:
-        return f"file_type_{value}"
+    return file_type_name(gguf_metadata(path, ("general.file_type",)).get("general.file_type")).lower()
 
 
 def resolve_llamacpp(record: EngineRecord | None, ask: ModelRequest) -> ModelPlan:

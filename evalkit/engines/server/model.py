@@ -164,6 +164,8 @@ class EvalkitServer(LM):
             "opener_mass": "needs one echo request per opener lexicon entry for every prompt",
             "opener_start_mass": "needs the first-step probability of every opener's first token; a server "
                                  "returns K logprobs, not the whole vocabulary",
+            "special_mass": "needs the first-step probability of every special token; a server returns K "
+                            "logprobs, not the whole vocabulary (the degenerate-output check reads the responses)",
         }
         if self.temperature != 1.0:
             self.unavailable["top3_mass"] = (f"top3_mass@T={self.temperature:g} needs the whole vocabulary; "

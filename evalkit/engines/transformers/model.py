@@ -500,6 +500,7 @@ class EvalkitHFLM(HFLM):
             "top3_mass": top3,
             "unstable": unstable(top3),
             "entropy": step.entropy,
+            "special_mass": shared.special_mass(step.logprobs, self.tokenizer),  # degenerate output's signal
         }
         if kind == FIRSTTOKEN and doc.get("answers"):
             metrics.update(candidate_metrics(self.tokenizer, context, step, list(cands.starts), list(cands.openers),

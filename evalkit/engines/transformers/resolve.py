@@ -118,10 +118,36 @@ def lm_eval_plan(record: EngineRecord | None, ask: ModelRequest, args: dict[str,
     )
 
 
+# lm-eval arguments HFLM takes that evalkit-hf never uses: said once per process (`say_ignored`), never
+# dropped silently
+HF_IGNORED = {
+    "max_batch_size": "evalkit-hf sizes its own batches (--batch-size auto derives them from the model's "
+                      "shapes), so lm-eval's batch-size search that reads it never runs",
+    "think_end_token": "it applies to lm-eval's generate_until, which evalkit-hf's first step replaces",
+    "truncation": "evalkit truncates no prompt (one that does not fit the context is refused)",
+}
+_said: set[str] = set()
+
+
+def say_ignored(args: dict[str, Any], ignored: dict[str, str], engine: str) -> list[str]:
+    """One note on stderr for each model arg in `ignored` the args give (once per process); the notes."""
+    import sys
+
+    notes = [f"evalkit: note: --model-args {key} is an lm-eval argument {engine} does not use: {why}"
+             for key, why in ignored.items() if key in args and key not in _said]
+    for key in ignored:
+        if key in args:
+            _said.add(key)
+    for note in notes:
+        print(note, file=sys.stderr, flush=True)
+    return notes
+
+
 def resolve_hf(record: EngineRecord | None, ask: ModelRequest) -> ModelPlan:
     """The plan of a run on transformers in this process (`--model hf`): with no model named in the
     model args (none of IDENTITY_ARGS), the embedded SmolLM2, the other model args applied to it."""
     args, checked = lm_eval_args(record, ask)
+    say_ignored(args, HF_IGNORED, "evalkit-hf")
     if "prune_below" in args:
         raise BadInput("--model-args prune_below is gone: tolerance=P bounds the opener probability left unscored per prompt")
     if args.get("trust_remote_code") is None:

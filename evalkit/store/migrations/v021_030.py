@@ -161,6 +161,53 @@ def m026_metric_selection(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE samples ADD COLUMN opener_start_mass DOUBLE")
 
 
+def m029_degenerate_output(con: duckdb.DuckDBPyConnection) -> None:
+    # Degenerate output (docs/metrics.md "Degenerate output", `scoring.degenerate`): one row per run x task (and
+    # group) with its counts, the mean first-step mass on special tokens, the flag and its reason in words. The
+    # per-prompt `samples.special_mass`: the first-step probability of the tokens that add no text (EOS, end of
+    # turn, control tokens; `engines.vocab`). The model's identity as its file says it: `model_arch` (GGUF
+    # general.architecture, a config's model_type) and `model_file_type` (GGUF general.file_type: Q4_K_M, Q4_1;
+    # a config's torch_dtype); runs.model_name gets the file's own name. The leaderboard view gains the flag and
+    # its reason (NULL: the run's task was not checked, e.g. a run from before m029). Runs from before hold NULL.
+    con.execute(
+        """
+        CREATE TABLE degenerate (
+            run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            n INTEGER NOT NULL,
+            n_empty INTEGER NOT NULL,
+            n_at_once INTEGER NOT NULL,
+            n_cut INTEGER NOT NULL,
+            n_repeated INTEGER NOT NULL,
+            special_mass DOUBLE,
+            degenerate BOOLEAN NOT NULL,
+            reason VARCHAR,
+            example VARCHAR
+        )
+        """
+    )
+    con.execute("ALTER TABLE samples ADD COLUMN special_mass DOUBLE")
+    con.execute("ALTER TABLE runs ADD COLUMN model_arch VARCHAR")
+    con.execute("ALTER TABLE runs ADD COLUMN model_file_type VARCHAR")
+    con.execute(
+        """
+        CREATE OR REPLACE VIEW leaderboard AS
+        SELECT r.id AS run_id, r.name, r.model, r.model_name, r.model_fingerprint, r.quant, r.template,
+               r.kv_cache, r.first_temperature, r.ban_openers, r.created_at,
+               m.task, m.metric, m.value, m.stderr, m.n,
+               CASE WHEN m.n < 10 THEN NULL WHEN m.ci_lo IS NOT NULL THEN m.ci_lo
+                    WHEN m.n >= 20 THEN m.value - 1.96 * m.stderr END AS ci_lo,
+               CASE WHEN m.n < 10 THEN NULL WHEN m.ci_hi IS NOT NULL THEN m.ci_hi
+                    WHEN m.n >= 20 THEN m.value + 1.96 * m.stderr END AS ci_hi,
+               r.quant_detail, r.engine,
+               d.degenerate, d.reason AS degenerate_reason
+        FROM runs r JOIN metrics m ON m.run_id = r.id
+        LEFT JOIN degenerate d ON d.run_id = r.id AND d.task = m.task
+        WHERE r.status = 'done'
+        """
+    )
+
+
 # this module's migrations in the order they are applied (the package's MIGRATIONS joins the modules'); append here
 MIGRATIONS = (
     m021_tokenizer_identity,
@@ -169,4 +216,5 @@ MIGRATIONS = (
     m024_gates,
     m025_run_caps,
     m026_metric_selection,
+    m029_degenerate_output,  # m027 (the lead's) and m028 (samples.ws_mass) go before it
 )
