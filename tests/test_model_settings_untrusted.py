@@ -71,3 +71,27 @@ def test_a_config_whose_context_is_not_a_length(invoke, tiny_model_dir, tmp_path
     config[field] = value
     (folder / "config.json").write_text(json.dumps(config))
     one_line(invoke, tmp_path, *hf(folder), expect=f"its config gives {field} = {value!r}")
+
+
+def _no_chat_template(tiny_model_dir, folder):
+    shutil.copytree(tiny_model_dir, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    (folder / "chat_template.json").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_server_tokenizer_without_a_chat_template_is_refused_before_the_run(invoke, tiny_model_dir, tmp_path):
+    """`runner.checks.check_against_model` renders one prompt through `render_prompt` for every engine
+    before the run; the server engine has no context length, so `check_prompts_fit` never did it."""
+    from tests.fake_server import FakeServer, healthy
+
+    folder = _no_chat_template(tiny_model_dir, tmp_path / "tok")
+    with FakeServer(healthy({"Paris": -0.1, "London": -2.0})) as url:
+        line = one_line(invoke, tmp_path, "run", "--model", "server", "--model-args",
+                        f"base_url={url},tokenizer={folder},retries=0,timeout=5,top_logprobs=2",
+                        "--template", "chat", "--tasks", "firsttoken_en", "--limit", 1,
+                        expect="needs a chat template and this tokenizer has none")
+    assert "--template plain" in line

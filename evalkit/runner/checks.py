@@ -104,6 +104,10 @@ def check_against_model(plan: RunPlan, lm: Any) -> None:
         raise BadInput(f"--top-k {plan.cfg.top_k} is more than the model's vocabulary of {vocab} tokens")
     max_length = context_length(lm)
     tokenizer = getattr(lm, "tokenizer", None)
+    if plan.template.chat and tokenizer is not None:  # every engine: a chat template the tokenizer has not
+        from evalkit.prompts.templates import render_prompt  # is render_prompt's one line, before the run
+
+        render_prompt(tokenizer, plan.template, "?")
     if plan.has_needle:
         check_needle_grid(plan, tokenizer, max_length)
     if max_length is not None and tokenizer is not None and callable(tokenizer):
