@@ -195,7 +195,8 @@ def test_gate_records_its_decision_and_writes_nothing_else(invoke, runs, tmp_pat
     assert {c["gate_id"] for c in checks} == {gate["id"]} and gate["n_inconclusive"] >= 1
     # the table printed, then where it is kept; the step summary links to the report's section
     assert f"Recorded as gate {gate['id']}" in res.stdout
-    assert f"gate `{gate['id']}`" in summary.read_text() and "(index.html#promotions)" in summary.read_text()
+    assert f"gate `{gate['id']}`" in summary.read_text() and "DIR/index.html under Promotions and gates" in summary.read_text()
+    assert "](" not in summary.read_text().split("Recorded as gate", 1)[1]  # no relative link, dead in GitHub's view
     # the same rules spelled in a file get the default rules' digest only when they mean the same
     rules = tmp_path / "rules.yaml"
     rules.write_text("regressions:\n  ft_hit: 0.05\n", encoding="utf-8")

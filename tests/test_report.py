@@ -190,8 +190,9 @@ def test_first_token_bars_pick_the_prompts_where_runs_disagree(report, runs, tmp
     # en-0002 is the only prompt whose top-1 tokens differ; next comes the widest top-1 spread
     assert picked == ["firsttoken_en / en-0002", "firsttoken_en / en-0001"]
     assert "What is the capital of France?" in captions[0] and "accepted: Paris" in captions[0]
-    # each token isolated (<bdi>) from the probability beside it: a Hebrew token cannot swap places with it
-    assert "<bdi>&#x27; Paris&#x27;</bdi> 0.900" in page and "<bdi>&#x27; Sure&#x27;</bdi> 0.800" in page
+    # a token isolated (<bdi>) from the probability beside it only where it holds RTL text (a Hebrew token
+    # cannot swap places with it); Latin ones carry no marks, which would show in terminals and grep
+    assert "&#x27; Paris&#x27; 0.900" in page and "&#x27; Sure&#x27; 0.800" in page and "<bdi>&#x27; Paris" not in page
     # three prompts, CJK tokens shown as text in the page
     _, page3, _ = report(tmp_path / "rep3", "--prompts", 3)
     assert "&#x27;递&#x27; 0.600" in plain(page3)
@@ -426,7 +427,7 @@ def test_prompt_headings_show_the_question(report, runs, tmp_path):
                      "<|im_end|>\n<|im_start|>assistant\n"])
     _files, page, md = report(tmp_path / "rep", "--prompts", 3)
     captions = [c for c in re.findall(r'<p class="caption">(.*?)</p>', page) if c.startswith("firsttoken")]
-    assert captions[0] == "firsttoken_en / en-0002: “<bdi>What is the capital of France?</bdi>” — accepted: <bdi>Paris</bdi>"
+    assert captions[0] == "firsttoken_en / en-0002: “What is the capital of France?” — accepted: Paris"  # no RTL: no marks
     assert not any("SmolLM" in c or "&lt;" in c for c in captions), captions
     assert "*firsttoken_en / en-0002: “What is the capital of France?” — accepted: Paris*" in plain(md)
 

@@ -92,8 +92,9 @@ def _record(db, result, baseline_ref: str) -> str:
         click.echo(f"evalkit: warning: the decision was not recorded in the DB: {exc}", err=True)
         return ""
     click.echo(f"\nRecorded as gate {gate_id} (evalkit report: Promotions and gates).")
-    return (f"\nRecorded as gate `{gate_id}` in the DB: the report (`evalkit report`) lists it under "
-            "[Promotions and gates](index.html#promotions).\n")
+    # no link: a relative one is dead in GitHub's summary view, and where the report lands is the workflow's
+    return (f"\nRecorded as gate `{gate_id}` in the DB: `evalkit report --out DIR` lists it in DIR/index.html "
+            "under Promotions and gates (in CI, the report your workflow uploads as an artifact).\n")
 
 
 @click.command("promote")

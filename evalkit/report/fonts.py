@@ -150,11 +150,12 @@ FSI, PDI = "\u2068", "\u2069"  # First Strong Isolate ... Pop Directional Isolat
 
 
 def isolate(text: str) -> str:
-    """`text` marked as a unit whose direction is its own (Unicode's FSI ... PDI): a Hebrew token beside
-    a number stays where it is instead of swapping places with it. The HTML renders the marks as
-    ``<bdi>``; markdown viewers honour them as they are.
+    """`text` marked as a unit whose direction is its own (Unicode's FSI ... PDI) when it holds
+    right-to-left text (`has_rtl`): a Hebrew token beside a number stays where it is instead of
+    swapping places with it. The HTML renders the marks as ``<bdi>``; markdown viewers honour them as
+    they are. Text without RTL characters is left unmarked: the marks show in terminals and grep.
 
-    >>> isolate("ל") == "\\u2068ל\\u2069"
-    True
+    >>> isolate("ל") == "\\u2068ל\\u2069", isolate("' Paris'")
+    (True, "' Paris'")
     """
-    return f"{FSI}{text}{PDI}"
+    return f"{FSI}{text}{PDI}" if has_rtl(text) else text
