@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import urllib.parse
 
 import pytest
@@ -30,7 +31,11 @@ CHARS = ["'", '"', "<", ">", " ", "%", "@", ":"]
 def forms_of(secret: str) -> list[str]:
     """Independent of `redact.forms`: the spellings a grep must not find."""
     q = urllib.parse.quote(secret, safe="")
-    return [secret, q, q.lower(), urllib.parse.quote_plus(secret, safe=""), json.dumps(secret)[1:-1]]
+    return [secret, q, lower_hex(q), urllib.parse.quote_plus(secret, safe=""), json.dumps(secret)[1:-1]]
+
+
+def lower_hex(quoted: str) -> str:
+    return re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), quoted)
 
 
 def echo_body(headers: dict[str, str]) -> bytes:
@@ -42,7 +47,7 @@ def echo_body(headers: dict[str, str]) -> bytes:
         pw = pair.split(":", 1)[1]
         said["password"] = pw
         said["quoted"] = urllib.parse.quote(pw, safe="")
-        said["lower"] = urllib.parse.quote(pw, safe="").lower()
+        said["lower"] = lower_hex(urllib.parse.quote(pw, safe=""))
         said["plus"] = urllib.parse.quote_plus(pw)
     if auth.startswith("Bearer "):
         said["quoted"] = urllib.parse.quote(auth[7:], safe="")
@@ -50,15 +55,21 @@ def echo_body(headers: dict[str, str]) -> bytes:
     return (text + " raw: " + auth + " " + said.get("password", "")).encode()  # ... and as it was
 
 
-def echoing(fake_holder: list, fail_on: str) -> callable:
+def echoing(fake_holder: list, fail_on: str, after: int = 0) -> callable:
     """A server answering /models, and /completions well except `fail_on` ("echo": the prompt-logprobs
-    requests get a 400; "all": every completion gets a 500), the error quoting the request."""
+    requests get a 400; "all": every completion after the first `after` gets a 500), the error quoting
+    the request."""
+    served = [0]
+
     def answer(method, path, body):
         headers = fake_holder[0].headers[-1]
         if path == "/models":
             return Reply({"object": "list", "data": [{"id": "fake-model"}]})
         if path == "/completions":
-            if fail_on == "all" or (fail_on == "echo" and isinstance(body, dict) and body.get("echo")):
+            if fail_on == "all" and not (isinstance(body, dict) and body.get("echo")):
+                served[0] += 1  # completions, not the prompt-logprobs requests
+            if (fail_on == "all" and served[0] > after) or (fail_on == "echo" and isinstance(body, dict)
+                                                             and body.get("echo")):
                 return Reply(echo_body(headers), status=500 if fail_on == "all" else 400)
             return Reply(completion(WORD[0], {WORD[0]: -0.2}, offset=len(body.get("prompt", ""))))
         return Reply({"error": "not found"}, status=404)
@@ -123,6 +134,30 @@ def test_a_server_quoting_the_secrets_back_is_never_shown_or_stored(invoke, tiny
         assert bad.exit_code == 1, bad.stdout + bad.stderr
         assert "HTTP 500" in bad.stderr and "***" in bad.stderr, bad.stderr
         assert any(h.get("Authorization", "").startswith("Basic ") for h in fake.headers)
+    # a run whose results the DB cannot take: kept in a spool file (copied aside: the next write ingests it)
+    import shutil
+
+    from evalkit.store import runs as store_runs
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    holder.clear()
+    fake = FakeServer(echoing(holder, "echo"))
+    holder.append(fake)
+    with fake as url, monkeypatch.context() as m:
+        m.setattr(store_runs, "finish_run", full)
+        with_pw = url.replace("http://", "http://bob:" + PASSWORD + "@")
+        args = f"base_url={with_pw},tokenizer={tiny_model_dir},retries=0,timeout=5,top_logprobs=2"
+        kept = cli("run", "--model", "server", "--model-args", args, "--tasks", "firsttoken_en", "--limit", 2,
+                   "--name", "echo-kept", "--db", db)
+    assert "kept in" in kept.stderr, kept.stderr
+    spools = [p for p in tmp_path.rglob("*") if p.is_file() and p != db and "parquet" not in str(p)]
+    assert spools, "no spool file"
+    for p in spools:
+        shutil.copy(p, tmp_path / f"copy-{p.name}")
+    # a failing run of the server engine keeps no journal (it journals no batches); `store.journal._dumps`
+    # scrubs every journal line of the engines that do (test_the_journal_and_the_spool_write_no_registered_secret)
     basic = base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
     monkeypatch.setenv("EVALKIT_API_KEY", KEY)  # the commands below run where the key is set, too
     report, parquet, junit = tmp_path / "report", tmp_path / "parquet", tmp_path / "gate.xml"
@@ -136,13 +171,15 @@ def test_a_server_quoting_the_secrets_back_is_never_shown_or_stored(invoke, tiny
     import duckdb
 
     con = duckdb.connect(str(db), read_only=True)
-    error, unavailable, model_args = con.execute("SELECT max(error), max(unavailable), max(model_args) FROM runs"
-                                                 ).fetchone()
+    error, = con.execute("SELECT error FROM runs WHERE name = 'echo-bad'").fetchone()
+    unavailable, model_args = con.execute("SELECT unavailable, model_args FROM runs WHERE name = 'echo-good'").fetchone()
+    assert con.execute("SELECT count(*) FROM runs WHERE name = 'echo-kept'").fetchone()[0] == 1  # ingested
     con.close()
     assert error and "HTTP 500" in error and "***" in error, error  # the row says what happened, secrets hidden
     assert unavailable and "HTTP 400" in unavailable and "***" in unavailable, unavailable
     assert "***" in model_args
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("copy-") for p in files)  # the kept run's spool file
     assert junit in files and any(p.suffix == ".parquet" for p in files) and (report / "index.html") in files
     assert grep(files, outputs, [KEY, PASSWORD, basic]) == []
 
