@@ -58,6 +58,11 @@ class DriftRow:
     flip_rate: float  # share of prompts whose rank-0 token (first-character event) differs
     space: EventSpace = "token_id"  # what the distributions are over (docs/metrics.md §1.5)
     k: int | None = None  # the K both top-k lists were cut to; None: not cut (same K)
+    # on "first_char_full": the mean of each prompt's bounds on the JSD of the whole distributions
+    # (`textspace.js_bounds`), and the largest mass a run's tolerance left unresolved on one prompt
+    js_lo: float | None = None
+    js_hi: float | None = None
+    unresolved: float | None = None
 
 
 @dataclass(frozen=True)
@@ -315,7 +320,7 @@ class Pairing:
     run_a: str
     run_b: str
     relation: textspace.Relation  # same tokenizer or not, and how that was decided
-    space: EventSpace  # "token_id" (one tokenizer) or "first_char" (two)
+    space: EventSpace  # "token_id" (one tokenizer), "first_char_full" or "first_char" (two: `pair_topk`)
     k: int | None  # the K both lists were cut to; None: the runs' K agree (or one is unknown)
     missing: tuple[str, ...]  # the runs with no top-k on the shared prompts
     prompts: dict[tuple[str, str], dict[str, float]]  # (task, doc_id) -> prompt_drift's values
@@ -326,9 +331,11 @@ def pair_topk(con, a: str, b: str) -> Pairing:
     """Run B's first-token distributions against run A's on every shared prompt with top-k in both.
 
     Same tokenizer (`textspace.tokenizer_relation`): `prompt_drift` by token id, today's numbers;
-    different tokenizers: `textspace.prompt_drift_text` on the first-character events. Either way
-    both lists are first cut to the shorter of the runs' K (`runs.top_k`, or the longest list
-    stored) when the two differ.
+    different tokenizers, both runs with a stored first-character distribution (first_char_topk, m030):
+    `textspace.prompt_drift_chars` on it ("first_char_full"), over the prompts both hold; otherwise (a run
+    stored before it) `textspace.prompt_drift_text` on the first-character events of the stored top-k
+    ("first_char"). On the top-k, both lists are first cut to the shorter of the runs' K (`runs.top_k`,
+    or the longest list stored) when the two differ.
     """
     topk_a, topk_b = paired_topk(con, a, b)
     facts = dict((r[0], r[1:]) for r in con.execute(
@@ -345,6 +352,11 @@ def pair_topk(con, a: str, b: str) -> Pairing:
     k = textspace.cut(*(_stored_k(facts.get(r, none)[2], sides[r]) for r in (a, b)))
     space: EventSpace = "token_id" if relation.same else "first_char"
     prompts: dict[tuple[str, str], dict[str, float]] = {}
+    chars = paired_chars(con, a, b) if not relation.same else ({}, {})
+    if chars[0] and chars[1]:
+        for key in chars[0].keys() & chars[1].keys():
+            prompts[key] = textspace.prompt_drift_chars(chars[0][key], chars[1][key])
+        return Pairing(a, b, relation, "first_char_full", None, (), prompts, n_shared)
     if not missing:
         for key in topk_a.keys() & topk_b.keys():
             ta, tb = _cut(topk_a[key], k), _cut(topk_b[key], k)
@@ -353,6 +365,40 @@ def pair_topk(con, a: str, b: str) -> Pairing:
             prompts[key] = (prompt_drift((ta[0], ta[1]), (tb[0], tb[1])) if relation.same
                             else textspace.prompt_drift_text(_tokens(ta), _tokens(tb)))
     return Pairing(a, b, relation, space, k, missing, prompts, n_shared)
+
+
+def paired_chars(con, a: str, b: str) -> tuple[dict[tuple[str, str], textspace.FirstChars],
+                                              dict[tuple[str, str], textspace.FirstChars]]:
+    """Each run's stored first-character distribution per shared prompt ({} for a run with none, or a DB
+    from before m030): first_char_topk in rank order, with the samples row's rest and unresolved mass."""
+    has = con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'first_char_topk' AND "
+                      "database_name = current_database()").fetchone()[0]
+    if not has:
+        return {}, {}
+    rows = con.execute(
+        """
+        WITH shared AS (
+            SELECT task, doc_id FROM samples WHERE run_id = ?
+            INTERSECT
+            SELECT task, doc_id FROM samples WHERE run_id = ?
+        ), ev AS (
+            SELECT c.run_id, c.task, c.doc_id, list(c.event ORDER BY c.rank) AS events,
+                   list(c.prob ORDER BY c.rank) AS probs
+            FROM first_char_topk c JOIN shared s ON c.task = s.task AND c.doc_id = s.doc_id
+            WHERE c.run_id IN (?, ?)
+            GROUP BY c.run_id, c.task, c.doc_id
+        )
+        SELECT ev.run_id, ev.task, ev.doc_id, ev.events, ev.probs,
+               any_value(s.fc_rest_mass), any_value(s.fc_unresolved_mass)
+        FROM ev LEFT JOIN samples s ON s.run_id = ev.run_id AND s.task = ev.task AND s.doc_id = ev.doc_id
+        GROUP BY ALL
+        """,
+        [a, b, a, b],
+    ).fetchall()
+    out: dict[str, dict[tuple[str, str], textspace.FirstChars]] = {a: {}, b: {}}
+    for run_id, task, doc_id, events, probs, rest, unresolved in rows:
+        out[run_id][(task, doc_id)] = textspace.FirstChars(list(zip(events, probs)), rest or 0.0, unresolved or 0.0)
+    return out[a], out[b]
 
 
 def _texts(topk: dict[tuple[str, str], TopK]) -> dict[int, frozenset[str]]:
@@ -434,9 +480,14 @@ def drift_rows(keys, pairing: Pairing) -> tuple[list[DriftRow], str | None]:
         notes.append(f"distribution drift over the {n} of {len(keys)} shared prompts with top-k in both runs")
     if pairing.k is not None:
         notes.append(f"top-k lists cut to the shorter K = {pairing.k} before comparing")
-    if not pairing.relation.same:
+    if pairing.space == "first_char_full":
+        notes.append(f"{pairing.relation.why}: top5_overlap, js_div and flip_rate compare the first character of "
+                     "the response from each run's whole next-token distribution (first_char_topk; docs/metrics.md, "
+                     "'Across tokenizers'); js_lo..js_hi bound js_div of the whole distributions")
+    elif not pairing.relation.same:
         notes.append(f"{pairing.relation.why}: top5_overlap, js_div and flip_rate compare the first non-whitespace "
-                     "character each token adds (docs/metrics.md, 'Across tokenizers'), not token ids")
+                     "character each stored top-k token adds (docs/metrics.md, 'Across tokenizers'), not token ids: "
+                     "a run stored before first_char_topk")
     rows = [_drift_row(task, by_task[task], pairing) for task in sorted(by_task)]
     rows.append(_drift_row(ALL_TASKS, [d for task in sorted(by_task) for d in by_task[task]], pairing))
     return rows, "; ".join(notes) or None
@@ -444,8 +495,11 @@ def drift_rows(keys, pairing: Pairing) -> tuple[list[DriftRow], str | None]:
 
 def _drift_row(task: str, prompts: list[dict[str, float]], pairing: Pairing) -> DriftRow:
     mean = lambda k: sum(p[k] for p in prompts) / len(prompts)  # noqa: E731
+    full = pairing.space == "first_char_full"
     return DriftRow(task, len(prompts), mean("top5_mass_a"), mean("top5_mass_b"),
-                    mean("top5_overlap"), mean("js_div"), mean("flipped"), pairing.space, pairing.k)
+                    mean("top5_overlap"), mean("js_div"), mean("flipped"), pairing.space, pairing.k,
+                    js_lo=mean("js_lo") if full else None, js_hi=mean("js_hi") if full else None,
+                    unresolved=max(max(p["unresolved_a"], p["unresolved_b"]) for p in prompts) if full else None)
 
 
 def metric_deltas(keys, values: dict[str, list[tuple]], metrics: list[str]) -> list[MetricDelta]:

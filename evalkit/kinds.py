@@ -53,8 +53,10 @@ Engine = Literal["transformers", "llama.cpp", "openai-server", "vllm"]
 # tokenizer's tokenizer.json, a slow (Python) transformers tokenizer, a GGUF's vocabulary read by llama.cpp
 TokenizerKind = Literal["tokenizer.json", "slow tokenizer", "GGUF vocabulary"]
 # how two runs' first-token distributions are compared (docs/metrics.md §1.5): by token id (one
-# tokenizer), or by the first non-whitespace character each token adds (two tokenizers)
-EventSpace = Literal["token_id", "first_char"]
+# tokenizer); across two, by the first character of the response from the whole distribution each run
+# stored (first_char_topk, `engines.firstchar`), or, for a run stored before it, by the first
+# non-whitespace character each stored top-k token adds
+EventSpace = Literal["token_id", "first_char_full", "first_char"]
 KVQuantBackend = Literal["quanto", "hqq"]  # the library of a quantized:BACKEND:BITS cache
 # how a `--quant` variant reaches the weights: cast after loading | quantized while loading |
 # quantized after loading | a checkpoint already quantized (backends/quant.py)

@@ -97,6 +97,7 @@ def _two(m, fmt) -> None:
     if c.drift:
         click.echo("first-token drift (A -> B)")
         click.echo(render(DRIFT_COLUMNS, drift, "table"))
+    _bounds(c.drift)
     if c.drift_note:
         click.echo(c.drift_note)
     _by_position_table([c])
@@ -104,6 +105,14 @@ def _two(m, fmt) -> None:
     click.echo("metric deltas B - A (paired bootstrap 95% CI)")
     click.echo(render(DELTA_COLUMNS, deltas, "table"))
     _not_computed([c])
+
+
+def _bounds(rows, run: str = "") -> None:
+    """The bound a first-character comparison states: where js_div of the whole distributions lies."""
+    for r in rows:
+        if r.js_hi is not None:
+            click.echo(f"{run}{r.task}: js_div {r.js_div:.4g}, of the whole first-character distributions within "
+                       f"[{r.js_lo:.4g}, {r.js_hi:.4g}]; largest unresolved mass on one prompt {r.unresolved:.2g}")
 
 
 def _sweep(m, fmt) -> None:
@@ -155,6 +164,7 @@ def _sweep(m, fmt) -> None:
     click.echo("first-token drift against the baseline, a row per run and task")
     click.echo(render(SWEEP_DRIFT_COLUMNS, drift, "table"))
     for c in m.comparisons:
+        _bounds(c.drift, f"{c.run_b}: ")
         if c.drift_note:
             click.echo(f"{c.run_b}: {c.drift_note}")
     _by_position_table(m.comparisons)

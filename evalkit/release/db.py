@@ -218,10 +218,17 @@ def rules_lines(rules, differ: str | None, pairing) -> list[str]:
         lines.append(f"The runs differ in {differ}; the shipped sets: --rules same (the same model, cheaper) "
                      "or --rules upgrade (no worse).")
     if pairing is not None and not pairing.missing and any(r.metric == "js_div" for r in rules.regressions):
-        how = ("by token id (one tokenizer)" if pairing.space == "token_id" else
-               f"on the first non-whitespace character each token adds ({pairing.relation.why})")
-        cut = f"; top-k lists cut to the shorter K = {pairing.k}" if pairing.k is not None else ""
-        lines.append(f"js_div compares the runs' stored first-token top-k {how}{cut}.")
+        if pairing.space == "first_char_full":
+            his = [d["js_hi"] for d in pairing.prompts.values()]
+            bound = f"; over the whole distributions the mean lies within {sum(his) / len(his):.4g} at most" if his else ""
+            lines.append(f"js_div compares the first character of each run's whole next-token distribution "
+                         f"(first_char_topk; {pairing.relation.why}){bound}.")
+        else:
+            how = ("by token id (one tokenizer)" if pairing.space == "token_id" else
+                   f"on the first non-whitespace character each token adds ({pairing.relation.why}; a run stored "
+                   "before first_char_topk)")
+            cut = f"; top-k lists cut to the shorter K = {pairing.k}" if pairing.k is not None else ""
+            lines.append(f"js_div compares the runs' stored first-token top-k {how}{cut}.")
     return lines
 
 

@@ -125,6 +125,75 @@ def prompt_drift_text(a: Sequence[TopToken], b: Sequence[TopToken]) -> dict[str,
     }
 
 
+@dataclass(frozen=True)
+class FirstChars:
+    """One prompt's stored first-character distribution (first_char_topk and its samples row): the listed
+    events and probabilities, the resolved mass of the events not listed, the mass left unresolved."""
+
+    events: Sequence[tuple[str, float]]
+    rest: float = 0.0
+    unresolved: float = 0.0
+
+    def dist(self) -> dict[str, float]:
+        """The listed events' probabilities, scaled down where float rounding took their sum past 1."""
+        mass = dict(self.events)
+        total = math.fsum(mass.values())
+        return {e: p / total for e, p in mass.items()} if total > 1 else mass
+
+    @property
+    def outside(self) -> float:
+        """The mass outside the listed events: their rest bucket (`stats.jsd`), resolved or not."""
+        return max(0.0, 1.0 - math.fsum(self.dist().values()))
+
+
+def js_bounds(js: float, outside_a: float, outside_b: float) -> tuple[float, float]:
+    """Where the JSD of the two whole first-character distributions lies, given `js` computed with each
+    side's mass outside its listed events as one rest bucket.
+
+    The true distribution differs from the bucketed one only in where the bucket's mass goes, so their
+    total variation is at most that mass, r; sqrt(JSD) is a metric and JSD <= total variation (base 2),
+    so |sqrt(true) - sqrt(js)| <= sqrt(r_a) + sqrt(r_b).
+
+    >>> js_bounds(0.0, 1e-4, 1e-4)
+    (0.0, 0.0004)
+    >>> [round(x, 4) for x in js_bounds(0.25, 0.0, 0.0)]
+    [0.25, 0.25]
+    """
+    s = math.sqrt(max(outside_a, 0.0)) + math.sqrt(max(outside_b, 0.0))
+    root = math.sqrt(max(js, 0.0))
+    return round(max(0.0, root - s) ** 2, 15), round(min(1.0, (root + s) ** 2), 15)
+
+
+def prompt_drift_chars(a: FirstChars, b: FirstChars) -> dict[str, float]:
+    """One prompt's drift between two runs' stored first-character distributions (`prompt_drift_text`'s
+    values, on the whole-vocabulary events), with `js_lo` / `js_hi`: the bounds `js_bounds` puts on the
+    JSD of the whole distributions.
+
+    >>> a = FirstChars([("中", 0.7), ("A", 0.3)])
+    >>> b = FirstChars([("中", 0.69995), ("A", 0.3)], unresolved=5e-5)
+    >>> d = prompt_drift_chars(a, b)
+    >>> (d["top5_overlap"], d["flipped"], round(d["js_div"], 6), round(d["js_hi"], 6))
+    (1.0, 0.0, 2.5e-05, 0.000146)
+    """
+    p, q = a.dist(), b.dist()
+    ra, rb = _ranked(p), _ranked(q)
+    n = min(TOP_N, len(ra), len(rb))
+    js = stats.jsd(p, q)
+    js = js if js >= JSD_ROUNDING else 0.0
+    lo, hi = js_bounds(js, a.outside, b.outside)
+    return {
+        "top5_mass_a": math.fsum(p[e] for e in ra[:TOP_N]),
+        "top5_mass_b": math.fsum(q[e] for e in rb[:TOP_N]),
+        "top5_overlap": len(set(ra[:TOP_N]) & set(rb[:TOP_N])) / n if n else 0.0,
+        "js_div": js,
+        "flipped": 1.0 if (ra[0] if ra else None) != (rb[0] if rb else None) else 0.0,
+        "js_lo": lo,
+        "js_hi": hi,
+        "unresolved_a": a.unresolved,
+        "unresolved_b": b.unresolved,
+    }
+
+
 def cut(k_a: int | None, k_b: int | None) -> int | None:
     """The K both lists are cut to: the shorter of two different K's; None when they agree
     (nothing is cut) or either is unknown.
