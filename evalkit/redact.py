@@ -16,8 +16,9 @@ Two rules, one module:
 them: the CLI's one-line errors (`cli.CliError.show`, `cli.main`), every write of a run row or
 result rows (`store.rows`: `_update`, `insert_rows`, `scrub_row` for inserts; `store.spool._write`),
 the journal's lines (`store.journal._dumps`), log records (`install_log_scrub`, a record factory
-installed by the CLI), progress bars' descriptions (`progress.bar`), the report's reading of runs
-(`report.reading`), and the server client's messages (`engines.server.client`).
+installed by the CLI and by the first `register`), progress bars' descriptions (`progress.bar`),
+the report's reading of runs (`report.reading`), and the server client's messages
+(`engines.server.client`).
 Does not: decide what is sent (the server engine sends the credentials to the host they name,
 and an API key only from the environment: docs/engines.md).
 """
@@ -89,6 +90,7 @@ def register(*secrets: str | None) -> None:
         every = {f for f in every if len(f) >= MIN_SECRET}
         # longest first: a form that holds another is replaced whole
         _pattern = re.compile("|".join(_regex(f) for f in sorted(every, key=lambda f: (-len(f), f))))
+    install_log_scrub()  # from the first secret on, log records are scrubbed too (the Python API's included)
 
 
 def register_basic(user: str, password: str) -> None:
