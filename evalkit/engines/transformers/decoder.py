@@ -133,7 +133,7 @@ class _Decoder:
             self.key_pos = torch.cat([self.key_pos, self.last_pos.unsqueeze(-1)], dim=-1)
             attn = eng.policy_mask(self.last_pos.unsqueeze(-1), self.key_pos, self.mask)
         logits, self.cache = eng.forward(self.tokens.unsqueeze(-1), attn, self.last_pos.unsqueeze(-1), self.cache,
-                                         last_only=True)
+                                         last_only=True, key_pos=self.key_pos)
         tokens = torch.argmax(logits[:, -1, :], dim=-1)
         going = [self.accept(row, token) for row, token in zip(self.rows, tokens.tolist())]
         if all(going):

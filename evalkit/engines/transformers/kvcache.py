@@ -159,11 +159,12 @@ def new_cache(policy: KVPolicy, model, pads: list[int]):
     a sequence (the candidate trie) sit in the residual buffer, so they are never flushed.
     """
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     cache = DynamicCache(config=model.config)
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    if cache.layers and any(type(layer) is not DynamicLayer for layer in cache.layers):
+    # a sliding layer's rounded layer keeps every key too: the engine's masks hold it to its window (`windows`)
+    if cache.layers and any(type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
         raise BadInput(f"--kv-cache {policy.spec} needs a model with full attention in every layer "
                        "(transformers' QuantizedCache has the same limit)")
     rounder = _Rounder(policy)

@@ -38,7 +38,7 @@ from evalkit.engines import kvpolicy, tokenizer_id, validate
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
 from evalkit.engines.transformers import quant as quantization
-from evalkit.engines.transformers import quantdetail, quantize
+from evalkit.engines.transformers import quantdetail, quantize, windows
 from evalkit.engines.transformers.convert import cached_args
 from evalkit.defaults import (
     AUTO_BATCH,
@@ -188,6 +188,7 @@ class EvalkitHFLM(HFLM):
             super().__init__(pretrained, device=device, **converted)  # calls _create_model (load-time variants)
             self._model = quantize.apply(self._model, self.quant)  # type: ignore[has-type]
         self.quant_detail = quantdetail.describe(self._model, self.quant, gguf_file=gguf_file)
+        windows.windows_of(self._model)  # attention layers the engine cannot mask are refused before any prompt
         self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"transformers {gguf_file or pretrained}")
         self._share_requests()
         self.prompts_computed = 0  # prompts this process probed or sampled (not replayed from a journal)

@@ -23,6 +23,7 @@ import torch
 
 from evalkit.engines.transformers.kvcache import new_cache
 from evalkit.engines.transformers.shared import _model_device, _Settings
+from evalkit.engines.transformers.windows import Windows, allowed, key_positions, plain_cache, windows_of
 
 
 MIN_SHARED_HEAD = 4  # a batch's common leading tokens are prefilled once from this many on
@@ -76,14 +77,36 @@ class _Forwards(_Settings):
     """The model's forwards for one batch of prompts: the prefill, and the masks every later forward reads."""
 
     @property
+    def windows(self) -> Windows | None:
+        """The model's sliding-window layout (`windows.windows_of`), None for a model whose every layer
+        reads the whole past (then the forwards run exactly as without this)."""
+        return windows_of(self.model)
+
+    @property
     def split(self) -> tuple[Any, Any, str] | None:
         if self._split is False:
             self._split = head_split(self.model)
         return self._split  # type: ignore[return-value]
 
-    def forward(self, input_ids, attention_mask, position_ids, cache=None, last_only=False, hidden_only=False):
+    def forward(self, input_ids, attention_mask, position_ids, cache=None, last_only=False, hidden_only=False,
+                key_pos=None):
         """Model forward with a cache kept: (logits, cache); with `hidden_only`, (the decoder's last hidden
-        states, cache), the head left to the caller (`head_split`, which must have found one)."""
+        states, cache), the head left to the caller (`head_split`, which must have found one).
+
+        `attention_mask` is the engine's: (B, K) 1 on real key columns, or a 4-D additive mask. On a model
+        with sliding-window layers (`windows`) it becomes the masks of each layer type, built from the
+        queries' positions and `key_pos` (B, K), each key column's position (read off a 2-D mask when not
+        given), and the cache is a plain one (`windows.plain_cache`)."""
+        windows = self.windows
+        if windows is not None:
+            if key_pos is None:
+                if attention_mask.dim() != 2:
+                    raise ValueError("a 4-D mask on a sliding-window model needs its key positions")
+                key_pos = key_positions(attention_mask)
+            allow = allowed(attention_mask, position_ids, key_pos)
+            attention_mask = windows.masks(allow, position_ids, key_pos, self.float_dtype)
+            if cache is None:
+                cache = plain_cache()
         if hidden_only:
             decoder, _, cache_kw = self.split  # type: ignore[misc]
             out = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -151,7 +174,8 @@ class _Forwards(_Settings):
         if self.policy.evicts:  # a query at position t reads only the keys the policy keeps at t
             eye = torch.eye(S, dtype=torch.bool, device=self.device).unsqueeze(0)  # padding rows read themselves
             attn = self.policy_mask(position_ids, position_ids, mask, also=eye)
-        logits, cache = self.forward(input_ids, attn, position_ids[:, head:], cache=cache, last_only=True)
+        logits, cache = self.forward(input_ids, attn, position_ids[:, head:], cache=cache, last_only=True,
+                                     key_pos=position_ids)
         return torch.log_softmax(logits[:, -1, :].float(), dim=-1), cache, mask, position_ids
 
     def policy_mask(self, q_pos, k_pos, k_valid, also=None):

@@ -27,6 +27,7 @@ import torch
 
 from evalkit.engines.transformers.firststep import _batches
 from evalkit.engines.transformers.shared import _model_device
+from evalkit.engines.transformers.windows import allowed, windows_of
 from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE
 from evalkit.scoring import drift
 
@@ -63,6 +64,8 @@ def teacher_force(model, items: Sequence[Forced], *, batch_size: int = DEFAULT_B
     order = sorted(todo, key=lambda i: (-lengths[i], i))
     device = _model_device(model)
     keep_kw = "logits_to_keep" in _forward_params(model)
+    windows = windows_of(model)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     with torch.inference_mode():
         for rows in _batches(order, [lengths.get(i, 0) for i in range(len(items))], batch_size, batch_tokens):
             T = max(lengths[i] for i in rows)
@@ -74,8 +77,11 @@ def teacher_force(model, items: Sequence[Forced], *, batch_size: int = DEFAULT_B
                 ids[r, T - len(seq):] = torch.tensor(seq, dtype=torch.long)
                 mask[r, T - len(seq):] = 1
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            kwargs = {"input_ids": ids.to(device), "attention_mask": mask.to(device),
-                      "position_ids": pos.to(device), "use_cache": False}
+            mask, pos = mask.to(device), pos.to(device)
+            attn = mask
+            if windows is not None:  # sliding layers: each layer type's mask from the real positions
+                attn = windows.masks(allowed(mask, pos, pos), pos, pos, dtype)
+            kwargs = {"input_ids": ids.to(device), "attention_mask": attn, "position_ids": pos, "use_cache": False}
             if keep_kw:
                 kwargs["logits_to_keep"] = L
             logits = model(**kwargs).logits[:, -L:, :]

@@ -339,6 +339,15 @@ class _Trie(_Forwards):
             prompt_pos = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
             allow[:, :, :P] &= self.policy.visible(pos[:, :, None], prompt_pos[:, None, :])
         attn = self.additive(allow.to(self.device))  # the float mask is made where the model runs
+        key_pos = None
+        if self.windows is not None:  # each column's position: a sliding layer reads the last `window` of them
+            key_pos = torch.zeros((B, P + used + Q), dtype=torch.long)
+            key_pos[:, :P] = ((mask.cumsum(-1) - 1).clamp(min=0)).cpu()
+            if ar:
+                key_pos[a_r, a_c] = torch.tensor(anc_pos)
+            if rr:
+                key_pos[r_t, P + used + j_t] = pos[r_t, j_t]
+            key_pos = key_pos.to(self.device)
         out, _ = self.forward(inp.to(self.device), attn, pos.to(self.device), cache=cache,
-                              hidden_only=self.split is not None)
+                              hidden_only=self.split is not None, key_pos=key_pos)
         return out, used + Q
