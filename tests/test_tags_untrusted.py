@@ -4,8 +4,8 @@ command line or a reader would take for something else.
 The rules, one place each: `store.queries.resolve_run` (every command reading `tag:NAME` goes
 through it) refuses a tag whose current run is gone with `store.queries.dangling`'s one line;
 `store.promotions.tag_history` marks such rows `dangling` for `evalkit tags`; tag names are checked
-by `runner.config.check_tag_name` (called by `release.db.promote`), which reuses the run names'
-label rule `runner.config.check_text` (length, control characters, compatibility forms such as
+by `labels.check_tag_name` (called by `release.db.promote`), which reuses the run names'
+label rule `labels.check_label` (length, control characters, compatibility forms such as
 fullwidth letters).
 """
 
@@ -75,7 +75,8 @@ def test_a_tag_name_that_would_read_as_something_else(invoke, fake_run, tmp_path
 
 def test_the_run_names_share_the_rule(invoke, fake_run, tmp_path):
     from evalkit.errors import BadInput
-    from evalkit.runner.config import check_run_name, check_tag_name
+    from evalkit.labels import check_tag_name
+    from evalkit.runner.config import check_run_name
 
     for check in (check_run_name, check_tag_name):
         with pytest.raises(BadInput, match="compatibility form"):

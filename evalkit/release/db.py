@@ -290,7 +290,7 @@ def promote(db, ref: str, tag: str) -> Promotion:
 
     Raises BadInput for a bad tag name or an unknown or unfinished run, before anything is written.
     """
-    from evalkit.runner.config import check_tag_name
+    from evalkit.labels import check_tag_name
 
     check_tag_name(tag)
     if not db_path(db).is_file():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +34,7 @@ from evalkit.defaults import (
     MIN_TOP_K,
 )
 from evalkit.errors import BadInput
+from evalkit.labels import MAX_LABEL, check_label
 from evalkit.prompts import catalog
 from evalkit.prompts.templates import Template, get_template
 from evalkit.scoring.lexicon import Lexicon, load_lexicon
@@ -42,7 +42,7 @@ from evalkit.scoring.selection import Selection
 
 INT32_MAX = 2**31 - 1  # INTEGER columns (seed, batch_size, sample_limit, top_k, needle_length)
 MAX_BATCH = MAX_BATCH_SIZE
-MAX_NAME = 200
+MAX_NAME = MAX_LABEL
 
 
 @dataclass
@@ -114,34 +114,8 @@ def _finite(option: str, value: Any, *, above: float | None = None, at_least: fl
 
 
 def check_text(option: str, value: str, *, max_len: int = MAX_NAME) -> str:
-    """A label the user gives (name, tag): stripped; refused when empty, too long, or holding
-    control characters (a newline would make a second, different name)."""
-    text = value.strip()
-    if not text:
-        raise BadInput(f"{option} is empty")
-    if len(text) > max_len:
-        raise BadInput(f"{option} is longer than {max_len} characters")
-    bad = next((c for c in text if unicodedata.category(c)[0] == "C"), None)
-    if bad is not None:
-        raise BadInput(f"{option} {value!r} holds the control character U+{ord(bad):04X}")
-    odd = next((c for c in text if unicodedata.normalize("NFKC", c) != c), None)
-    if odd is not None:  # a fullwidth 'ｐｒｏｄ' reads as 'prod' and is another label
-        raise BadInput(f"{option} {text!r} holds {odd!r} (U+{ord(odd):04X}), a compatibility form of "
-                       f"{unicodedata.normalize('NFKC', odd)!r}: it would look like another label; write that instead")
-    return text
-
-
-def check_tag_name(tag: str) -> str:
-    """A tag's name (`promote --tag`): letters, digits, '.', '_' or '-', not starting with '-' (a
-    command line would read it as an option), and a label as `check_text` checks it (length, no
-    compatibility forms such as fullwidth letters)."""
-    import re
-
-    if not isinstance(tag, str) or not re.fullmatch(r"[\w.\-]+", tag):
-        raise BadInput(f"bad tag name {tag!r}: use letters, digits, '.', '_' or '-'")
-    if tag.startswith("-"):
-        raise BadInput(f"bad tag name {tag[:40]!r}: it starts with '-', which a command line reads as an option")
-    return check_text("--tag", tag)
+    """A label the user gives (`--name`): `labels.check_label`, the rule run names and tags share."""
+    return check_label(option, value, max_len=max_len)
 
 
 def check_run_name(name: str) -> str:
