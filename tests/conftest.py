@@ -46,6 +46,16 @@ def env_setup(tmp_path, monkeypatch, model_cache):
     monkeypatch.delenv("EVALKIT_OPENERS", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def secrets_forgotten():
+    """The secrets a test registered (`evalkit.redact` keeps one list for the process, as a run does)
+    end with the test, so a key one test sets ("other") never blanks another test's text."""
+    yield
+    from evalkit import redact
+
+    redact.forget_all()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     from tests.tiny import build_tiny_model
