@@ -41,6 +41,13 @@ class FirstStepResult:
     # registry metrics the engine was told not to compute for this response (`evalkit run --metrics`,
     # `scoring.selection`): never scored, NULL in the run, the run row saying why
     skipped: tuple[str, ...] = ()
+    # the first-character distribution over the whole vocabulary (docs/metrics.md §1.5, `engines.firstchar`):
+    # its likeliest events (a character, or a special token's role) with their probabilities, likeliest
+    # first; the resolved mass of the events left out; the mass the tolerance left unresolved. Empty and
+    # None where the engine cannot read it (a server, vLLM)
+    first_chars: list[tuple[str, float]] = field(default_factory=list)
+    fc_rest_mass: float | None = None
+    fc_unresolved_mass: float | None = None
 
 
 class FirstStepText(str):

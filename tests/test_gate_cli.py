@@ -384,7 +384,7 @@ def test_promoting_an_earlier_run_again_rolls_the_tag_back(invoke, runs):
     assert invoke("promote", a, "--tag", "prod").stdout.strip() == f"run {a} already tagged prod"
     assert digest() == before
     table = invoke("tags").stdout.splitlines()
-    assert table[0].split() == ["tag", "promoted_at", "run_id", "name", "model", "quant", "current"]
+    assert table[0].split() == ["tag", "promoted_at", "run_id", "name", "model", "quant", "current", "dangling"]
     assert len(table) == 2 + 3 and table[-1].rstrip().endswith("*")
 
 

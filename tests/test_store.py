@@ -128,6 +128,8 @@ EXPECTED_TABLES = {
         "answer_prob": "DOUBLE",  # m020
         "opener_start_mass": "DOUBLE",  # m026
         "special_mass": "DOUBLE",  # m029
+        "fc_rest_mass": "DOUBLE",  # m030
+        "fc_unresolved_mass": "DOUBLE",
     },
     "first_token_topk": {
         "run_id": "VARCHAR",
@@ -157,6 +159,10 @@ EXPECTED_TABLES = {
         "run_id": "VARCHAR", "task": "VARCHAR", "n": "INTEGER", "n_empty": "INTEGER", "n_at_once": "INTEGER",
         "n_cut": "INTEGER", "n_repeated": "INTEGER", "special_mass": "DOUBLE", "degenerate": "BOOLEAN",
         "reason": "VARCHAR", "example": "VARCHAR",
+    },
+    "first_char_topk": {  # m030
+        "run_id": "VARCHAR", "task": "VARCHAR", "doc_id": "VARCHAR", "rank": "INTEGER", "event": "VARCHAR",
+        "prob": "DOUBLE",
     },
     "lead_indicators": {
         "run_id": "VARCHAR", "task": "VARCHAR", "category": "VARCHAR", "signal": "VARCHAR", "auroc": "DOUBLE",
@@ -235,6 +241,7 @@ def test_column_lists_in_store_match_the_schema():
     assert list(store_rows.SAMPLE_COLUMNS) == list(EXPECTED_TABLES["samples"])
     assert list(store_rows.METRIC_COLUMNS) == list(EXPECTED_TABLES["metrics"])
     assert list(store_rows.TOPK_COLUMNS) == list(EXPECTED_TABLES["first_token_topk"])
+    assert list(store_rows.FIRST_CHAR_COLUMNS) == list(EXPECTED_TABLES["first_char_topk"])
     assert list(store_rows.ATTENTION_COLUMNS) == list(EXPECTED_TABLES["attention_layers"])
 
 

@@ -15,7 +15,7 @@ Owns, engine-independent and on plain tensors:
   character unfinished (`byte:XX`, its lead byte). The least likely prefixes are left unexpanded under
   the candidate trie's rule (`firststep.tolerance_cut`) within the run's `tolerance`: each character's
   probability is then exact up to `FirstChars.unresolved` <= tolerance (unless a prefix runs past
-  `MAX_DEPTH` tokens, which is counted there too).
+  `MAX_DEPTH` tokens or past `MAX_POSITIONS` prefixes a prompt, which is counted there too).
 Whitespace here is Unicode whitespace and the zero-width marks (U+200B-U+200D, U+2060, U+FEFF).
 
 Does not: run a model (the engine's callback does), store anything, or compare two distributions
@@ -35,8 +35,14 @@ import torch
 from evalkit.engines.firststep import tolerance_cut
 from evalkit.engines.vocab import VocabTable, vocab_table
 
-TOP_EVENTS = 32  # the likeliest events a run stores per prompt (first_char_topk); the rest is one mass
+# the events a run stores per prompt (first_char_topk): the likeliest, at least MIN_EVENTS, on until they hold
+# KEEP_MASS of the resolved mass, at most TOP_EVENTS; the rest is one mass (samples.fc_rest_mass)
+MIN_EVENTS, TOP_EVENTS, KEEP_MASS = 20, 512, 0.999
 MAX_DEPTH = 4  # the longest token prefix fed: a whitespace token, a lead byte and two continuations
+# the most prefixes one prompt teacher-forces, whatever its tolerance: the least likely past it are left
+# unresolved (counted in `FirstChars.unresolved`, which may then exceed the tolerance)
+MAX_POSITIONS = 512
+LOG_FLOOR = math.log(1e-12)  # a prefix less likely than this is never a node: its mass is unresolved at once
 ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff")
 
 # (row, prefix tokens) -> that prefix's next-step log-probabilities; one call a level, all rows together
@@ -196,14 +202,22 @@ class FirstChars:
     unresolved: float  # probability of the prefixes left unexpanded (<= tolerance, see `first_chars`)
     positions: int = 0  # prefixes teacher-forced for it
 
-    def top(self, n: int = TOP_EVENTS) -> tuple[list[tuple[str, float]], float]:
-        """(the n likeliest events, the resolved mass of the others).
+    def top(self, n: int = TOP_EVENTS, least: int = MIN_EVENTS, mass: float = KEEP_MASS
+            ) -> tuple[list[tuple[str, float]], float]:
+        """(the likeliest events — at least `least`, on until they hold `mass` of the whole, at most `n` —,
+        the resolved mass of the others).
 
         >>> FirstChars({"a": 0.5, "b": 0.3, "c": 0.2}, 0.0).top(2)
         ([('a', 0.5), ('b', 0.3)], 0.2)
+        >>> FirstChars({"a": 0.5, "b": 0.3, "c": 0.2}, 0.0).top(least=1, mass=0.75)
+        ([('a', 0.5), ('b', 0.3)], 0.2)
         """
         items = list(self.probs.items())
-        return items[:n], math.fsum(p for _, p in items[n:])
+        held, k = 0.0, 0
+        while k < min(n, len(items)) and (k < least or held < mass):
+            held += items[k][1]
+            k += 1
+        return items[:k], math.fsum(p for _, p in items[k:])
 
 
 @dataclass
@@ -214,12 +228,12 @@ class _Node:
     logp: float
 
 
-def attach(result: Any, chars: FirstChars | None, n: int = TOP_EVENTS) -> None:
-    """Give a `contract.FirstStepResult` the stored part of `chars` (its n likeliest events, the rest's
-    mass, the unresolved mass); nothing where the engine read none."""
+def attach(result: Any, chars: FirstChars | None) -> None:
+    """Give a `contract.FirstStepResult` the stored part of `chars` (its likeliest events, `FirstChars.top`,
+    the rest's mass, the unresolved mass); nothing where the engine read none."""
     if chars is None:
         return
-    result.first_chars, result.fc_rest_mass = chars.top(n)
+    result.first_chars, result.fc_rest_mass = chars.top()
     result.fc_unresolved_mass = chars.unresolved
 
 
@@ -231,22 +245,27 @@ def _index(table: CharTable, V: int) -> torch.Tensor:
     return index
 
 
-def _children(table: CharTable, row: int, prefix: tuple[int, ...], lp: torch.Tensor, base: float = 0.0) -> list[_Node]:
-    """The whitespace-only and fragment tokens a whitespace-so-far prefix goes on with, as nodes."""
+def _children(table: CharTable, row: int, prefix: tuple[int, ...], lp: torch.Tensor, base: float = 0.0,
+              dropped: list[float] | None = None) -> list[_Node]:
+    """The whitespace-only and fragment tokens a whitespace-so-far prefix goes on with, as nodes; those under
+    FLOOR are not made, their probability added to `dropped[row]` (unresolved)."""
     out = []
     for ids, frag in ((table.whitespace_ids, False), (table.fragment_ids, True)):
         ids = ids[ids < lp.shape[0]]
         if not len(ids):
             continue
-        vals = lp[ids]
-        live = torch.nonzero(vals > -math.inf).flatten()
-        for t, v in zip(ids[live].tolist(), vals[live].tolist()):
-            out.append(_Node(row, (*prefix, t), table.fragments[t] if frag else b"", base + v))
+        vals = lp[ids] + base
+        live = vals >= LOG_FLOOR
+        if dropped is not None:
+            dropped[row] += float(vals[~live].exp().sum())
+        keep = torch.nonzero(live).flatten()
+        for t, v in zip(ids[keep].tolist(), vals[keep].tolist()):
+            out.append(_Node(row, (*prefix, t), table.fragments[t] if frag else b"", v))
     return out
 
 
 def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | None, tolerance: float,
-                max_depth: int = MAX_DEPTH) -> list[FirstChars]:
+                max_depth: int = MAX_DEPTH, max_positions: int = MAX_POSITIONS) -> list[FirstChars]:
     """The first-character distribution of each row of `logprobs` ((B, V) first-step log-probabilities).
 
     `forward(nodes)` teacher-forces each (row, prefix) after its row's prompt and returns their next-step
@@ -254,7 +273,7 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
     shorter prefix of theirs was in an earlier call. None: nothing is expanded (all of it unresolved).
     A level's least likely prefixes are left out under `tolerance_cut` with half of what is left of the
     row's `tolerance` (all of it at the last level), so `unresolved` <= tolerance unless a prefix would
-    run past `max_depth` tokens.
+    run past `max_depth` tokens, or a row needs more than `max_positions` prefixes (the likeliest are fed).
 
     A byte-level vocabulary spelling 中 (e4 b8 ad) as two tokens, and a whitespace token before it:
 
@@ -278,7 +297,7 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
     # tokens past the tokenizer's table (a model's padded vocabulary) say nothing known: unresolved
     unresolved = lp[:, len(table.token_event):].exp().sum(-1).tolist() if V > len(table.token_event) else [0.0] * B
     positions = [0] * B
-    frontier = [node for r in range(B) for node in _children(table, r, (), lp[r])]
+    frontier = [node for r in range(B) for node in _children(table, r, (), lp[r], 0.0, unresolved)]
     depth = 1
     while frontier:
         if depth > max_depth or forward is None:  # beyond the bound: unresolved, whatever the tolerance
@@ -294,6 +313,11 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
             level, left = tolerance_cut(list(nodes), {k: n.logp for k, n in nodes.items()}, set(), share)
             budget[r] -= share - left
             unresolved[r] += share - left
+            room = max_positions - positions[r]
+            if len(level) > room:  # past the row's positions: the least likely left unresolved
+                level.sort(key=lambda k: (-nodes[k].logp, k))
+                unresolved[r] += math.fsum(math.exp(nodes[k].logp) for k in level[room:])
+                level = level[:room]
             fed += [nodes[k] for k in level]
             positions[r] += len(level)
         if not fed:
@@ -308,7 +332,7 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
             per_row = torch.zeros((B, out.shape[1]), dtype=torch.float64).index_add_(0, rows, probs)
             acc.index_add_(1, _index(table, out.shape[1]), per_row)
             for i in blank:
-                frontier += _children(table, fed[i].row, fed[i].prefix, out[i], fed[i].logp)
+                frontier += _children(table, fed[i].row, fed[i].prefix, out[i], fed[i].logp, unresolved)
             # the continued mass of whitespace/fragment tokens went into the table's pending slot: it is
             # resolved through the children, so the slot is cleared at the end
         for i, node in enumerate(fed):
@@ -329,6 +353,8 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
                 done += p
                 if kind == CHAR:
                     bucket[value] = bucket.get(value, 0.0) + weight * p
+                elif node.logp + math.log(p) < LOG_FLOOR:
+                    unresolved[node.row] += weight * p
                 else:
                     frontier.append(_Node(node.row, (*node.prefix, t), value or b"", node.logp + math.log(p)))
             # every other token leaves the character unfinished: its lead byte's event

@@ -46,6 +46,7 @@ class FirstStep:
     units: dict[int, str] = field(default_factory=dict)  # top token id -> its first unit (unit_ranks)
     first_token_id: int = -1  # the token chosen at step 1 (== response_ids[0] unless it was eos)
     attention: Any = None  # attention.PromptAttention of the prefill, when asked for (`probe(attention=...)`)
+    first_chars: Any = None  # firstchar.FirstChars: the first-character distribution (None: not read)
 
 
 def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:

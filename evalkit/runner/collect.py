@@ -95,8 +95,28 @@ def attention_rows(run_id: str, task: str, doc_id: str, layers: dict[str, list[f
             for i in range(n)]
 
 
+def first_char_rows(run_id: str, results: dict[str, Any]) -> list[dict]:
+    """The `first_char_topk` rows of one lm-eval results dict: each response's likeliest first-character
+    events (`FirstStepResult.first_chars`), one row a rank; none for an engine that read none."""
+    out: list[dict] = []
+    seen: set[tuple[str, str]] = set()
+    for task, logged in sorted(results.get("samples", {}).items()):
+        for s in logged:
+            resp = s["filtered_resps"][0] if s.get("filtered_resps") else s["resps"][0][0]
+            step = _first_step(s) or (resp if isinstance(resp, FirstStepResult) else None)
+            doc_id = _doc_id(s)
+            if step is None or not step.first_chars or (task, doc_id) in seen:
+                continue
+            seen.add((task, doc_id))
+            out += [{"run_id": run_id, "task": task, "doc_id": doc_id, "rank": rank, "event": event, "prob": p}
+                    for rank, (event, p) in enumerate(step.first_chars)]
+    out.sort(key=lambda r: (r["task"], r["doc_id"], r["rank"]))
+    return out
+
+
 def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
-    """(metric rows, sample rows, top-k rows, attention rows) of one lm-eval results dict.
+    """(metric rows, sample rows, top-k rows, attention rows) of one lm-eval results dict
+    (`first_char_rows` gives its first_char_topk rows).
 
     Metric values are the ones the task's `process_results` computed (lm-eval logs them
     with the sample); nothing is scored again here.
@@ -151,6 +171,9 @@ def collect(run_id: str, results: dict[str, Any]) -> tuple[list[dict], list[dict
                 "conflict_order": doc.get("order") if kind == CONFLICT else None,
                 "answer": fields.get("answer"),
             }
+            chars = step if step is not None else resp if isinstance(resp, FirstStepResult) else None
+            if chars is not None and chars.first_chars:
+                row["fc_rest_mass"], row["fc_unresolved_mass"] = chars.fc_rest_mass, chars.fc_unresolved_mass
             for m in SAMPLE_METRIC_COLUMNS:
                 row[m] = values.get(m)
             samples.append(row)

@@ -464,7 +464,10 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     shown = [r for r in flagged if r["task"] not in groups] or flagged  # said per task; a group only alone
     result = RunResult(run_id, "done", metric_rows, len(sample_rows), load_s, eval_s, time.monotonic() - t0,
                        lead_rows, prompts_computed=computed, degenerate=shown)
-    return result, (metric_rows, sample_rows, topk_rows, lead_rows, attention_rows, flag_rows)
+    from evalkit.runner.collect import first_char_rows
+
+    chars = first_char_rows(run_id, results)  # first_char_topk (`engines.firstchar`)
+    return result, (metric_rows, sample_rows, topk_rows, lead_rows, attention_rows, flag_rows, chars)
 
 
 def _simple_evaluate(plan: RunPlan, lm, tasks: list[str], manager, limit: int | None, metadata: dict[str, Any]):
@@ -503,17 +506,17 @@ def merge_results(parts: list[dict | None]) -> dict | None:
 
 def _store(db, ident, row: dict[str, Any], rows) -> None:
     """Write a finished run in one transaction; when the DB cannot take it, keep it in a spool file."""
-    metrics, samples, topk, lead, attention, flags = rows
+    metrics, samples, topk, lead, attention, flags, chars = rows
     final = {k: row[k] for k in ("status", "finished_at", "duration_s")}
     try:
         runs.finish_run(db, row["id"], metrics=metrics, samples=samples, topk=topk, lead=lead, attention=attention,
-                        flags=flags, **final)
+                        flags=flags, first_char=chars, **final)
         return
     except (DatabaseBusy, StorageFault, duckdb.Error, OSError) as exc:
         reason = str(exc).splitlines()[0]
     try:
         kept = spool.keep(db_path(db), ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,
-                          attention=attention, flags=flags)
+                          attention=attention, flags=flags, first_char=chars)
     except OSError as exc:
         raise RunFailed(f"run {row['id']} finished but its results could not be written ({reason}) "
                         f"nor kept ({exc})") from exc

@@ -93,6 +93,8 @@ def encode(result: FirstStepResult) -> dict[str, Any]:
         "metrics": result.metrics, "answer_text": result.answer_text,
         "units": [[int(k), v] for k, v in result.units.items()], "layers": result.layers,
         "token_ids": [int(t) for t in result.token_ids], "skipped": list(result.skipped),
+        "first_chars": [[e, p] for e, p in result.first_chars], "fc_rest_mass": result.fc_rest_mass,
+        "fc_unresolved_mass": result.fc_unresolved_mass,
     }
 
 
@@ -103,6 +105,8 @@ def decode(data: dict[str, Any]) -> FirstStepResult:
         entropy=data["entropy"], metrics=dict(data["metrics"]), answer_text=data["answer_text"],
         units={int(k): v for k, v in data["units"]}, layers={k: list(v) for k, v in data["layers"].items()},
         token_ids=[int(t) for t in data["token_ids"]], skipped=tuple(data.get("skipped") or ()),
+        first_chars=[(str(e), float(p)) for e, p in data.get("first_chars") or ()],
+        fc_rest_mass=data.get("fc_rest_mass"), fc_unresolved_mass=data.get("fc_unresolved_mass"),
     )
 
 

@@ -43,6 +43,7 @@ SAMPLE_COLUMNS = (
     "top1_prob", "answer_hit", "ft_answer_mismatch", "answer",
     "sink_rate", "needle_attn", "question_attn", "first_wins", "last_wins", "conflict_both",
     "conflict_pick", "conflict_pair", "conflict_order", "answer_prob", "opener_start_mass", "special_mass",
+    "fc_rest_mass", "fc_unresolved_mass",
 )
 # the samples columns that hold one numeric per-sample metric value each (the registry says which)
 SAMPLE_METRIC_COLUMNS = registry.per_sample_columns()
@@ -51,10 +52,11 @@ TOPK_COLUMNS = ("run_id", "task", "doc_id", "rank", "token_id", "token", "logpro
 LEAD_COLUMNS = ("run_id", "task", "category", "signal", "auroc", "ci_lo", "ci_hi", "n", "n_right", "base_rate",
                 "reason")
 ATTENTION_COLUMNS = ("run_id", "task", "doc_id", "layer", "sink_rate", "sink_score", "needle_attn", "question_attn")
+FIRST_CHAR_COLUMNS = ("run_id", "task", "doc_id", "rank", "event", "prob")  # `firstchar`'s top events (m030)
 DEGENERATE_COLUMNS = degenerate.COLUMNS  # one row per run x task: its responses counted, flagged or not (m029)
 RESULT_TABLES = {"metrics": METRIC_COLUMNS, "samples": SAMPLE_COLUMNS, "first_token_topk": TOPK_COLUMNS,
                  "lead_indicators": LEAD_COLUMNS, "attention_layers": ATTENTION_COLUMNS,
-                 "degenerate": DEGENERATE_COLUMNS}
+                 "degenerate": DEGENERATE_COLUMNS, "first_char_topk": FIRST_CHAR_COLUMNS}
 
 # a run on another host is taken for abandoned when its heartbeat is older than this
 STALE_AFTER = dt.timedelta(minutes=10)
@@ -78,7 +80,7 @@ def _update(con, run_id: str, fields: dict[str, Any]) -> None:
     con.execute(f"UPDATE runs SET {assignments} WHERE id = ?", [*fields.values(), run_id])
 
 
-def write_results(con, run_id: str, *, metrics, samples, topk, lead=(), attention=(), flags=(),
+def write_results(con, run_id: str, *, metrics, samples, topk, lead=(), attention=(), flags=(), first_char=(),
                   **fields: Any) -> None:
     """Insert a run's results and set its final columns, inside the caller's transaction."""
     _check_columns(fields)
@@ -88,6 +90,7 @@ def write_results(con, run_id: str, *, metrics, samples, topk, lead=(), attentio
     insert_rows(con, "lead_indicators", LEAD_COLUMNS, list(lead))
     insert_rows(con, "attention_layers", ATTENTION_COLUMNS, list(attention))
     insert_rows(con, "degenerate", DEGENERATE_COLUMNS, list(flags))  # `scoring.degenerate.task_rows`
+    insert_rows(con, "first_char_topk", FIRST_CHAR_COLUMNS, list(first_char))  # `collect.first_char_rows`
     _update(con, run_id, fields)
 
 

@@ -98,9 +98,9 @@ def heartbeat(path, run_id: str) -> None:
         con.execute("UPDATE runs SET heartbeat_at = ? WHERE id = ? AND status = 'running'", [now(), run_id])
 
 
-def finish_run(path, run_id: str, *, metrics, samples, topk, lead=(), attention=(), flags=(),
+def finish_run(path, run_id: str, *, metrics, samples, topk, lead=(), attention=(), flags=(), first_char=(),
                **fields: Any) -> None:
     """Write a run's results and mark it finished, all in one transaction."""
     with transaction(path) as con:
         write_results(con, run_id, metrics=metrics, samples=samples, topk=topk, lead=lead, attention=attention,
-                      flags=flags, **fields)
+                      flags=flags, first_char=first_char, **fields)

@@ -48,9 +48,9 @@ _EXPLAINED = re.compile(r"^\s*EXPLAIN\b(?:\s+ANALY[SZ]E\b)?(?:\s*\([^)]*\))?\s*(
 # the tables of an evalkit DB that an export holds and a merged query unions; an export made by an
 # older evalkit may lack the later ones (OPTIONAL): they read as empty tables
 TABLES = ("runs", "metrics", "samples", "first_token_topk", "tags", "lead_indicators", "attention_layers", "gates",
-          "gate_checks", "degenerate")
+          "gate_checks", "degenerate", "first_char_topk")
 # older exports lack them
-OPTIONAL = frozenset({"lead_indicators", "attention_layers", "gates", "gate_checks", "degenerate"})
+OPTIONAL = frozenset({"lead_indicators", "attention_layers", "gates", "gate_checks", "degenerate", "first_char_topk"})
 # seconds the user's SQL may run before it is stopped (`evalkit query --timeout`)
 DEFAULT_TIMEOUT = 300.0
 PARQUET_MAGIC = b"PAR1"  # the first and the last four bytes of every Parquet file

@@ -189,7 +189,7 @@ def manifest_of(path: Path) -> Path:
 
 
 def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(), attention=(),
-         flags=()) -> Path:
+         flags=(), first_char=()) -> Path:
     """Write one finished run (its complete `runs` row and its results) to a spool file; return its path.
 
     The file is written under a temporary name and renamed when complete; its manifest
@@ -201,14 +201,14 @@ def keep(db: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, to
     for folder in (spool_dir(db), fallback_dir(ident)):
         try:
             return _write(make_folder(db, folder), ident, row, metrics=metrics, samples=samples, topk=topk, lead=lead,
-                          attention=attention, flags=flags)
+                          attention=attention, flags=flags, first_char=first_char)
         except (OSError, duckdb.Error) as exc:
             errors.append(f"{folder}: {str(exc).splitlines()[0]}")
     raise OSError("cannot keep the run's results anywhere (" + "; ".join(errors) + ")")
 
 
 def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, samples, topk, lead=(),
-           attention=(), flags=()) -> Path:
+           attention=(), flags=(), first_char=()) -> Path:
     row = rows.scrub_row(row)
     final = folder / f"{row['id']}{SUFFIX}"
     partial = folder / f".{row['id']}{SUFFIX}.partial"
@@ -225,6 +225,7 @@ def _write(folder: Path, ident: Identity, row: dict[str, Any], *, metrics, sampl
         rows.insert_rows(con, "lead_indicators", rows.LEAD_COLUMNS, list(lead))
         rows.insert_rows(con, "attention_layers", rows.ATTENTION_COLUMNS, list(attention))
         rows.insert_rows(con, "degenerate", rows.DEGENERATE_COLUMNS, list(flags))
+        rows.insert_rows(con, "first_char_topk", rows.FIRST_CHAR_COLUMNS, list(first_char))
         con.execute("CHECKPOINT")
     finally:
         con.close()

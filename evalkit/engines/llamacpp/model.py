@@ -28,7 +28,7 @@ from tqdm import tqdm
 from evalkit.progress import bar as progress_bar
 
 from evalkit.engines import firststep as shared
-from evalkit.engines import kvpolicy, tokenizer_id, validate
+from evalkit.engines import firstchar, kvpolicy, tokenizer_id, validate
 from evalkit.engines.llamacpp.firststep import DEFAULT_KV, LlamaCppEngine, log_softmax
 from evalkit.engines.llamacpp.probe import _lse, candidate_ids, content_free_prior, first_token, probe
 from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
@@ -84,7 +84,7 @@ class EvalkitLlamaCpp(TemplateLM):
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  flash_attn: bool = False, top_k: int = DEFAULT_TOP_K,
                  temperature: float = DEFAULT_TEMPERATURE, first_temperature: float | None = None,
-                 ban_openers: bool = False,
+                 ban_openers: bool = False, first_char: bool = True,
                  probe_seed: int = 0, answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
                  tolerance: float = DEFAULT_TOLERANCE, kv_cache: str | kvpolicy.KVPolicy | None = None,
                  batch_size: int | str | None = DEFAULT_BATCH_SIZE, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
@@ -107,6 +107,8 @@ class EvalkitLlamaCpp(TemplateLM):
         self.temperature = float(temperature)
         self.first_temperature = None if first_temperature in (None, "", "none") else float(first_temperature)
         self.ban_openers = bool(ban_openers)
+        # the first-character distribution (`engines.firstchar`, first_char_topk); first_char=false: not read
+        self.first_char = first_char if isinstance(first_char, bool) else str(first_char).lower() != "false"
         self.probe_seed = int(probe_seed)
         self.answer_max_tokens = int(answer_max_tokens)
         self.tolerance = float(tolerance)
@@ -313,7 +315,7 @@ class EvalkitLlamaCpp(TemplateLM):
                                        and self.selection.runs("answer", doc_kind(d)) else 0 for d in docs],
                         unit_ranks=shared.UNIT_RANKS if self.selection.runs("units", FIRSTTOKEN) else 0,
                         tolerance=self.tolerance, exact_candidates=[c.exact for c in cands],
-                        batch_size=self.prompt_batch,
+                        batch_size=self.prompt_batch, first_char=self.first_char,
                     )
                     return [self._result(ctx, doc, cand, step, until)
                             for ctx, doc, cand, step in zip(contexts, docs, cands, steps)]
@@ -432,5 +434,6 @@ class EvalkitLlamaCpp(TemplateLM):
             units=step.units,
             skipped=self.skipped,
         )
+        firstchar.attach(result, step.first_chars)
         shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
         return validate.check_result(result, source=f"llama.cpp ({Path(self.eng.path).name})", prompt=shown)

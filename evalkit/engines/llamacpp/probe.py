@@ -50,7 +50,8 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
           first_temperature: float | None = None, banned_first_ids=frozenset(), seed: int = 0,
           answer_tokens: Sequence[int] | None = None, unit_ranks: int = 0, tolerance: float = 0.0,
           exact_candidates: list[list[str]] | None = None,
-          batch_size: int = DEFAULT_BATCH_SIZE) -> list[shared.FirstStep]:
+          batch_size: int = DEFAULT_BATCH_SIZE,
+          first_char: bool = False) -> list[shared.FirstStep]:
     """`transformers.firststep.probe`'s results for each context, computed by llama.cpp (see the module docstring).
 
     Same meaning of every argument as `transformers.firststep.probe` (`tolerance`, `exact_candidates`: the
@@ -92,6 +93,8 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
             if unit_ranks:
                 step.units = complete_units(eng, len(ids), step.topk_ids[: min(unit_ranks, k)], seq=b,
                                             n_base=len(rows))
+            if first_char:
+                step.first_chars = first_chars(eng, len(ids), lp, tolerance, seq=b, n_base=len(rows))
             step.first_token_id = first_token(lp, banned_first_ids, first_temperature, seed, i)
             steps.append(step)
         n_answer = [int(answer_tokens[i]) if answer_tokens is not None else 0 for i in rows]
@@ -128,6 +131,30 @@ def _batches(lengths: list[int], batch_size: int, max_tokens: int) -> list[list[
             out.append([i])
             total = n
     return out
+
+
+def first_chars(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tolerance: float, seq: int = 0,
+                n_base: int = 1):
+    """The prompt's first-character distribution (`firstchar.first_chars`): its whitespace and fragment
+    prefixes teacher-forced over the cached prompt in sequence `seq`, one token tree a level
+    (`LlamaCppEngine.tree`, which feeds a level's ancestors again beside it)."""
+    import torch
+
+    from evalkit.engines import firstchar
+    from evalkit.engines.vocab import vocab_table
+
+    def forward(nodes):
+        tree = {p[:d] for _, p in nodes for d in range(1, len(p) + 1)}
+        logits = eng.tree(n_prompt, sorted(tree), seq=seq, n_base=n_base)
+        return torch.stack([torch.from_numpy(log_softmax(logits[p])) for _, p in nodes])
+
+    table = getattr(eng, "first_char_table", None)  # built once per loaded model
+    if table is None:
+        from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
+
+        table = firstchar.build_char_table(vocab_table(GGUFTokenizer(eng)))
+        setattr(eng, "first_char_table", table)
+    return firstchar.first_chars(table, torch.from_numpy(lp.astype(np.float64))[None], forward, tolerance)[0]
 
 
 def _as_tensor(lp: np.ndarray):

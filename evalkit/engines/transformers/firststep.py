@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from evalkit.defaults import BATCH_TOKENS, DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
+from evalkit.engines import firstchar
 from evalkit.engines.firststep import (  # noqa: F401  (first_ids, top_mass, topk_dict, ...: read off probe's results)
     SEED_STRIDE,
     UNIT_RANKS,
@@ -58,7 +59,7 @@ from evalkit.engines.kvpolicy import KVPolicy
 from evalkit.engines.transformers.decoder import _Decoder, _Queued, _Row
 from evalkit.engines.transformers.prefill import _read_attention
 from evalkit.engines.transformers.shared import PREFILL_SHARE
-from evalkit.engines.transformers.trie import TRIE_POSITIONS, _Trie
+from evalkit.engines.transformers.trie import LSE_ROWS, TRIE_POSITIONS, _rows_of, _Trie, _truncate_cache
 
 
 def probe(
@@ -83,6 +84,7 @@ def probe(
     unit_ranks: int = 0,
     batch_tokens: int = BATCH_TOKENS,
     progress: Callable[[str, float], None] | None = None,
+    first_char: bool | None = None,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -126,12 +128,16 @@ def probe(
     (`attention.install`). Only the prefill is read (under the KV-cache policy's masks, as the model ran it);
     nothing else changes.
 
+    `first_char` (default: `_Engine.first_char`, on) fills each step's `first_chars`: the first-character distribution over the
+    whole vocabulary (`firstchar.first_chars`), its whitespace and fragment prefixes teacher-forced over
+    the prompt's cache within `tolerance`.
+
     `progress(phase, fraction)` is told, as the work goes, what runs now ("prefill", "candidate trie",
     "decode (40 rows)") and the share of all `contexts` done, in [0, 1]: a bar moves within a batch.
     """
     prober = Prober(model, tokenizer, top_k=top_k, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
                     first_temperature=first_temperature, add_special_tokens=add_special_tokens, tolerance=tolerance,
-                    kv_policy=kv_policy, unit_ranks=unit_ranks, batch_tokens=batch_tokens)
+                    kv_policy=kv_policy, unit_ranks=unit_ranks, batch_tokens=batch_tokens, first_char=first_char)
     prober.submit(None, contexts, candidates, exact_candidates=exact_candidates, attention=attention,
                   answer_tokens=answer_tokens, seed=seed, banned_first_ids=banned_first_ids, progress=progress)
     ((_, steps),) = prober.finish()
@@ -158,7 +164,8 @@ class Prober:
                  stop: Sequence[str] = (), batch_size: int = DEFAULT_BATCH_SIZE,
                  first_temperature: float | None = None, add_special_tokens: bool = False,
                  tolerance: float = 0.0, kv_policy: KVPolicy | None = None, unit_ranks: int = 0,
-                 batch_tokens: int = BATCH_TOKENS, trie_positions: int = TRIE_POSITIONS) -> None:
+                 batch_tokens: int = BATCH_TOKENS, trie_positions: int = TRIE_POSITIONS,
+                 first_char: bool | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if batch_tokens < 1:
@@ -171,6 +178,8 @@ class Prober:
         self.engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature, frozenset(), 0,
                               add_special_tokens, tolerance, kv_policy, unit_ranks, None)
         self.engine.trie_positions = trie_positions
+        if first_char is not None:
+            self.engine.first_char = first_char
         # rows are stepped while more than three quarters of a batch go, so a step feeds 24 to 56 rows at
         # batch size 32 (a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8; a whole
         # batch kept took the suite's peak to 2.02 GB); batch size 1 keeps its meaning, one prompt in every
@@ -313,6 +322,10 @@ class _Engine(_Trie):
                 if self.unit_ranks:
                     step.units = units[r]
 
+        if self.first_char:
+            self.progress("first characters", PREFILL_SHARE)
+            for step, chars in zip(steps, self.first_chars(logprobs, cache, mask)):
+                step.first_chars = chars
         first = [self.first_token(logprobs[r], indices[r]) for r in range(B)]
         for r in range(B):
             steps[r].first_token_id = first[r]
@@ -323,6 +336,62 @@ class _Engine(_Trie):
         # each row's (token limit, stops at the stop strings, continued to answer the question)
         limits = [(max(self.max_new_tokens, n), n == 0, n > 0) for n in answer_lens]
         return steps, _Queued(first, cache, mask, position_ids, limits)
+
+    first_char: bool = True  # read each prompt's first-character distribution (`firstchar`); `Prober` sets it
+
+    def first_chars(self, logprobs: torch.Tensor, cache, mask) -> list[firstchar.FirstChars]:
+        """Each row's first-character distribution (`firstchar.first_chars`), its whitespace and fragment
+        prefixes teacher-forced over the prompt's cache as the trie's nodes are (`forward_nodes`), on a copy
+        of the rows that need any (the whole cache, cropped back after, under a rounded cache policy)."""
+        B, P = mask.shape
+        table = firstchar.char_table(self.tokenizer)
+        held: dict[str, Any] = {"rows": None, "slot": {}, "used": 0}
+
+        def forward(nodes):
+            if held["rows"] is None:
+                rows = sorted({r for r, _ in nodes})
+                whole = len(rows) == B or self.policy.rounds
+                held["rows"] = list(range(B)) if whole else rows
+                held["cache"] = cache if whole else _rows_of(cache, torch.tensor(rows, device=self.device))
+                held["mask"] = mask if whole else mask[rows]
+                held["whole"] = whole
+            rows = held["rows"]
+            place = {r: j for j, r in enumerate(rows)}
+            depth = len(nodes[0][1])
+            per_row: dict[int, list[int]] = {}
+            for i, (r, _) in enumerate(nodes):
+                per_row.setdefault(r, []).append(i)
+            width = max(1, self.trie_positions // len(rows))  # a forward's padded positions stay bounded
+            out = torch.empty((len(nodes), logprobs.shape[-1]), dtype=torch.float32)
+            for begin in range(0, max(len(v) for v in per_row.values()), width):
+                level: list[list[tuple[int, ...]]] = [[] for _ in rows]
+                reads = []
+                for r, idx in per_row.items():
+                    for q, i in enumerate(idx[begin:begin + width]):
+                        level[place[r]].append((r, *nodes[i][1]))
+                        reads.append((place[r], q, i))
+                if not reads:
+                    continue
+                n_real = held["mask"].sum(-1).tolist()
+                got, held["used"] = self.forward_nodes(level, depth, held["slot"], held["used"], held["cache"],
+                                                       held["mask"], n_real)
+                for c in range(0, len(reads), LSE_ROWS):
+                    chunk = reads[c:c + LSE_ROWS]
+                    jj, qq = (torch.tensor([x[k] for x in chunk], device=got.device) for k in (0, 1))
+                    logits = (self.split[1](got[jj, qq]) if self.split is not None else got[jj, qq]).float()
+                    out[torch.tensor([x[2] for x in chunk])] = torch.log_softmax(logits, dim=-1).cpu()
+            return out
+
+        state = getattr(cache, "evalkit_state", None)
+        if state is not None:  # the prefixes are alternatives, never a sequence: no residual flush
+            state["hold"] = True
+        try:
+            return firstchar.first_chars(table, logprobs, forward, self.tolerance)
+        finally:
+            if state is not None:
+                state["hold"] = False
+            if held.get("whole") and held["used"]:
+                _truncate_cache(cache, P)
 
     def first_token(self, row_logprobs: torch.Tensor, index: int) -> int:
         """Step-1 token: argmax, or a seeded sample at `first_temperature`, bans applied."""

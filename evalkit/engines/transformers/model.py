@@ -34,7 +34,7 @@ from evalkit import envvars
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.engines import firststep as shared
 from evalkit.engines import caps as caps_of
-from evalkit.engines import kvpolicy, tokenizer_id, validate
+from evalkit.engines import firstchar, kvpolicy, tokenizer_id, validate
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
 from evalkit.engines.transformers import quant as quantization
@@ -163,6 +163,7 @@ class EvalkitHFLM(HFLM):
         kv_cache: str | kvpolicy.KVPolicy | None = None,  # the plan's policy, or plain lm-eval's text
         device: str | None = None,
         attention: bool = False,
+        first_char: bool = True,
         **kwargs: Any,
     ) -> None:
         kwargs = offline.guard(kwargs)  # no hub kernel fetched at load or forward time unless asked
@@ -193,6 +194,8 @@ class EvalkitHFLM(HFLM):
         self._share_requests()
         self.prompts_computed = 0  # prompts this process probed or sampled (not replayed from a journal)
         self.attention = bool(attention)
+        # the first-character distribution (`engines.firstchar`, first_char_topk); first_char=false: not read
+        self.first_char = first_char if isinstance(first_char, bool) else str(first_char).lower() != "false"
         if self.attention:
             try:
                 attn.install(self._model)
@@ -401,7 +404,7 @@ class EvalkitHFLM(HFLM):
                                       stop=until, batch_size=bs, first_temperature=self.first_temperature,
                                       tolerance=self.tolerance, kv_policy=self.kv_policy,
                                       unit_ranks=units, batch_tokens=self.caps.batch_positions,
-                                      trie_positions=self.caps.trie_positions)
+                                      trie_positions=self.caps.trie_positions, first_char=self.first_char)
             for start in range(0, len(idxs), bs):
                 chunk = idxs[start : start + bs]
                 contexts = [requests[i].args[0] for i in chunk]
@@ -528,6 +531,7 @@ class EvalkitHFLM(HFLM):
             token_ids=list(step.answer_ids or step.response_ids),
             skipped=self.skipped,
         )
+        firstchar.attach(result, step.first_chars)
         shown = doc.get("prompt") if isinstance(doc.get("prompt"), str) else context
         # the same checks at the boundary as every other engine's (finite, logprob <= 0, mass <= 1, ranges)
         return validate.check_result(result, source="transformers", prompt=shown)

@@ -208,6 +208,29 @@ def m029_degenerate_output(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
+def m030_first_char_topk(con: duckdb.DuckDBPyConnection) -> None:
+    # The first character of the response from the whole next-token distribution (docs/metrics.md §1.5,
+    # `engines.firstchar`): per prompt the likeliest events (a character, or a special token's role such as
+    # <eos>) and their probabilities, rank 0 the likeliest. samples.fc_rest_mass: the resolved probability of
+    # the events past the stored ones; samples.fc_unresolved_mass: the probability of the prefixes the run's
+    # tolerance left unexpanded. Across tokenizers `compare` and the gate's js_div read this table; runs from
+    # before m030 have no rows and keep the stored top-k comparison.
+    con.execute(
+        """
+        CREATE TABLE first_char_topk (
+            run_id VARCHAR NOT NULL,
+            task VARCHAR NOT NULL,
+            doc_id VARCHAR NOT NULL,
+            rank INTEGER NOT NULL,
+            event VARCHAR NOT NULL,
+            prob DOUBLE NOT NULL
+        )
+        """
+    )
+    con.execute("ALTER TABLE samples ADD COLUMN fc_rest_mass DOUBLE")
+    con.execute("ALTER TABLE samples ADD COLUMN fc_unresolved_mass DOUBLE")
+
+
 # this module's migrations in the order they are applied (the package's MIGRATIONS joins the modules'); append here
 MIGRATIONS = (
     m021_tokenizer_identity,
@@ -217,4 +240,5 @@ MIGRATIONS = (
     m025_run_caps,
     m026_metric_selection,
     m029_degenerate_output,  # m027 (the lead's) and m028 (samples.ws_mass) go before it
+    m030_first_char_topk,
 )
