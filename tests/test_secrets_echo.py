@@ -99,6 +99,23 @@ def grep(paths, outputs, secrets) -> list[str]:
     return found
 
 
+def stored_text(path) -> str:
+    """Every value of every table of a DuckDB or Parquet file, as text: their bytes may be compressed,
+    so a byte grep alone could miss a stored secret."""
+    import duckdb
+
+    con = duckdb.connect()
+    try:
+        if path.suffix == ".parquet":
+            return repr(con.execute("SELECT * FROM read_parquet(?)", [str(path)]).fetchall())
+        con.execute(f"ATTACH '{path}' AS f (READ_ONLY)")
+        tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables "
+                                            "WHERE table_catalog = 'f' AND table_type = 'BASE TABLE'").fetchall()]
+        return "\n".join(repr(con.execute(f'SELECT * FROM f.main."{t}"').fetchall()) for t in tables)
+    finally:
+        con.close()
+
+
 def test_a_server_quoting_the_secrets_back_is_never_shown_or_stored(invoke, tiny_model_dir, word, tmp_path,
                                                                    monkeypatch, caplog):
     db = tmp_path / "runs.duckdb"
@@ -178,10 +195,13 @@ def test_a_server_quoting_the_secrets_back_is_never_shown_or_stored(invoke, tiny
     assert error and "HTTP 500" in error and "***" in error, error  # the row says what happened, secrets hidden
     assert unavailable and "HTTP 400" in unavailable and "***" in unavailable, unavailable
     assert "***" in model_args
+    (tmp_path / "outputs.txt").write_text("\n".join(outputs), encoding="utf-8")  # every command's, for a grep
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name.startswith("copy-") for p in files)  # the kept run's spool file
     assert junit in files and any(p.suffix == ".parquet" for p in files) and (report / "index.html") in files
-    assert grep(files, outputs, [KEY, PASSWORD, basic]) == []
+    tables = [stored_text(p) for p in files if p.suffix in (".duckdb", ".parquet")]
+    assert len(tables) >= 3 and any("echo-good" in t for t in tables)  # the search reads the rows
+    assert grep(files, outputs + tables, [KEY, PASSWORD, basic]) == []
 
 
 @pytest.mark.parametrize("char", CHARS)
