@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import json
 import shutil
-import typing
 
 import pytest
 

@@ -21,7 +21,7 @@ from evalkit import redact
 from evalkit.errors import BadInput
 from evalkit.store import db, spool
 from evalkit.store.db import db_path, now
-from evalkit.store.rows import _check_columns, _update, scrub_row, mark_abandoned, this_process, write_results
+from evalkit.store.rows import _check_columns, _update, mark_abandoned, scrub_row, this_process, write_results
 
 
 @contextlib.contextmanager
