@@ -68,6 +68,8 @@ EXPECTED_TABLES = {
         "trie_positions": "INTEGER",
         "memory_budget": "BIGINT",
         "metric_selection": "VARCHAR",  # m026
+        "fed": "VARCHAR",  # m027
+        "fed_note": "VARCHAR",
         "model_arch": "VARCHAR",  # m029
         "model_file_type": "VARCHAR",
     },
@@ -127,6 +129,7 @@ EXPECTED_TABLES = {
         "conflict_order": "VARCHAR",
         "answer_prob": "DOUBLE",  # m020
         "opener_start_mass": "DOUBLE",  # m026
+        "ws_mass": "DOUBLE",  # m028
         "special_mass": "DOUBLE",  # m029
         "fc_rest_mass": "DOUBLE",  # m030
         "fc_unresolved_mass": "DOUBLE",

@@ -35,6 +35,7 @@ from evalkit.engines.plan import (  # noqa: F401  (fingerprint: read as resolve.
 )
 from evalkit import redact
 from evalkit.errors import BadInput
+from evalkit.prompts.encoding import parse_add_bos
 from evalkit.loaderrors import loading
 
 
@@ -63,6 +64,7 @@ def resolve(model_type: str = DEFAULT_MODEL, model_args: str | None = None, *, q
                        ban_openers=ban_openers, seed=seed, kv_policy=policy, attention=attention)
     resolver = record.resolve_with() if record is not None else load_resolver(OTHER_RESOLVER)
     check_local_files(parse_model_args(model_args))  # before any resolver reads a file named there
+    parse_add_bos(parse_model_args(model_args).get("add_bos_token"))  # true|false, before anything loads
     plan = resolver(record, ask)
     check_local_files(plan.args)
     return dataclasses.replace(plan, label=redact.text(plan.label))  # shown in bars, stored in the row

@@ -23,6 +23,7 @@ from evalkit.contract import CONFLICT, NEEDLE, FirstStepResult, response_text
 from evalkit.defaults import DEFAULT_SEED, GEN_TOKENS
 from evalkit.errors import BadInput
 from evalkit.prompts import needle
+from evalkit.prompts.templates import with_text
 from evalkit.scoring import registry
 from evalkit.scoring.conflict import conflict_pick, pick_values
 from evalkit.scoring.needle import needle_recall
@@ -48,12 +49,14 @@ def _load_tokenizer(path: str, gguf_file: str | None):
         return AutoTokenizer.from_pretrained(path, **kwargs)
 
 
-def token_counter(tokenizer, *, chat: bool, system: str | None) -> Callable[[str], int]:
-    """count(user_text) = tokens of the whole prompt the model sees for that message."""
+def token_counter(tokenizer, *, chat: bool, system: str | None, doc_to_text: str | None = None) -> Callable[[str], int]:
+    """count(user_text) = tokens of the whole prompt the model is fed for that message (its template's
+    doc_to_text, chat template and the declared special tokens included)."""
+    from evalkit.prompts.encoding import encode
     from evalkit.prompts.templates import Template, render_prompt
 
-    template = Template("needle", chat, system)
-    return lambda text: len(tokenizer(render_prompt(tokenizer, template, text), add_special_tokens=False)["input_ids"])
+    template = Template("needle", chat, system, doc_to_text=doc_to_text)
+    return lambda text: len(encode(tokenizer, render_prompt(tokenizer, template, text)))
 
 
 def _tokenizer(metadata: dict):
@@ -84,7 +87,8 @@ def load_docs(*, lang: str, hint: bool, **metadata) -> Any:
     depths = [float(x) for x in metadata.get("needle_depths") or needle.DEFAULT_DEPTHS]
     check_lengths(lengths, metadata.get("max_length"))
     docs = grid_docs(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"), lengths=lengths,
-                     depths=depths, seed=int(metadata.get("seed", DEFAULT_SEED)), lang=lang, hint=hint)
+                     depths=depths, seed=int(metadata.get("seed", DEFAULT_SEED)), lang=lang, hint=hint,
+                     doc_to_text=metadata.get("doc_to_text"))
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 
@@ -98,15 +102,16 @@ TASK_GRIDS = {"needle_en": ("en", False), "needle_en_hint": ("en", True),
 
 
 def grid_docs(tokenizer, *, chat: bool, system: str | None, lengths: list[int], depths: list[float], seed: int,
-              lang: str, hint: bool) -> list[dict]:
-    """The needle documents of one language and hint flag, counted in `tokenizer` (cached)."""
-    key = (id(tokenizer), chat, system, tuple(lengths), tuple(depths), seed, lang, hint)
+              lang: str, hint: bool, doc_to_text: str | None = None) -> list[dict]:
+    """The needle documents of one language and hint flag, counted in `tokenizer` (cached), each with the
+    `text` the template's doc_to_text makes of it."""
+    key = (id(tokenizer), chat, system, tuple(lengths), tuple(depths), seed, lang, hint, doc_to_text)
     if key not in _GRIDS:
-        count = token_counter(tokenizer, chat=chat, system=system)
+        count = token_counter(tokenizer, chat=chat, system=system, doc_to_text=doc_to_text)
         docs = needle.build_grid(count, langs=[lang], lengths=lengths, depths=depths, hint=hint, seed=seed)
         for d in docs:
             d["kind"] = NEEDLE
-        _GRIDS[key] = docs
+        _GRIDS[key] = with_text(docs, doc_to_text)
     return _GRIDS[key]
 
 
@@ -115,17 +120,17 @@ TASK_CONFLICTS = {"needle_conflict_en": "en", "needle_conflict_zh": "zh"}
 
 
 def conflict_docs(tokenizer, *, chat: bool, system: str | None, lengths: list[int], pairs: int, seed: int,
-                  lang: str) -> list[dict]:
+                  lang: str, doc_to_text: str | None = None) -> list[dict]:
     """The conflict documents of one language, counted in `tokenizer` (cached as `grid_docs`)."""
     from evalkit.prompts import conflict
 
-    key = ("conflict", id(tokenizer), chat, system, tuple(lengths), pairs, seed, lang)
+    key = ("conflict", id(tokenizer), chat, system, tuple(lengths), pairs, seed, lang, doc_to_text)
     if key not in _GRIDS:
-        count = token_counter(tokenizer, chat=chat, system=system)
+        count = token_counter(tokenizer, chat=chat, system=system, doc_to_text=doc_to_text)
         docs = conflict.build_conflict_grid(count, langs=[lang], lengths=lengths, pairs=pairs, seed=seed)
         for d in docs:
             d["kind"] = CONFLICT
-        _GRIDS[key] = docs
+        _GRIDS[key] = with_text(docs, doc_to_text)
     return _GRIDS[key]
 
 
@@ -144,7 +149,8 @@ def load_conflict_docs(*, lang: str, **metadata) -> Any:
     check_lengths(lengths, metadata.get("max_length"))
     docs = conflict_docs(tok, chat=bool(metadata.get("chat", True)), system=metadata.get("system"), lengths=lengths,
                          pairs=int(metadata.get("conflict_pairs") or conflict.DEFAULT_PAIRS),
-                         seed=int(metadata.get("seed", DEFAULT_SEED)), lang=lang)
+                         seed=int(metadata.get("seed", DEFAULT_SEED)), lang=lang,
+                         doc_to_text=metadata.get("doc_to_text"))
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 
@@ -194,6 +200,7 @@ def needle_metadata(cfg, template, lm) -> dict[str, Any]:
         "tokenizer_key": key,
         "chat": template.chat,
         "system": template.system,
+        "doc_to_text": template.doc_to_text,
         "needle_lengths": cfg.needle_lengths or list(needle.DEFAULT_LENGTHS),
         "needle_depths": cfg.needle_depths or list(needle.DEFAULT_DEPTHS),
         "seed": cfg.seed,

@@ -13,6 +13,7 @@ from typing import Any
 
 from evalkit.errors import BadInput
 from evalkit.prompts import catalog
+from evalkit.prompts.encoding import encode
 from evalkit.runner.config import RunPlan
 
 SHOWN_IDS = 5  # prompt ids named in the message
@@ -64,7 +65,7 @@ def check_prompts_fit(plan: RunPlan, tokenizer, max_length: int) -> None:
     too_long = []
     for doc in _firsttoken_docs(plan):
         context = render_prompt(tokenizer, plan.template, doc["prompt"])
-        n = len(tokenizer(context, add_special_tokens=False)["input_ids"])
+        n = len(encode(tokenizer, context))
         answer = max(response, longer) if doc.get("answers_full") else response
         if n + answer > max_length:
             too_long.append(f"{doc['id']} ({n} tokens)")
@@ -91,10 +92,12 @@ def check_needle_grid(plan: RunPlan, tokenizer, max_length: int | None) -> None:
         if task in TASK_GRIDS:
             lang, hint = TASK_GRIDS[task]
             grid_docs(tokenizer, chat=plan.template.chat, system=plan.template.system, lengths=lengths,
-                      depths=cfg.needle_depths or list(needle.DEFAULT_DEPTHS), seed=cfg.seed, lang=lang, hint=hint)
+                      depths=cfg.needle_depths or list(needle.DEFAULT_DEPTHS), seed=cfg.seed, lang=lang, hint=hint,
+                      doc_to_text=plan.template.doc_to_text)
         elif task in TASK_CONFLICTS:
             conflict_docs(tokenizer, chat=plan.template.chat, system=plan.template.system, lengths=lengths,
-                          pairs=conflict.DEFAULT_PAIRS, seed=cfg.seed, lang=TASK_CONFLICTS[task])
+                          pairs=conflict.DEFAULT_PAIRS, seed=cfg.seed, lang=TASK_CONFLICTS[task],
+                          doc_to_text=plan.template.doc_to_text)
 
 
 def check_against_model(plan: RunPlan, lm: Any) -> None:

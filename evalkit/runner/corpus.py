@@ -18,6 +18,7 @@ from pathlib import Path
 
 from evalkit.errors import BadInput
 from evalkit.paths import read_input
+from evalkit.prompts.encoding import feed_of, raw_ids
 from evalkit.scoring import drift
 
 DEFAULT_N_CTX = 512  # llama-perplexity's default context
@@ -92,8 +93,10 @@ def corpus_drift(path: str | os.PathLike, quants: list[str | None], *, model: st
     limit = getattr(lm.model.config, "max_position_embeddings", None)
     if limit and n_ctx > limit:
         raise BadInput(f"--n-ctx {n_ctx} is beyond the model's context ({limit} positions)")
-    bos = tok.bos_token_id
-    tokens = ([bos] if bos is not None else []) + list(tok(text, add_special_tokens=False)["input_ids"])
+    # the BOS where the tokenizer declares one (or add_bos_token says so), as llama-perplexity adds it
+    prefix = feed_of(tok).prefix
+    bos = prefix[0] if prefix else None
+    tokens = ([bos] if bos is not None else []) + raw_ids(tok, text)
     if len(tokens) < 2 * n_ctx:
         raise BadInput(f"{path}: {len(tokens)} tokens; scoring with --n-ctx {n_ctx} needs at least {2 * n_ctx}")
     cut = corpus_chunks(tokens, n_ctx, bos)

@@ -27,6 +27,7 @@ from typing import Any
 from evalkit import engines
 from evalkit.defaults import DEFAULT_BATCH_SIZE
 from evalkit.errors import BadInput
+from evalkit.prompts.encoding import encode
 from evalkit.scoring import drift as stats_drift
 
 FIRST = "first"  # RunConfig.drift_base: the sweep's first run is the base
@@ -176,10 +177,6 @@ def _model_of(lm):
     return model, tok, int(pad)
 
 
-def _encode(tok, text: str) -> list[int]:
-    return list(tok(text, add_special_tokens=False)["input_ids"])
-
-
 def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> None:
     from evalkit.engines.transformers.teacher import Forced, base_pass
     from evalkit.store import drift as store
@@ -188,7 +185,7 @@ def _as_base(s: Session, lm, run_id: str, results: dict, batch_size: int) -> Non
     model, tok, pad = _model_of(lm)
     items = logged_items(results)
     keys = sorted(items)
-    forced = [Forced(_encode(tok, items[k][0]), items[k][1]) for k in keys]
+    forced = [Forced(encode(tok, items[k][0]), items[k][1]) for k in keys]
     t0 = time.monotonic()
     dists = base_pass(model, forced, eps=s.eps, batch_size=batch_size, pad_id=pad)
     s.seconds[run_id] = SECONDS[run_id] = time.monotonic() - t0
@@ -206,7 +203,7 @@ def _as_candidate(s: Session, lm, run_id: str, batch_size: int) -> list[dict[str
 
     model, tok, pad = _model_of(lm)
     keys = sorted(k for k, it in s.base.items() if it.token_ids)
-    forced = [Forced(_encode(tok, s.base[k].context), s.base[k].token_ids) for k in keys]
+    forced = [Forced(encode(tok, s.base[k].context), s.base[k].token_ids) for k in keys]
     t0 = time.monotonic()
     rows = drift_pass(model, forced, [s.base[k].dists for k in keys], batch_size=batch_size, pad_id=pad)
     s.seconds[run_id] = SECONDS[run_id] = time.monotonic() - t0

@@ -172,6 +172,16 @@ def tokenizer_columns(lm: Any) -> dict[str, str | None]:
     return {"tokenizer_hash": getattr(tid, "hash", None), "tokenizer_source": getattr(tid, "source", None)}
 
 
+def feed_columns(lm: Any) -> dict[str, str | None]:
+    """What the engine feeds before every prompt's text (`prompts.encoding.Feed`): `fed` says it (and
+    whether the tokenizer declared it or add_bos_token chose), `fed_note` is set when the first fed
+    token is not the one the tokenizer declares. NULL for an engine that gives no feed."""
+    feed = getattr(lm, "feed", None)
+    if feed is None:
+        return {"fed": None, "fed_note": None}
+    return {"fed": feed.describe(), "fed_note": feed.note()}
+
+
 def identity_columns(model: Any) -> dict[str, Any]:
     """The model as its own files name it (`engines.modelid`): `model_name` (the GGUF's basename and
     size label, a config's `_name_or_path`; the plan's label where the file says none, and the embedded
@@ -230,6 +240,7 @@ def run_row(plan: RunPlan, run_id: str, lm: Any = None) -> dict[str, Any]:
         "unavailable": _unavailable(plan, lm),
         "metric_selection": plan.selection.spec,
         **tokenizer_columns(lm),
+        **feed_columns(lm),
         **_versions(),
         **rows.this_process(),
     })
@@ -334,6 +345,8 @@ def _execute_plan(plan: RunPlan, lm, t0: float, load_s: float,
     writer = is_main_rank()
     run_id = resumed.run_id if resumed else new_run_id()
     row = run_row(plan, run_id, lm)
+    if writer and row.get("fed_note"):  # said once, as the run starts (and kept in the run row)
+        print(f"evalkit: note: {row['fed_note']}", file=sys.stderr, flush=True)
     ident = None  # the DB's identity: a kept run and a journal are bound to it
     journal = resumed.journal if resumed else None
     if writer and resumed:
@@ -399,6 +412,8 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     _quiet_lm_eval()
     cfg, template = plan.cfg, plan.template
     metadata: dict[str, Any] = {"template": template.name}
+    if template.doc_to_text is not None:  # evalkit's tasks show each doc as the template's doc_to_text makes it
+        metadata["doc_to_text"] = template.doc_to_text
     if cfg.prompts_file:
         metadata["prompts_file"] = str(Path(cfg.prompts_file).resolve())
     if plan.has_needle:

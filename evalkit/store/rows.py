@@ -32,7 +32,7 @@ RUN_COLUMNS = (
     "transformers_version", "torch_version", "git_commit", "host", "duration_s",
     "config", "error", "pid", "pid_start", "heartbeat_at", "model_name", "kv_cache", "quant_detail", "attention",
     "attn_implementation", "engine", "unavailable", "tokenizer_hash", "tokenizer_source", "batch_positions",
-    "trie_positions", "memory_budget", "metric_selection", "model_arch", "model_file_type",
+    "trie_positions", "memory_budget", "metric_selection", "fed", "fed_note", "model_arch", "model_file_type",
 )
 SAMPLE_COLUMNS = (
     "run_id", "task", "doc_id", "prompt_hash", "prompt", "target", "response",
@@ -42,7 +42,8 @@ SAMPLE_COLUMNS = (
     "needle_length", "needle_tokens", "needle_hint", "needle_recall", "metrics",
     "top1_prob", "answer_hit", "ft_answer_mismatch", "answer",
     "sink_rate", "needle_attn", "question_attn", "first_wins", "last_wins", "conflict_both",
-    "conflict_pick", "conflict_pair", "conflict_order", "answer_prob", "opener_start_mass", "special_mass",
+    "conflict_pick", "conflict_pair", "conflict_order", "answer_prob", "opener_start_mass", "ws_mass",
+    "special_mass",
     "fc_rest_mass", "fc_unresolved_mass",
 )
 # the samples columns that hold one numeric per-sample metric value each (the registry says which)

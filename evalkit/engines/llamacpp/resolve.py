@@ -35,7 +35,9 @@ LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretra
                  "tolerance": f"opener probability left unscored per prompt (default {DEFAULT_TOLERANCE:g}, "
                               "as hf; 0: exact)",
                  "answer_max_tokens": f"how far a prompt with checkable answers is continued "
-                                      f"(default {DEFAULT_ANSWER_TOKENS})"}
+                                      f"(default {DEFAULT_ANSWER_TOKENS})",
+                 "add_bos_token": "true|false: feed the BOS or not, whatever the GGUF declares "
+                                  "(default: tokenizer.ggml.add_bos_token)"}
 
 
 def llamacpp_refusal(policy: KVPolicy) -> str | None:

@@ -58,6 +58,15 @@ class GGUFTokenizer:
         return self.eng.tokenize(text) if tokenize else text
 
 
+def tokenizer_of(eng: LlamaCppEngine) -> GGUFTokenizer:
+    """The engine's one `GGUFTokenizer` (made on first use): the object its feed (`prompts.encoding`) is
+    fixed on, so the model, the probe and the prior all feed the same prefix."""
+    tok = getattr(eng, "gguf_tokenizer", None)
+    if tok is None:
+        tok = eng.gguf_tokenizer = GGUFTokenizer(eng)
+    return tok
+
+
 def _render(template: str, messages, **variables) -> str:
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment

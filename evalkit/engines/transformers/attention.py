@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from evalkit.prompts.encoding import encode, raw_ids
 from evalkit.defaults import SINK_EPSILON, SINK_TOKENS
 
 IMPLEMENTATION = "evalkit_eager"  # the name registered with transformers' AttentionInterface
@@ -95,27 +96,31 @@ class PromptAttention:
 # ---- spans ---------------------------------------------------------------------------
 
 
-def token_span(tokenizer, text: str, start: int, end: int, add_special_tokens: bool = False) -> tuple[int, int] | None:
+def token_span(tokenizer, text: str, start: int, end: int) -> tuple[int, int] | None:
     """The token positions [first, last + 1) of `text`'s tokens that overlap characters [start, end).
 
-    `text` is tokenised as the engine tokenises a prompt. A token overlaps when any of its
-    characters lies in the span (a token " The" that carries the space before a sentence
-    belongs to the sentence). None when no token overlaps or the tokenizer gives no offsets.
+    `text` is tokenised as the engine feeds a prompt (`encoding.encode`: a declared BOS first, which
+    shifts every position by one). A token overlaps when any of its characters lies in the span (a
+    token " The" that carries the space before a sentence belongs to the sentence). None when no token
+    overlaps or the tokenizer gives no offsets.
     """
     if not 0 <= start < end <= len(text):
         return None
+    shift = len(encode(tokenizer, text)) - len(raw_ids(tokenizer, text))  # the fed prefix, if any
     try:
-        enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except (NotImplementedError, TypeError, ValueError):
-        return _span_by_prefix(tokenizer, text, start, end, add_special_tokens)
-    hits = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a < end and b > start]
-    return (hits[0], hits[-1] + 1) if hits else None
+        span = _span_by_prefix(tokenizer, text, start, end)
+    else:
+        hits = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > a and a < end and b > start]
+        span = (hits[0], hits[-1] + 1) if hits else None
+    return None if span is None else (span[0] + shift, span[1] + shift)
 
 
-def _span_by_prefix(tokenizer, text, start, end, add_special_tokens):
+def _span_by_prefix(tokenizer, text, start, end):
     """Slow tokenizers (no offsets): the span from the token counts of the text's prefixes."""
     def count(s: str) -> int:
-        return len(tokenizer(s, add_special_tokens=add_special_tokens)["input_ids"])
+        return len(raw_ids(tokenizer, s))
     first, last = count(text[:start]), count(text[:end])
     return (max(0, first - 1), last) if last > first else None
 

@@ -26,7 +26,8 @@ What vLLM's first-step logprobs give, and what they do not:
   rule needs k >= 50, docs/metrics.md §1.3, and the content-free prior's mean distribution),
   `ft_hit_prob` and `opener_mass` (teacher-forced candidate strings: vLLM's
   `prompt_logprobs` could give them exactly, but at one more full-prompt request
-  per candidate, about 120 per prompt with the opener lexicon).
+  per candidate, about 120 per prompt with the opener lexicon), and with them their whitespace-led
+  paths and `ws_mass` (the first-step mass of every whitespace-only token needs the whole vocabulary).
 
 Sampled requests (temperature > 0 after lm-eval's normalisation: the sampled
 protocol) go to VLLM's own generate_until unchanged.
@@ -53,6 +54,7 @@ from evalkit.progress import bar as progress_bar
 from evalkit.engines.vllm.resolve import logprobs_k
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.defaults import DEFAULT_TEMPERATURE, DEFAULT_TOP_K
+from evalkit.prompts.encoding import encode, parse_add_bos, set_feed
 from evalkit.scoring.firsttoken import candidate_strings, unstable
 
 log = logging.getLogger(__name__)
@@ -139,8 +141,11 @@ class EvalkitVLLM(VLLM):
     T of top3_mass@T; only T = 1 is exact from logprobs). Every other arg goes to VLLM
     and on to `vllm.LLM` (e.g. max_logprobs=50, gpu_memory_utilization=0.8)."""
 
-    def __init__(self, pretrained, *, top_k: int = DEFAULT_TOP_K, temperature: float = DEFAULT_TEMPERATURE, **kwargs: Any) -> None:
+    def __init__(self, pretrained, *, top_k: int = DEFAULT_TOP_K, temperature: float = DEFAULT_TEMPERATURE,
+                 add_bos_token: Any = None, **kwargs: Any) -> None:
         super().__init__(pretrained, **kwargs)
+        self.feed = set_feed(self.tokenizer, parse_add_bos(add_bos_token))  # the ids fed: `prompts.encoding`
+        self.add_bos_token = self.feed.bos
         self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"vllm {pretrained}")
         self.top_k = int(top_k)
         self.temperature = float(temperature)
@@ -177,7 +182,7 @@ class EvalkitVLLM(VLLM):
         """Greedy requests with logprobs=K, in request order."""
         eos = self.tokenizer.decode(self.eot_token_id) or getattr(self.tokenizer, "eos_token", None) or ""
         contexts = [r.args[0] for r in requests]
-        encodings = self.tok_encode(list(contexts))
+        encodings = [encode(self.tokenizer, c) for c in contexts]
         prompts, params, untils = [], [], []
         for toks, req in zip(encodings, requests):
             kwargs, until, max_gen = self.modify_gen_kwargs(req.args[1], eos=eos, default_max_gen_toks=self.max_gen_toks)

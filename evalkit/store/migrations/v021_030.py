@@ -161,6 +161,24 @@ def m026_metric_selection(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("ALTER TABLE samples ADD COLUMN opener_start_mass DOUBLE")
 
 
+def m027_fed_prefix(con: duckdb.DuckDBPyConnection) -> None:
+    # What a run fed the model before every prompt's text (docs/metrics.md "The input a model expects"):
+    # `fed` names the special tokens (e.g. "<bos> (id 2), declared by the tokenizer", "nothing, declared by
+    # the tokenizer") and who chose them (the tokenizer's declaration, or the add_bos_token model arg);
+    # `fed_note` is set when the first fed token is not the one the tokenizer declares. Runs from before
+    # m027 hold NULL: they fed the text's own tokens, with no special token added, on every engine.
+    con.execute("ALTER TABLE runs ADD COLUMN fed VARCHAR")
+    con.execute("ALTER TABLE runs ADD COLUMN fed_note VARCHAR")
+
+
+def m028_ws_mass(con: duckdb.DuckDBPyConnection) -> None:
+    # `samples.ws_mass` (docs/metrics.md "One event for text and probability"): a first-token prompt's first-step
+    # probability of the tokens that add only whitespace. From m028 on, ft_hit_prob, answer_prob and opener_mass
+    # count the whitespace-led paths too (" Paris"; "\n\n" then "Paris"); runs from before hold NULL here and
+    # scored the string right after the prompt only.
+    con.execute("ALTER TABLE samples ADD COLUMN ws_mass DOUBLE")
+
+
 def m029_degenerate_output(con: duckdb.DuckDBPyConnection) -> None:
     # Degenerate output (docs/metrics.md "Degenerate output", `scoring.degenerate`): one row per run x task (and
     # group) with its counts, the mean first-step mass on special tokens, the flag and its reason in words. The
@@ -239,6 +257,8 @@ MIGRATIONS = (
     m024_gates,
     m025_run_caps,
     m026_metric_selection,
+    m027_fed_prefix,
+    m028_ws_mass,
     m029_degenerate_output,  # m027 (the lead's) and m028 (samples.ws_mass) go before it
     m030_first_char_topk,
 )
