@@ -93,3 +93,6 @@ DEGENERATE_SPECIAL_MASS: Final = 0.5
 # of one unit of at most REPEAT_MAX_UNIT characters (the last copy may be cut short by the token limit)
 REPEAT_MIN_COPIES: Final = 3
 REPEAT_MAX_UNIT: Final = 8
+# a run whose mean first-step mass on whitespace-only tokens (`ws_mass`, docs/metrics.md "One event for text and
+# probability") is above this is told, in its summary, that its template leaves the model to open with whitespace
+WS_MASS_NOTE: Final = 0.5

@@ -71,6 +71,9 @@ def metric_table(rows: Sequence[dict[str, Any]]) -> str:
     if any(r.get("ci_lo") is None and r.get("n") is not None and r["n"] < MIN_BOOTSTRAP_PROMPTS for r in rows):
         lines.append(f"no 95% CI from too few prompts: a share needs {MIN_SCORE_INTERVAL_PROMPTS}, any other mean "
                      f"{MIN_BOOTSTRAP_PROMPTS} (the gate's rule)")
+    from evalkit.scoring.firsttoken import whitespace_note
+
+    lines += [note for r in ordered if r["metric"] == "ws_mass" and (note := whitespace_note(r["task"], r["value"]))]
     if any(r["metric"] == "ft_hit" for r in rows):
         lines.append("ft_hit counts a response only when its first word is an accepted start: "
                      "\"The capital of France is Paris.\" misses \"Paris\" by design")

@@ -22,6 +22,7 @@ from evalkit.compare import DIMENSIONS
 from evalkit.report.fonts import isolate
 from evalkit.report.reading import MIN_BIN_SIZE, ReportData, config_line
 from evalkit.scoring import registry
+from evalkit.scoring.firsttoken import whitespace_note
 
 MAX_PLOT_METRICS = 6  # panels of the leaderboard plot
 MAX_TABLE_METRICS = 8  # metric columns of one leaderboard table: with the run and task columns, 1280 px wide
@@ -175,6 +176,9 @@ def leaderboard_section(data: ReportData, out_dir: Path) -> Section:
         section.intro += (f" A run marked {DEGENERATE_MARK} gave degenerate output on that task (mostly empty, "
                           "stopped at once, one token repeated, or its first-step mass on special tokens): its "
                           "values are shown, never bolded.")
+    for (task, run_id, metric), cell in sorted(cells.items()):
+        if metric == "ws_mass" and (note := whitespace_note(task, cell["value"])):
+            section.notes.append(f"{runs[run_id]['label']} on {note}.")
     for (task, run_id), why in sorted(flagged.items()):
         section.notes.append(f"{DEGENERATE_MARK} {runs[run_id]['label']} on {task}: degenerate output, not ranked: "
                              f"{why}.")

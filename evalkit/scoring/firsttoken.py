@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from evalkit.contract import FirstStepResult, response_text
-from evalkit.defaults import UNSTABLE_BELOW
+from evalkit.defaults import UNSTABLE_BELOW, WS_MASS_NOTE
 from evalkit.scoring.answers import answer_hit
-from evalkit.scoring.text import drop_covered, first_word, is_cjk, matched_start
+from evalkit.scoring.text import covers, drop_covered, first_word, is_cjk, matched_start
 
 
 def ft_hit(response: str, starts: Sequence[str]) -> float:
@@ -139,6 +139,61 @@ def answer_prob(probs: dict[str, float], strings: Sequence[str], tokens: dict[st
     if missing:
         raise KeyError(f"answer_prob: no probability for {missing!r}")
     return sum(probs[s] for s in kept)
+
+
+def event_prob(strings: Sequence[str], probs: dict[str, float], tokens: dict[str, list[int]] | None = None,
+               paths: dict[str, list[tuple[int, ...]]] | None = None,
+               path_probs: dict[tuple[int, ...], float] | None = None) -> float:
+    """P(the response, after its leading whitespace, begins with one of `strings`): ft_hit_prob, opener_mass
+    and answer_prob (docs/metrics.md "One event for text and probability").
+
+    Without `paths` (an engine that scores each string after the prompt only): the strings' probabilities
+    summed over those no other string covers (`text.drop_covered`). With `paths` (string -> its distinct
+    token paths, whitespace-led ones included, `engines.leadspace`) and `path_probs` (path -> probability):
+    the sum over distinct paths, a path dropped where a string that covers its own as text (`text.covers`)
+    has a path that is a prefix of it — `drop_covered`'s rule, path by path — so no token path is counted
+    twice. A string without a probability is an error, never a 0.
+
+    >>> event_prob(["Paris", "Paris, France"], {}, None, {"Paris": [(5,), (1, 5)], "Paris, France": [(5, 2), (9,)]},
+    ...            {(5,): 0.5, (1, 5): 0.25, (5, 2): 0.125, (9,): 0.0625})
+    0.8125
+    """
+    if not paths:
+        kept = drop_covered(strings, tokens)
+        missing = [s for s in kept if s not in probs]
+        if missing:
+            raise KeyError(f"no probability for {missing!r}")
+        return sum(probs[s] for s in kept)
+    uniq = list(dict.fromkeys(s for s in strings if s))
+    missing = [s for s in uniq if s not in paths]
+    if missing:
+        raise KeyError(f"no paths for {missing!r}")
+    owners: dict[tuple[int, ...], list[str]] = {}
+    for s in uniq:
+        for p in paths[s]:
+            owners.setdefault(p, []).append(s)
+    total = 0.0
+    for p, who in owners.items():
+        covered = all(any(o != s and covers(o, s) for k in range(1, len(p) + 1) for o in owners.get(p[:k], ()))
+                      for s in who)
+        if not covered:
+            total += (path_probs or {})[p]
+    return total
+
+
+def whitespace_note(task: str, mean_ws_mass: float | None) -> str | None:
+    """The line a run's summary carries when its mean `ws_mass` is above WS_MASS_NOTE, else None.
+
+    >>> whitespace_note("firsttoken_en", 0.91)[:60]
+    'firsttoken_en: mean ws_mass 0.910 > 0.5: the template leaves'
+    >>> whitespace_note("firsttoken_en", 0.02) is None
+    True
+    """
+    if mean_ws_mass is None or mean_ws_mass <= WS_MASS_NOTE:
+        return None
+    return (f"{task}: mean ws_mass {mean_ws_mass:.3f} > {WS_MASS_NOTE}: the template leaves the model to open with "
+            "whitespace (the probability metrics count the answers after it; a template that ends where the answer "
+            "starts, such as `qa` for a base model, measures the answer itself)")
 
 
 def score(doc: dict[str, Any], resp: Any, openers: Sequence[str]) -> dict[str, float]:

@@ -30,7 +30,8 @@ import difflib
 from dataclasses import asdict, dataclass
 
 from evalkit.contract import CONFLICT, FIRSTTOKEN, NEEDLE
-from evalkit.defaults import DEGENERATE_SPECIAL_MASS, MIDDLE_BAND, SINK_EPSILON, SINK_TOKENS, UNSTABLE_BELOW
+from evalkit.defaults import (DEGENERATE_SPECIAL_MASS, MIDDLE_BAND, SINK_EPSILON, SINK_TOKENS, UNSTABLE_BELOW,
+                              WS_MASS_NOTE)
 from evalkit.kinds import METRIC_LEVELS, RULE_SETS, Aggregation, EnginePhase, MarginKind, MetricLevel, MetricUnit
 
 LEVELS = METRIC_LEVELS  # kinds.MetricLevel, in this order
@@ -144,6 +145,10 @@ _METRICS = (  # in the order the report and `evalkit metrics` list them
            "first-step probability of the special tokens (EOS, end of turn, control tokens: those that add no "
            f"text); a task whose mean is above {DEGENERATE_SPECIAL_MASS} is flagged degenerate, never ranked",
            unit="probability", per_sample=True, doc=None),
+    Metric("ws_mass", "distribution", None,
+           "first-step probability of the tokens that add only whitespace (\"\\n\\n\", \" \"): how much the template "
+           f"leaves the model to open with whitespace; a run whose mean is above {WS_MASS_NOTE} says so",
+           unit="probability", per_sample=True),
     Metric("answer_hit", "text", True,
            "the whole answer is right: a checkable answer (answers_full) occurs in the greedy continuation",
            per_sample=True, binary=True, margin=_SHARE_MARGIN, twin="answer_prob", reads=("answer",)),
