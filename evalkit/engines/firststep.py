@@ -39,6 +39,9 @@ class FirstStep:
     candidate_probs: dict[str, float] = field(default_factory=dict)  # candidate -> P(response starts with it)
     candidate_tokens: dict[str, list[int]] = field(default_factory=dict)  # candidate -> its tokens in context
     unscored_mass: float = 0.0  # bound on how much any sum of candidate_probs falls short (<= tolerance)
+    # with the whitespace-led event (`leadspace`): candidate -> its distinct token paths, path -> probability
+    candidate_paths: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    path_probs: dict[tuple[int, ...], float] = field(default_factory=dict)
     candidate_positions: int = 0  # trie nodes teacher-forced for this prompt
     unit_positions: int = 0  # first-unit nodes forwarded that the trie did not already feed
     response_ids: list[int] = field(default_factory=list)  # generated tokens, stop/eos excluded

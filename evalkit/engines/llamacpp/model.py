@@ -28,9 +28,9 @@ from tqdm import tqdm
 from evalkit.progress import bar as progress_bar
 
 from evalkit.engines import firststep as shared
-from evalkit.engines import firstchar, kvpolicy, tokenizer_id, validate
+from evalkit.engines import firstchar, kvpolicy, leadspace, tokenizer_id, validate
 from evalkit.engines.llamacpp.firststep import DEFAULT_KV, LlamaCppEngine, log_softmax
-from evalkit.engines.llamacpp.probe import _lse, candidate_ids, content_free_prior, first_token, probe
+from evalkit.engines.llamacpp.probe import _lse, candidate_ids, content_free_prior, engine_vocab, first_token, probe
 from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
 from evalkit.engines.llamacpp.resolve import llamacpp_refusal
 from evalkit.defaults import (
@@ -44,10 +44,9 @@ from evalkit.defaults import (
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import answer_prob, unstable
+from evalkit.scoring.firsttoken import event_prob, unstable
 from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.selection import EVERYTHING, Candidates, Selection, candidates
-from evalkit.scoring.text import drop_covered
 
 
 def kv_type(policy: kvpolicy.KVPolicy) -> str:
@@ -84,7 +83,7 @@ class EvalkitLlamaCpp(TemplateLM):
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  flash_attn: bool = False, top_k: int = DEFAULT_TOP_K,
                  temperature: float = DEFAULT_TEMPERATURE, first_temperature: float | None = None,
-                 ban_openers: bool = False, first_char: bool = True,
+                 ban_openers: bool = False, lead_space: bool = True, first_char: bool = True,
                  probe_seed: int = 0, answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
                  tolerance: float = DEFAULT_TOLERANCE, kv_cache: str | kvpolicy.KVPolicy | None = None,
                  batch_size: int | str | None = DEFAULT_BATCH_SIZE, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
@@ -107,6 +106,8 @@ class EvalkitLlamaCpp(TemplateLM):
         self.temperature = float(temperature)
         self.first_temperature = None if first_temperature in (None, "", "none") else float(first_temperature)
         self.ban_openers = bool(ban_openers)
+        # the whitespace-led event (docs/metrics.md "One event for text and probability"); false: before m028's
+        self.lead_space = lead_space if isinstance(lead_space, bool) else str(lead_space).lower() != "false"
         # the first-character distribution (`engines.firstchar`, first_char_topk); first_char=false: not read
         self.first_char = first_char if isinstance(first_char, bool) else str(first_char).lower() != "false"
         self.probe_seed = int(probe_seed)
@@ -314,7 +315,7 @@ class EvalkitLlamaCpp(TemplateLM):
                         answer_tokens=[self.answer_max_tokens if d.get("answers_full")
                                        and self.selection.runs("answer", doc_kind(d)) else 0 for d in docs],
                         unit_ranks=shared.UNIT_RANKS if self.selection.runs("units", FIRSTTOKEN) else 0,
-                        tolerance=self.tolerance, exact_candidates=[c.exact for c in cands],
+                        tolerance=self.tolerance, exact_candidates=[c.exact for c in cands], lead_space=self.lead_space,
                         batch_size=self.prompt_batch, first_char=self.first_char,
                     )
                     return [self._result(ctx, doc, cand, step, until)
@@ -404,15 +405,18 @@ class EvalkitLlamaCpp(TemplateLM):
         }
         if kind == FIRSTTOKEN and doc.get("answers"):  # a set whose trie was skipped gives no value, never a 0
             answers, openers = list(cands.starts), list(cands.openers)
-            tokens = step.candidate_tokens
+            # each the probability of its text twin's event, over distinct token paths (`firsttoken.event_prob`)
+            tokens, paths, pp = step.candidate_tokens, step.candidate_paths, step.path_probs
+            lead = engine_vocab(self.eng)
+            metrics["ws_mass"] = leadspace.ws_mass(step.logprobs, lead)
             if cands.answers:
-                metrics["answer_prob"] = answer_prob(step.candidate_probs, list(cands.answers), tokens)
+                metrics["answer_prob"] = event_prob(list(cands.answers), step.candidate_probs, tokens, paths, pp)
             if answers:
-                metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers, tokens))
-                metrics["ft_token_hit"] = (1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)}
-                                           else 0.0)
+                metrics["ft_hit_prob"] = event_prob(answers, step.candidate_probs, tokens, paths, pp)
+                starts = leadspace.start_tokens(answers, tokens, paths, lead.ws_ids)
+                metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in starts else 0.0
             if openers:
-                metrics["opener_mass"] = sum(step.candidate_probs[o] for o in drop_covered(openers, tokens))
+                metrics["opener_mass"] = event_prob(openers, step.candidate_probs, tokens, paths, pp)
             ids = self.eng.tokenize(context)
             metrics["opener_start_mass"] = shared.start_mass(step.logprobs, {
                 toks[0] for e in self.lexicon.entries if (toks := candidate_ids(self.eng, context, e, ids))})

@@ -21,14 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+import weakref
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from typing import TypeVar
 
 import numpy as np
 
 from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
 from evalkit.engines import firststep as shared
+from evalkit.engines import leadspace
 from evalkit.engines.llamacpp.firststep import SEQ_MAX, LlamaCppEngine, log_softmax
+from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
 
+K = TypeVar("K", bound=Hashable)  # a candidate trie's key: a string, or a token path (`_lead_space`)
 CONTENT_FREE = ("N/A", "", "…", "无")  # as evalkit-hf's content-free prior (Zhao et al. 2021)
 
 
@@ -50,7 +55,7 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
           first_temperature: float | None = None, banned_first_ids=frozenset(), seed: int = 0,
           answer_tokens: Sequence[int] | None = None, unit_ranks: int = 0, tolerance: float = 0.0,
           exact_candidates: list[list[str]] | None = None,
-          batch_size: int = DEFAULT_BATCH_SIZE,
+          batch_size: int = DEFAULT_BATCH_SIZE, lead_space: bool = False,
           first_char: bool = False) -> list[shared.FirstStep]:
     """`transformers.firststep.probe`'s results for each context, computed by llama.cpp (see the module docstring).
 
@@ -58,7 +63,8 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
     prefixes left out of the candidate trie, `_candidate_probs`). Up to `batch_size` prompts share
     the KV cache, each in its own sequence (at most half the context's cells in all): one prefill
     for all of them, then each prompt's trie over its own cached prompt, then their greedy
-    continuations stepped together, one llama_decode a token for the whole batch.
+    continuations stepped together, one llama_decode a token for the whole batch. `lead_space`: each
+    candidate's whitespace-led paths too (`_lead_space`), as `transformers.firststep.probe`'s.
     """
     if not 0 <= tolerance < 1:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
@@ -87,9 +93,12 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
             cands = list(dict.fromkeys(candidates[i])) if candidates is not None else []
             if cands:
                 step.candidate_tokens = {c: candidate_ids(eng, context, c, ids) for c in cands}
-                step.candidate_probs, step.unscored_mass, step.candidate_positions = _candidate_probs(
-                    eng, len(ids), lp, step.candidate_tokens, tolerance,
-                    set(exact_candidates[i]) if exact_candidates is not None else frozenset(), seq=b, n_base=len(rows))
+                exact = set(exact_candidates[i]) if exact_candidates is not None else set()
+                if lead_space:
+                    _lead_space(eng, step, context, ids, lp, cands, exact, tolerance, seq=b, n_base=len(rows))
+                else:
+                    step.candidate_probs, step.unscored_mass, step.candidate_positions = _candidate_probs(
+                        eng, len(ids), lp, step.candidate_tokens, tolerance, exact, seq=b, n_base=len(rows))
             if unit_ranks:
                 step.units = complete_units(eng, len(ids), step.topk_ids[: min(unit_ranks, k)], seq=b,
                                             n_base=len(rows))
@@ -163,9 +172,9 @@ def _as_tensor(lp: np.ndarray):
     return torch.from_numpy(lp.astype(np.float32))
 
 
-def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens: dict[str, list[int]],
-                     tolerance: float = 0.0, exact: set[str] | frozenset = frozenset(), seq: int = 0,
-                     n_base: int = 1) -> tuple[dict[str, float], float, int]:
+def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens: Mapping[K, list[int]],
+                     tolerance: float = 0.0, exact: Collection[K] = frozenset(), seq: int = 0,
+                     n_base: int = 1) -> tuple[dict[K, float], float, int]:
     """({candidate: P(response starts with it)}, unscored mass, trie positions fed).
 
     tolerance 0: the trie's proper prefixes in one batch over the cached prompt (exact). tolerance > 0:
@@ -228,6 +237,48 @@ def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens:
             total += float(logits[node][tk[d]]) - lse[node]
         probs[cand] = math.exp(total)
     return probs, float(tolerance) - budget, fed
+
+
+_VOCABS: weakref.WeakKeyDictionary[LlamaCppEngine, leadspace.LeadVocab] = weakref.WeakKeyDictionary()
+
+
+def engine_vocab(eng: LlamaCppEngine) -> leadspace.LeadVocab:
+    """The engine's vocabulary as the whitespace-led event reads it (`leadspace.lead_vocab`), built once."""
+    if eng not in _VOCABS:
+        _VOCABS[eng] = leadspace.lead_vocab(GGUFTokenizer(eng))
+    return _VOCABS[eng]
+
+
+def _lead_space(eng: LlamaCppEngine, step: shared.FirstStep, context: str, ids: list[int], lp: np.ndarray,
+                cands: list[str], exact: set[str], tolerance: float, seq: int, n_base: int) -> None:
+    """The whitespace-led event of each candidate (`engines.leadspace`, as the transformers engine's
+    `whitespace_paths`): the whitespace levels fed as trees over the cached prompt, then every candidate's
+    distinct paths in one trie (`_candidate_probs`) with what is left of the tolerance; fills the step's
+    candidate probabilities, paths, path probabilities, unscored mass and positions fed."""
+    lv = engine_vocab(eng)
+    ws = np.asarray(lv.ws_ids, dtype=np.int64)
+
+    def forward(levels):
+        (nodes,) = levels
+        got = eng.tree(len(ids), sorted({n[:d] for n in nodes for d in range(1, len(n) + 1)}), seq, n_base)
+        return [[got[n][ws].astype(np.float64) - _lse(got[n]) for n in nodes]]
+
+    (levels,) = leadspace.whitespace_levels([lp[ws]], lv.ws_ids, tolerance, forward)
+
+    def tokens_in(node, s):
+        if not node:
+            return candidate_ids(eng, context, s, ids)
+        return candidate_ids(eng, context + leadspace.node_text(node, lv.ws_text), s, list(ids) + list(node))
+
+    nodes = {n: leadspace.node_text(n, lv.ws_text) for n in levels.nodes}
+    paths = leadspace.lead_paths(cands, lv.spaces, nodes, lv.ws_ids, tokens_in)
+    trie = {p: list(p) for ps in paths.values() for p in ps}
+    exact_paths = {p for c in exact for p in paths.get(c, ())}
+    probs, unscored, fed = _candidate_probs(eng, len(ids), lp, trie, levels.budget, exact_paths, seq, n_base)
+    step.candidate_paths, step.path_probs = paths, probs
+    step.candidate_probs = {c: sum(probs[p] for p in paths[c]) for c in cands}
+    step.unscored_mass = unscored + levels.unscored
+    step.candidate_positions = fed + len(levels.nodes)
 
 
 def complete_units(eng: LlamaCppEngine, n_prompt: int, top_ids: list[int], seq: int = 0,

@@ -12,7 +12,10 @@ llama-cpp-python's) with a bounded number of parallel requests, retries and a ti
   prompt's end. Before it trusts them, the backend checks once that the server's echoed
   logprob of its own greedy first token equals that token's first-step logprob (llama-cpp-python
   0.3.x pairs each echoed token with the distribution one position late when the model adds no
-  BOS, which this check catches);
+  BOS, which this check catches). Only the start right after the prompt is echoed: the whitespace-led
+  paths of the exact engines (" Paris", "\n\n" then "Paris"; docs/metrics.md "One event for text and
+  probability") would need one echo per whitespace prefix and string, so here ft_hit_prob is a lower
+  bound of the event, and `ws_mass` is NULL;
 - `ft_token_hit`, `top1_prob`, and `top3_mass` / `unstable` at T = 1 (the K logprobs fix the
   T = 1 top-3 mass; at T ≠ 1 its normaliser needs the whole vocabulary);
 - `prior_drift` when K ≥ 50 (the support rule of docs/metrics.md §1.3), the prior from the same server.
@@ -166,6 +169,8 @@ class EvalkitServer(LM):
                                  "returns K logprobs, not the whole vocabulary",
             "special_mass": "needs the first-step probability of every special token; a server returns K "
                             "logprobs, not the whole vocabulary (the degenerate-output check reads the responses)",
+            "ws_mass": "needs the first-step probability of every whitespace-only token; a server returns K "
+                       "logprobs, not the whole vocabulary",
         }
         if self.temperature != 1.0:
             self.unavailable["top3_mass"] = (f"top3_mass@T={self.temperature:g} needs the whole vocabulary; "

@@ -85,6 +85,7 @@ def probe(
     batch_tokens: int = BATCH_TOKENS,
     progress: Callable[[str, float], None] | None = None,
     first_char: bool | None = None,
+    lead_space: bool = False,
 ) -> list[FirstStep]:
     """Prefill each context once and read its first step; see the module docstring.
 
@@ -132,12 +133,20 @@ def probe(
     whole vocabulary (`firstchar.first_chars`), its whitespace and fragment prefixes teacher-forced over
     the prompt's cache within `tolerance`.
 
+    `lead_space` makes each candidate's probability that of the event its text twin tests (docs/metrics.md
+    "One event for text and probability"): the response, after any leading whitespace, begins with it —
+    summed over its distinct token paths (`engines.leadspace`: ω + candidate for the vocabulary's leading
+    whitespace strings ω, and the same after each first whitespace-only token the tolerance keeps),
+    `candidate_paths` and `path_probs` holding them. False (the default) scores the string right after the
+    prompt only, as the reference engine (`tests/reference_engine.py`) does.
+
     `progress(phase, fraction)` is told, as the work goes, what runs now ("prefill", "candidate trie",
     "decode (40 rows)") and the share of all `contexts` done, in [0, 1]: a bar moves within a batch.
     """
     prober = Prober(model, tokenizer, top_k=top_k, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
                     first_temperature=first_temperature, add_special_tokens=add_special_tokens, tolerance=tolerance,
-                    kv_policy=kv_policy, unit_ranks=unit_ranks, batch_tokens=batch_tokens, first_char=first_char)
+                    kv_policy=kv_policy, unit_ranks=unit_ranks, batch_tokens=batch_tokens, first_char=first_char,
+                    lead_space=lead_space)
     prober.submit(None, contexts, candidates, exact_candidates=exact_candidates, attention=attention,
                   answer_tokens=answer_tokens, seed=seed, banned_first_ids=banned_first_ids, progress=progress)
     ((_, steps),) = prober.finish()
@@ -165,7 +174,7 @@ class Prober:
                  first_temperature: float | None = None, add_special_tokens: bool = False,
                  tolerance: float = 0.0, kv_policy: KVPolicy | None = None, unit_ranks: int = 0,
                  batch_tokens: int = BATCH_TOKENS, trie_positions: int = TRIE_POSITIONS,
-                 first_char: bool | None = None) -> None:
+                 first_char: bool | None = None, lead_space: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if batch_tokens < 1:
@@ -180,6 +189,7 @@ class Prober:
         self.engine.trie_positions = trie_positions
         if first_char is not None:
             self.engine.first_char = first_char
+        self.engine.lead_space = lead_space
         # rows are stepped while more than three quarters of a batch go, so a step feeds 24 to 56 rows at
         # batch size 32 (a decode step of 32 to 64 rows costs 2.4-3.1 ms a row here, of 8 rows 8.8; a whole
         # batch kept took the suite's peak to 2.02 GB); batch size 1 keeps its meaning, one prompt in every
@@ -313,10 +323,23 @@ class _Engine(_Trie):
         unit_tops = [s.topk_ids[: min(self.unit_ranks, k)] for s in steps] if self.unit_ranks else [[] for _ in steps]
         if any(toks_of) or any(unit_tops):
             self.progress("candidate trie", PREFILL_SHARE)
-            scored, units = self.score_nodes(toks_of, unit_tops, cache, mask, logprobs, exact_sets)
+            levels = None
+            if self.lead_space and any(toks_of):  # each candidate's whitespace-led paths (`whitespace_paths`)
+                trie_of, paths_of, exact_paths, levels = self.whitespace_paths(
+                    contexts, ids_list, [list(t) for t in toks_of], exact_sets, logprobs, cache, mask)
+                scored, units = self.score_nodes(trie_of, unit_tops, cache, mask, logprobs, exact_paths,
+                                                 budgets=[lv.budget for lv in levels])
+            else:
+                scored, units = self.score_nodes(toks_of, unit_tops, cache, mask, logprobs, exact_sets)
             for r, step in enumerate(steps):
                 probs, unscored, positions, unit_fed = scored[r]
-                step.candidate_probs = {c: probs[c] for c in dict.fromkeys(cand_lists[r])}
+                if levels is not None:
+                    step.candidate_paths, step.path_probs = paths_of[r], probs
+                    step.candidate_probs = {c: sum(probs[p] for p in paths_of[r][c]) for c in dict.fromkeys(cand_lists[r])}
+                    unscored += levels[r].unscored
+                    positions += len(levels[r].nodes)
+                else:
+                    step.candidate_probs = {c: probs[c] for c in dict.fromkeys(cand_lists[r])}
                 step.unscored_mass, step.candidate_positions, step.unit_positions = unscored, positions, unit_fed
                 step.candidate_tokens = toks_of[r]
                 if self.unit_ranks:

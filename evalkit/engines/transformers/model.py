@@ -34,7 +34,7 @@ from evalkit import envvars
 from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.engines import firststep as shared
 from evalkit.engines import caps as caps_of
-from evalkit.engines import firstchar, kvpolicy, tokenizer_id, validate
+from evalkit.engines import firstchar, kvpolicy, leadspace, tokenizer_id, validate
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
 from evalkit.engines.transformers import quant as quantization
@@ -54,10 +54,9 @@ from evalkit.errors import BadInput
 from evalkit.progress import bar as progress_bar
 from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
-from evalkit.scoring.firsttoken import answer_prob, unstable
+from evalkit.scoring.firsttoken import event_prob, unstable
 from evalkit.scoring.lexicon import load_lexicon
 from evalkit.scoring.selection import EVERYTHING, Candidates, Selection, candidates
-from evalkit.scoring.text import drop_covered
 
 # Inputs without content (Zhao et al. 2021), put through the same template as the prompts.
 CONTENT_FREE = ("N/A", "", "…", "无")
@@ -83,17 +82,20 @@ def candidate_metrics(tokenizer, context: str, step: firststep.FirstStep, answer
     (with checkable answers `full`) and prior_drift (with a prior) of one probed prompt; a set left empty
     (its trie skipped: `evalkit run --metrics`) gives no value, never a 0.
 
-    Sums skip a string that another string of the same set covers, as text and in tokens
-    (`text.drop_covered`), so no probability is counted twice."""
-    tokens = step.candidate_tokens
-    metrics: dict[str, float] = {}
+    Each is the probability of the event its text twin tests (`firsttoken.event_prob`): with the
+    whitespace-led paths the engine scored (`leadspace`), summed over distinct token paths; sums skip a
+    string that another string of the same set covers, as text and in tokens (`text.drop_covered`, path
+    by path), so no probability is counted twice. ws_mass: the first-step mass on whitespace-only tokens."""
+    tokens, paths, pp = step.candidate_tokens, step.candidate_paths, step.path_probs
+    metrics: dict[str, float] = {"ws_mass": leadspace.ws_mass(step.logprobs, leadspace.lead_vocab(tokenizer))}
     if answers:
-        metrics["ft_hit_prob"] = sum(step.candidate_probs[a] for a in drop_covered(answers, tokens))
-        metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in {tokens[a][0] for a in answers if tokens.get(a)} else 0.0
+        metrics["ft_hit_prob"] = event_prob(answers, step.candidate_probs, tokens, paths, pp)
+        starts = leadspace.start_tokens(answers, tokens, paths, leadspace.lead_vocab(tokenizer).ws_ids)
+        metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in starts else 0.0
     if openers:
-        metrics["opener_mass"] = sum(step.candidate_probs[o] for o in drop_covered(openers, tokens))
+        metrics["opener_mass"] = event_prob(openers, step.candidate_probs, tokens, paths, pp)
     if full:
-        metrics["answer_prob"] = answer_prob(step.candidate_probs, full, tokens)
+        metrics["answer_prob"] = event_prob(full, step.candidate_probs, tokens, paths, pp)
     if prior is not None:
         p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}
         metrics["prior_drift"] = stats.prior_drift(p, prior)
@@ -157,6 +159,7 @@ class EvalkitHFLM(HFLM):
         temperature: float = DEFAULT_TEMPERATURE,
         first_temperature: float | str | None = None,  # lm-eval hands model args over as text
         ban_openers: bool = False,
+        lead_space: bool = True,
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
         answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
@@ -205,6 +208,9 @@ class EvalkitHFLM(HFLM):
         self.temperature = float(temperature)
         self.first_temperature = None if first_temperature in (None, "", "none") else float(first_temperature)
         self.ban_openers = bool(ban_openers)
+        # the whitespace-led event (docs/metrics.md "One event for text and probability"); false: each string
+        # scored right after the prompt only, the definition before m028 (bench/leadspace_cost.py compares them)
+        self.lead_space = lead_space if isinstance(lead_space, bool) else str(lead_space).lower() != "false"
         self.probe_seed = int(probe_seed)
         self.tolerance = float(tolerance)
         self.answer_max_tokens = int(answer_max_tokens)
@@ -404,7 +410,8 @@ class EvalkitHFLM(HFLM):
                                       stop=until, batch_size=bs, first_temperature=self.first_temperature,
                                       tolerance=self.tolerance, kv_policy=self.kv_policy,
                                       unit_ranks=units, batch_tokens=self.caps.batch_positions,
-                                      trie_positions=self.caps.trie_positions, first_char=self.first_char)
+                                      trie_positions=self.caps.trie_positions, lead_space=self.lead_space,
+                                      first_char=self.first_char)
             for start in range(0, len(idxs), bs):
                 chunk = idxs[start : start + bs]
                 contexts = [requests[i].args[0] for i in chunk]

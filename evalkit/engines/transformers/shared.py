@@ -88,6 +88,9 @@ class _Settings:
         # (text after the context's last added token, candidate) -> the candidate's tokens there (`in_context`)
         self.tail_ids: dict[tuple[str, str], list[int]] = {}
         self.frame_cuts = True  # False once this tokenizer is seen not to cut its input at added tokens
+        self.lead_space = False  # score each candidate's whitespace-led paths too (`trie.whitespace_paths`)
+        # (text after the context's last added token, whitespace node, string) -> its tokens after them
+        self.lead_ids: dict[tuple[str, tuple[int, ...], str], list[int]] = {}
         decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self.added_tokens = [str(getattr(t, "content", t)) for t in decoder.values() if str(getattr(t, "content", t))]
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from evalkit.engines.firststep import UNIT_TOKENS, _encode, candidate_ids, context_tail, first_unit_ids, tolerance_cut
+from evalkit.engines.leadspace import lead_paths, lead_vocab, node_text, whitespace_levels
 from evalkit.engines.transformers.prefill import _Forwards
 from evalkit.engines.transformers.shared import FIRST_STEP_SHARE, PREFILL_SHARE
 
@@ -97,7 +98,73 @@ class _Trie(_Forwards):
             best = max(best, context.rfind(tok))
         return best if best >= 0 else None
 
-    def score_nodes(self, toks_of, unit_tops, cache, mask, logprobs, exact_sets=None):
+    def whitespace_paths(self, contexts, ids_list, cand_lists, exact_sets, logprobs, cache, mask):
+        """The whitespace-led paths of each row's candidates (`engines.leadspace`, docs/metrics.md "One event
+        for text and probability"): per row ({path: its tokens}, the trie's candidates; {candidate: its
+        paths}; the exact candidates' paths; the whitespace levels, `leadspace.Levels`).
+
+        The whitespace levels are fed here, one forward a level for the whole batch after the prompts (each
+        node attending to its prompt and its whitespace ancestors, `forward_nodes`), the cache cropped back
+        after; their scored nodes are fed again as the first nodes of the candidate trie."""
+        B, P = mask.shape
+        lv = lead_vocab(self.tokenizer)
+        ws = torch.tensor(lv.ws_ids, dtype=torch.long, device=logprobs.device)
+        root = logprobs[:, ws].double().cpu().numpy()
+        slot: dict[tuple[int, ...], int] = {}
+        used = 0
+        n_real = mask.sum(-1).tolist()
+
+        def forward(levels):
+            nonlocal used
+            depth = len(next(n for nodes in levels for n in nodes))
+            feed = [[(r, *n) for n in nodes] for r, nodes in enumerate(levels)]
+            out, used = self.forward_nodes(feed, depth, slot, used, cache, mask, n_real)
+            reads = [(j, q) for j, nodes in enumerate(feed) for q in range(len(nodes))]
+            got: list[list[Any]] = [[None] * len(nodes) for nodes in feed]
+            cols = ws.to(out.device)
+            for begin in range(0, len(reads), LSE_ROWS):
+                chunk = reads[begin:begin + LSE_ROWS]
+                jj, qq = (torch.tensor([c[i] for c in chunk], device=out.device) for i in (0, 1))
+                logits = (self.split[1](out[jj, qq]) if self.split is not None else out[jj, qq]).float()
+                rows = (logits[:, cols] - torch.logsumexp(logits, dim=-1, keepdim=True)).double().cpu().numpy()
+                for (j, q), row in zip(chunk, rows):
+                    got[j][q] = row
+            return got
+
+        state = getattr(cache, "evalkit_state", None)
+        if state is not None:  # whitespace nodes are alternatives, never a sequence: no residual flush
+            state["hold"] = True
+        try:
+            levels = whitespace_levels(list(root), lv.ws_ids, self.tolerance, forward)
+        finally:
+            if used:
+                _truncate_cache(cache, P)
+            if state is not None:
+                state["hold"] = False
+        path_toks, paths_of, exact = [], [], []
+        for r in range(B):
+            context, ids = contexts[r], list(ids_list[r])
+            cut = self.frame_cut(context)
+
+            def tokens_in(node, s, context=context, ids=ids, cut=cut):
+                if not node:
+                    return self.in_context(context, ids, s)
+                key = (context[cut:], node, s) if cut is not None else None
+                got = self.lead_ids.get(key) if key is not None else None
+                if got is None:
+                    got = candidate_ids(self.tokenizer, context + node_text(node, lv.ws_text), s, ids + list(node))
+                    if key is not None:
+                        self.lead_ids[key] = got
+                return got
+
+            nodes = {n: node_text(n, lv.ws_text) for n in levels[r].nodes}
+            paths = lead_paths(cand_lists[r], lv.spaces, nodes, lv.ws_ids, tokens_in)
+            paths_of.append(paths)
+            path_toks.append({p: list(p) for ps in paths.values() for p in ps})
+            exact.append({p for c in (exact_sets[r] if exact_sets else ()) for p in paths.get(c, ())})
+        return path_toks, paths_of, exact, levels
+
+    def score_nodes(self, toks_of, unit_tops, cache, mask, logprobs, exact_sets=None, budgets=None):
         """The candidate trie and the first units of the batch, in shared forwards.
 
         Returns (per row: ({candidate: P(response starts with it)}, unscored mass, trie positions
@@ -147,7 +214,8 @@ class _Trie(_Forwards):
                     units[r][t] = unit
                 else:
                     unit_open[r].append((r, t))
-        budget = [self.tolerance] * B  # probability each prompt may still leave unscored
+        start = list(budgets) if budgets is not None else [self.tolerance] * B
+        budget = list(start)  # probability each prompt may still leave unscored
         positions = [0] * B
         unit_fed = [0] * B  # first-unit nodes forwarded that the trie did not feed
         depth_max = max(max((len(tk) for d in toks_of for tk in d.values()), default=0) - 1,
@@ -199,7 +267,7 @@ class _Trie(_Forwards):
                     probs[cand] = 0.0
                     continue
                 probs[cand] = math.exp(node_sum[last] + child_lp[last][tk[-1]])
-            out.append((probs, self.tolerance - budget[r], positions[r], unit_fed[r]))
+            out.append((probs, start[r] - budget[r], positions[r], unit_fed[r]))
         return out, units
 
     def node_groups(self, first_level, unit_open) -> list[list[int]]:

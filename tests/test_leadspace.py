@@ -1,0 +1,228 @@
+"""The whitespace-led first-token event (docs/metrics.md "One event for text and probability") against a
+brute force written here: every token path enumerated, each step a plain `softmax(model(ids).logits[0, -1])`.
+
+The brute force does not use the engines' trie, `engines.leadspace` or `engines.vocab`: it finds the
+whitespace-only tokens and the leading whitespace of mixed tokens by decoding every token, enumerates the
+whitespace prefixes, tokenises each string after the context and the prefix, keeps each token sequence once,
+and drops a path under a path of a string that covers it as text (the `drop_covered` rule).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from evalkit.engines import leadspace
+from evalkit.engines.transformers import firststep as engine
+from evalkit.engines.transformers.model import candidate_metrics
+from evalkit.scoring.text import covers
+from tests.gemma import gemma_path, missing
+from tests.tiny import build_tiny_model, load_tiny
+
+LEVELS = 2  # whitespace tokens a path may begin with, in these tests (the tiny vocabulary has 10: 10 + 100 nodes)
+ANSWERS = ["Paris", "Tokyo"]
+OPENERS = ["Sure", "Sure thing", "So", "Sorry", "Well", "好的", "好"]
+QUESTIONS = ["What is the capital of France?", "法国的首都是哪里？", "Say hello."]
+
+
+@pytest.fixture(scope="module")
+def flat_tiny(tmp_path_factory):
+    """The tiny random Llama with its output head scaled down: a flat enough first step that whitespace
+    tokens and the paths after them carry mass a wrong sum would miss."""
+    model, tokenizer = load_tiny(build_tiny_model(tmp_path_factory.mktemp("tiny")))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.05)
+    return model, tokenizer
+
+
+@pytest.fixture(autouse=True)
+def two_levels(monkeypatch):
+    monkeypatch.setattr(leadspace, "WS_LEVELS", LEVELS)
+    monkeypatch.setattr(leadspace, "WS_NODES", 10_000)  # no cap on a level's nodes: tolerance 0 is exact
+
+
+def _probe(model, tokenizer, contexts, cands, tolerance, lead_space=True):
+    extra = {"first_char": False} if "first_char" in inspect.signature(engine.probe).parameters else {}
+    return engine.probe(model, tokenizer, contexts, cands, max_new_tokens=0, tolerance=tolerance,
+                        lead_space=lead_space, exact_candidates=[ANSWERS] * len(contexts), **extra)
+
+
+def _ids(tokenizer, text):
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _whitespace(tokenizer):
+    """(whitespace-only token ids, leading whitespace strings of mixed tokens), by decoding each token."""
+    specials = set(tokenizer.all_special_ids)
+    ws, spaces = [], set()
+    for i in range(len(tokenizer)):
+        if i in specials:
+            continue
+        text = tokenizer.decode([i])
+        if not text or "\ufffd" in text:
+            continue
+        if text.isspace():
+            ws.append(i)
+        elif text[0].isspace():
+            spaces.add(text[: len(text) - len(text.lstrip())])
+    return ws, sorted(spaces)
+
+
+class Brute:
+    """Token paths and their probabilities by plain forwards, one per distinct prefix."""
+
+    def __init__(self, model, tokenizer, context):
+        self.model, self.tok, self.context = model, tokenizer, context
+        self.ctx_ids = _ids(tokenizer, context)
+        self.ws, self.spaces = _whitespace(tokenizer)
+        self.memo: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def step(self, prefix):
+        if prefix not in self.memo:
+            with torch.no_grad():
+                logits = self.model(torch.tensor([self.ctx_ids + list(prefix)])).logits[0, -1].double()
+            self.memo[prefix] = torch.softmax(logits, dim=-1)
+        return self.memo[prefix]
+
+    def prob(self, path):
+        return math.prod(float(self.step(tuple(path[:k]))[path[k]]) for k in range(len(path)))
+
+    def paths(self, s):
+        out = set()
+        for n in range(LEVELS + 1):
+            for q in itertools.product(self.ws, repeat=n):
+                for omega in ["", *self.spaces]:
+                    joint = _ids(self.tok, self.context + self.tok.decode(list(q)) + omega + s)
+                    base = self.ctx_ids + list(q)
+                    tail = joint[len(base):] if joint[: len(base)] == base and len(joint) > len(base) else _ids(self.tok, omega + s)
+                    path = tuple(q) + tuple(tail)
+                    lead = next((k for k, t in enumerate(path) if t not in self.ws), len(path))
+                    if lead < len(path) and lead <= LEVELS:
+                        out.add(path)
+        return out
+
+    def event(self, strings):
+        owned = {}
+        for s in dict.fromkeys(strings):
+            for p in self.paths(s):
+                owned.setdefault(p, []).append(s)
+        total = 0.0
+        for p, who in owned.items():
+            if all(any(o != s and covers(o, s) for k in range(1, len(p) + 1) for o in owned.get(p[:k], ())) for s in who):
+                continue
+            total += self.prob(p)
+        return total
+
+    def beyond(self):
+        """The mass of whitespace runs longer than LEVELS tokens: what the engine leaves unscored at tolerance 0."""
+        return sum(self.prob(q) * sum(float(self.step(q)[w]) for w in self.ws)
+                   for q in itertools.product(self.ws, repeat=LEVELS))
+
+
+@pytest.fixture(scope="module")
+def contexts(flat_tiny):
+    _, tok = flat_tiny
+    return [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            for q in QUESTIONS]
+
+
+def test_the_vocabulary_read_matches_decoding(flat_tiny):
+    _, tok = flat_tiny
+    ws, spaces = _whitespace(tok)
+    lv = leadspace.lead_vocab(tok)
+    assert sorted(lv.ws_ids) == sorted(ws) and list(lv.spaces) == spaces and " " in spaces
+
+
+def test_exact_event_equals_brute_force(flat_tiny, contexts):
+    model, tok = flat_tiny
+    steps = _probe(model, tok, contexts, [ANSWERS + OPENERS] * len(contexts), tolerance=0.0)
+    plain = _probe(model, tok, contexts, [ANSWERS + OPENERS] * len(contexts), tolerance=0.0, lead_space=False)
+    moved = 0.0
+    for context, step, old in zip(contexts, steps, plain):
+        brute = Brute(model, tok, context)
+        got = candidate_metrics(tok, context, step, ANSWERS, OPENERS, None, ANSWERS)
+        want_hit, want_open = brute.event(ANSWERS), brute.event(OPENERS)
+        assert got["ft_hit_prob"] == pytest.approx(want_hit, rel=1e-4)
+        assert got["answer_prob"] == pytest.approx(want_hit, rel=1e-4)
+        assert got["opener_mass"] == pytest.approx(want_open, rel=1e-4)
+        for s in ANSWERS + OPENERS:  # each string's own event, and its paths each once
+            assert len(step.candidate_paths[s]) == len(set(step.candidate_paths[s]))
+            assert set(step.candidate_paths[s]) == brute.paths(s)
+            assert step.candidate_probs[s] == pytest.approx(sum(brute.prob(p) for p in brute.paths(s)), rel=1e-4)
+        assert step.unscored_mass == pytest.approx(brute.beyond(), rel=1e-4)
+        ws = float(sum(brute.step(())[w] for w in brute.ws))
+        assert got["ws_mass"] == pytest.approx(ws, rel=1e-5)
+        old_hit = candidate_metrics(tok, context, old, ANSWERS, OPENERS, None, ANSWERS)["ft_hit_prob"]
+        moved = max(moved, got["ft_hit_prob"] / old_hit)
+    assert moved > 1.5  # the whitespace-led paths carry mass on this flat model: the old event misses it
+
+
+def test_tolerance_bounds_what_is_left_out(flat_tiny, contexts):
+    model, tok = flat_tiny
+    tolerance = 2e-3
+    steps = _probe(model, tok, contexts, [ANSWERS + OPENERS] * len(contexts), tolerance=tolerance)
+    for context, step in zip(contexts, steps):
+        brute = Brute(model, tok, context)
+        got = candidate_metrics(tok, context, step, ANSWERS, OPENERS, None, ANSWERS)
+        for metric, strings in (("ft_hit_prob", ANSWERS), ("opener_mass", OPENERS)):
+            want = brute.event(strings)
+            assert want - step.unscored_mass - 1e-9 <= got[metric] <= want * (1 + 1e-4) + 1e-12
+        assert step.unscored_mass >= brute.beyond() * (1 - 1e-4)
+        assert step.candidate_positions < 600  # the cut left most whitespace prefixes out
+
+
+def test_one_path_reached_two_ways_counts_once():
+    # " Paris" tokenised as [" ", "Paris"] is the path the whitespace node " " then "Paris" also reaches
+    toks = {((), "Paris"): [5], ((), " Paris"): [1, 5], ((1,), "Paris"): [5], ((1,), " Paris"): [1, 5]}
+    paths = leadspace.lead_paths(["Paris"], [" "], {(1,): " ", (1, 1): "  "}, {1},
+                                 lambda n, s: toks.get((n, s), [5]))
+    assert paths == {"Paris": [(5,), (1, 5), (1, 1, 5)]}
+
+
+@pytest.mark.skipif(missing() is not None, reason=missing() or "")
+def test_gemma_llamacpp_event_equals_brute_force():
+    pytest.importorskip("llama_cpp")
+    from evalkit.engines.llamacpp.firststep import LlamaCppEngine, log_softmax
+    from evalkit.engines.llamacpp.probe import engine_vocab, probe
+
+    eng = LlamaCppEngine(str(gemma_path()), n_ctx=1024)
+    try:
+        lv = engine_vocab(eng)
+        contexts = ["<bos>Question: What is the capital of France?\nAnswer:", "<bos>What is the capital of Japan?"]
+        cands = [["Paris"], ["Tokyo"]]
+        # one prompt a call: the brute force prefills one prompt (Gemma's batched prefill on llama.cpp rounds
+        # its first step differently, up to 0.7 nats, whatever the event)
+        steps = [probe(eng, [c], [s], max_new_tokens=0, tolerance=1e-4, exact_candidates=[s], lead_space=True)[0]
+                 for c, s in zip(contexts, cands)]
+        for context, (s,), step in zip(contexts, cands, steps):
+            ids = eng.tokenize(context)
+            memo = {}
+
+            def lp(prefix):
+                if prefix not in memo:
+                    memo[prefix] = log_softmax(eng.prefill(ids + list(prefix)))
+                return memo[prefix]
+
+            paths = step.candidate_paths[s]
+            assert len(paths) == len(set(paths)) and len(paths) > 1
+
+            def brute(p):
+                return math.exp(sum(float(lp(tuple(p[:k]))[p[k]]) for k in range(len(p))))
+
+            # llama.cpp's batched tree and a one-prompt prefill of a 4-bit model round differently: 2 %
+            scored = [p for p in paths if step.path_probs[p] > 0]
+            assert step.candidate_probs[s] == pytest.approx(sum(brute(p) for p in scored), rel=2e-2)
+            assert sum(brute(p) for p in paths if p not in scored) <= 1.05 * step.unscored_mass + 1e-12
+            # the whitespace-led paths are the model's own answers after "Answer:" (" Paris") and "\n\n" alike
+            plain = math.exp(sum(float(lp(tuple(step.candidate_tokens[s][:k]))[step.candidate_tokens[s][k]])
+                                 for k in range(len(step.candidate_tokens[s]))))
+            assert step.candidate_probs[s] > 10 * plain
+            ws = float(np.exp(lp(())[list(lv.ws_ids)]).sum())
+            assert leadspace.ws_mass(step.logprobs, lv) == pytest.approx(ws, rel=1e-3)
+    finally:
+        eng.close()
