@@ -37,7 +37,9 @@ LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretra
                  "answer_max_tokens": f"how far a prompt with checkable answers is continued "
                                       f"(default {DEFAULT_ANSWER_TOKENS})",
                  "add_bos_token": "true|false: feed the BOS or not, whatever the GGUF declares "
-                                  "(default: tokenizer.ggml.add_bos_token)"}
+                                  "(default: tokenizer.ggml.add_bos_token)",
+                 "lead_space": "true|false: count the answers after leading whitespace in ft_hit_prob, "
+                               "opener_mass and answer_prob (default true; docs/metrics.md)"}
 
 
 def llamacpp_refusal(policy: KVPolicy) -> str | None:
