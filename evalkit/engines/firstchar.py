@@ -41,7 +41,7 @@ MIN_EVENTS, TOP_EVENTS, KEEP_MASS = 20, 512, 0.999
 MAX_DEPTH = 4  # the longest token prefix fed: a whitespace token, a lead byte and two continuations
 # the most prefixes one prompt teacher-forces, whatever its tolerance: the least likely past it are left
 # unresolved (counted in `FirstChars.unresolved`, which may then exceed the tolerance)
-MAX_POSITIONS = 512
+MAX_POSITIONS = 192
 LOG_FLOOR = math.log(1e-12)  # a prefix less likely than this is never a node: its mass is unresolved at once
 ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff")
 
@@ -237,6 +237,11 @@ def attach(result: Any, chars: FirstChars | None) -> None:
     result.fc_unresolved_mass = chars.unresolved
 
 
+def _said(table: CharTable, prefix: tuple[int, ...]) -> tuple[bytes, ...]:
+    """A prefix by the bytes its tokens add (what a permuted vocabulary keeps)."""
+    return tuple(table.vocab.pieces[t] or b"" for t in prefix)
+
+
 def _index(table: CharTable, V: int) -> torch.Tensor:
     """The table's token -> event index for a distribution over V tokens (past the table: the pending slot)."""
     index = table.token_event[:V]
@@ -286,7 +291,9 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
     >>> {k: round(v, 6) for k, v in fc.probs.items()}, fc.unresolved, fc.positions
     ({'中': 0.72, 'A': 0.2, 'byte:E4': 0.08}, 0.0, 3)
     """
-    lp = logprobs.detach().reshape(logprobs.shape[0], -1).double().cpu()
+    # in float64, renormalised: a float32 log-softmax sums to 1 only within about 1e-6, which would leave
+    # two runs of one model (a permuted twin) a rest bucket of that size on one side and none on the other
+    lp = torch.log_softmax(logprobs.detach().reshape(logprobs.shape[0], -1).double().cpu(), dim=-1)
     B, V = lp.shape
     E = len(table.events)
     index = _index(table, V)
@@ -308,7 +315,10 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
         by_row: dict[int, dict[tuple[int, ...], _Node]] = {}
         for n in frontier:
             by_row.setdefault(n.row, {})[n.prefix] = n
-        for r, nodes in sorted(by_row.items()):
+        for r, by_ids in sorted(by_row.items()):
+            # ties go by what the prefixes say (their bytes), then by id: a vocabulary whose ids are
+            # permuted cuts the same prefixes
+            nodes = {(_said(table, k), k): n for k, n in by_ids.items()}
             share = budget[r] if depth == max_depth else budget[r] / 2
             level, left = tolerance_cut(list(nodes), {k: n.logp for k, n in nodes.items()}, set(), share)
             budget[r] -= share - left
@@ -323,6 +333,7 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
         if not fed:
             break
         out = forward([(n.row, n.prefix) for n in fed]).detach().double().cpu().reshape(len(fed), -1)
+        out = torch.log_softmax(out, dim=-1)
         frontier = []
         blank = [i for i, n in enumerate(fed) if not n.pending]
         if blank:  # whitespace so far: the whole next step through the table, weighted by the prefix
