@@ -38,7 +38,7 @@ from evalkit.store.rows import SAMPLE_METRIC_COLUMNS
 
 ALL_TASKS = "all"  # the `task` of the overall rows
 # the runs columns that make a run dimension (what a comparison is usually across)
-DIMENSIONS = ("model", "model_fingerprint", "tokenizer_hash", "engine", "quant", "kv_cache", "template",
+DIMENSIONS = ("model", "model_fingerprint", "tokenizer_hash", "engine", "quant", "kv_cache", "template", "fed",
               "first_temperature", "ban_openers")
 TOP_N = 5  # top5_mass / top5_overlap
 N_BOOT = 2000

@@ -139,7 +139,7 @@ def _hf_table(tokenizer) -> VocabTable:
 
 
 def _is_end_of_turn(text: str | None) -> bool:
-    return bool(text) and any(k in text.lower() for k in ("end_of_turn", "im_end", "eot", "end|>"))  # type: ignore[union-attr]
+    return text is not None and any(k in text.lower() for k in ("end_of_turn", "im_end", "eot", "end|>"))
 
 
 def _piece_bytes(tokenizer, i: int, s: str, kind: str, byte_of: dict[str, int]) -> bytes:

@@ -153,7 +153,8 @@ def run_summary(path, ref: str) -> tuple[dict[str, Any], list[str], list[tuple]]
         run_id = resolve_run(con, ref)
         cur = con.execute(
             "SELECT id, name, status, created_at, finished_at, round(duration_s, 1) AS duration_s, model_name, model, "
-            "model_arch, model_file_type, engine, quant, dtype, kv_cache, template, system_prompt, tasks, seed, sample_limit, batch_size, "
+            "model_arch, model_file_type, engine, quant, dtype, kv_cache, template, fed, fed_note, system_prompt, tasks, seed, "
+            "sample_limit, batch_size, "
             "batch_positions, trie_positions, memory_budget, first_temperature, "
             "ban_openers, metric_selection, unavailable, "
             "attention, attn_implementation, opener_lexicon_version, model_fingerprint, tokenizer_hash, tokenizer_source, "

@@ -28,6 +28,7 @@ import ctypes
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -139,6 +140,7 @@ class LlamaCppEngine:
         if not vocab_only:
             self.set_kv_type(kv_type)
         self._pieces: dict[tuple[int, bool], bytes] = {}
+        self.gguf_tokenizer: Any = None  # its `tokenizer.GGUFTokenizer`, made on first use (`tokenizer.tokenizer_of`)
         self.eog = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t))
 
     # -- context ---------------------------------------------------------------
