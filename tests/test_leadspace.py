@@ -226,3 +226,13 @@ def test_gemma_llamacpp_event_equals_brute_force():
             assert leadspace.ws_mass(step.logprobs, lv) == pytest.approx(ws, rel=1e-3)
     finally:
         eng.close()
+
+
+def test_the_run_summary_says_when_the_template_leaves_whitespace_first():
+    from evalkit.cli.output import metric_table
+
+    rows = [{"task": "firsttoken_en", "metric": "ws_mass", "value": 0.83, "ci_lo": None, "ci_hi": None, "n": 40},
+            {"task": "firsttoken_zh", "metric": "ws_mass", "value": 0.02, "ci_lo": None, "ci_hi": None, "n": 40}]
+    text = metric_table(rows)
+    assert "firsttoken_en: mean ws_mass 0.830 > 0.5: the template leaves the model to open with whitespace" in text
+    assert "firsttoken_zh: mean ws_mass" not in text
