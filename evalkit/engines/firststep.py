@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from evalkit.prompts.encoding import encode, raw_ids
+
 Node = TypeVar("Node", bound=Hashable)  # a trie node: a proper prefix of a candidate's tokens
 
 # a sampled first token's generator is seeded with seed * SEED_STRIDE + the prompt's index, in every engine
@@ -52,10 +54,6 @@ class FirstStep:
     first_chars: Any = None  # firstchar.FirstChars: the first-character distribution (None: not read)
 
 
-def _encode(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
-
-
 def context_tail(joint: Sequence[int], context_ids: Sequence[int]) -> list[int] | None:
     """The tokens of ids(context + candidate) past ids(context); None when the joint tokenisation
     does not start with the context's own tokens (a merge across the boundary: the caller then
@@ -75,23 +73,23 @@ def candidate_ids(
     context: str,
     candidate: str,
     context_ids: list[int] | None = None,
-    add_special_tokens: bool = False,
 ) -> list[int]:
-    """The candidate's tokens in its real context: ids(context + candidate) past ids(context).
+    """The candidate's tokens in its real context: ids(context + candidate) past ids(context), both
+    as the model is fed them (`encoding.encode`: the declared BOS first).
 
     When the joint tokenisation does not start with the context's own tokens (a merge
     across the boundary), the candidate is tokenised alone instead.
     """
     if context_ids is None:
-        context_ids = _encode(tokenizer, context, add_special_tokens)
-    tail = context_tail(_encode(tokenizer, context + candidate, add_special_tokens), context_ids)
-    return tail if tail is not None else _encode(tokenizer, candidate, False)
+        context_ids = encode(tokenizer, context)
+    tail = context_tail(encode(tokenizer, context + candidate), context_ids)
+    return tail if tail is not None else raw_ids(tokenizer, candidate)
 
 
 def first_ids(tokenizer, context: str, strings: Iterable[str]) -> set[int]:
     """The first token of each string tokenised in context (`candidate_ids`): the token a
     strict, token-level hit must start with (docs/metrics.md §1.1 `ft_token_hit`)."""
-    context_ids = _encode(tokenizer, context, False)
+    context_ids = encode(tokenizer, context)
     return {ids[0] for s in strings if (ids := candidate_ids(tokenizer, context, s, context_ids))}
 
 

@@ -31,7 +31,7 @@ from evalkit.engines import firststep as shared
 from evalkit.engines import firstchar, kvpolicy, leadspace, tokenizer_id, validate
 from evalkit.engines.llamacpp.firststep import DEFAULT_KV, LlamaCppEngine, log_softmax
 from evalkit.engines.llamacpp.probe import _lse, candidate_ids, content_free_prior, engine_vocab, first_token, probe
-from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
+from evalkit.engines.llamacpp.tokenizer import tokenizer_of
 from evalkit.engines.llamacpp.resolve import llamacpp_refusal
 from evalkit.defaults import (
     DEFAULT_ANSWER_TOKENS,
@@ -43,6 +43,7 @@ from evalkit.defaults import (
 )
 from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.errors import BadInput
+from evalkit.prompts.encoding import encode, parse_add_bos, raw_ids, set_feed
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import event_prob, unstable
 from evalkit.scoring.lexicon import load_lexicon
@@ -88,7 +89,7 @@ class EvalkitLlamaCpp(TemplateLM):
                  tolerance: float = DEFAULT_TOLERANCE, kv_cache: str | kvpolicy.KVPolicy | None = None,
                  batch_size: int | str | None = DEFAULT_BATCH_SIZE, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,
                  device: str | None = None,
-                 prompt_batch: int = 1) -> None:
+                 prompt_batch: int = 1, add_bos_token: Any = None) -> None:
         super().__init__()
         policy = kvpolicy.as_policy(kv_cache, f"ggml:{DEFAULT_KV}")  # the plan's, or plain lm-eval's text
         cache = kv_type(policy)  # refused before the model loads
@@ -99,7 +100,8 @@ class EvalkitLlamaCpp(TemplateLM):
                                       flash_attn=bool(flash_attn))
         except ValueError as exc:  # a file llama.cpp cannot read: one line naming it
             raise BadInput(str(exc)) from None
-        self.tokenizer = GGUFTokenizer(self.eng)
+        self.tokenizer = tokenizer_of(self.eng)
+        self.feed = set_feed(self.tokenizer, parse_add_bos(add_bos_token))  # the ids fed: `prompts.encoding`
         self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"llama.cpp {self.eng.path.rsplit('/', 1)[-1]}")
         self.kv_policy = policy
         self.top_k = int(top_k)
@@ -183,7 +185,8 @@ class EvalkitLlamaCpp(TemplateLM):
                                                       continue_final_message=not add_generation_prompt)
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        return self.eng.tokenize(string, add_bos=bool(add_special_tokens))
+        """lm-eval's encoder: the run's feed (`prompts.encoding`) unless told to add nothing."""
+        return raw_ids(self.tokenizer, string) if add_special_tokens is False else encode(self.tokenizer, string)
 
     def tok_decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -245,7 +248,7 @@ class EvalkitLlamaCpp(TemplateLM):
     def cells_needed(self, context: str, doc: dict, max_new: int) -> int:
         """KV cells one greedy prompt can hold at once, at most: its tokens, the trie of its candidate
         strings (every distinct token prefix, each a cell while the trie is fed) and its continuation."""
-        ids = self.eng.tokenize(context)
+        ids = encode(self.tokenizer, context)
         cands = self._candidates(doc).strings
         nodes = {tuple(toks[:d]) for c in cands for toks in [candidate_ids(self.eng, context, c, ids)]
                  for d in range(1, len(toks) + 1)}
@@ -265,7 +268,7 @@ class EvalkitLlamaCpp(TemplateLM):
             # a bound first (every candidate's tokens alone, one more for a merge at the prompt's end),
             # the exact trie only where the bound does not fit
             cands = self._candidates(doc)
-            bound = (len(self.eng.tokenize(context)) + max(max_new, self.answer_max_tokens)
+            bound = (len(encode(self.tokenizer, context)) + max(max_new, self.answer_max_tokens)
                      + sum(len(self.eng.tokenize(c, special=False)) + 1 for c in cands.exact)
                      + (lexicon if cands.openers else 0))
             if bound <= self.eng.n_ctx:
@@ -337,7 +340,7 @@ class EvalkitLlamaCpp(TemplateLM):
         """One sampled completion (the sampled protocol): softmax(logits / T) at every step, seeded."""
         temperature = float(gen.get("temperature") or 1.0)
         rng = np.random.default_rng([self.probe_seed, index])
-        ids = self.eng.tokenize(context)
+        ids = encode(self.tokenizer, context)
         logits = self.eng.prefill(ids)
         toks: list[int] = []
         try:
@@ -370,7 +373,7 @@ class EvalkitLlamaCpp(TemplateLM):
     def _banned_first_ids(self, context: str) -> frozenset[int]:
         if not self.ban_openers:
             return frozenset()
-        ids = self.eng.tokenize(context)
+        ids = encode(self.tokenizer, context)
         return frozenset(toks[0] for text in shared.opener_variants(self.lexicon.entries)
                          if (toks := candidate_ids(self.eng, context, text, ids)))
 
@@ -417,7 +420,7 @@ class EvalkitLlamaCpp(TemplateLM):
                 metrics["ft_token_hit"] = 1.0 if step.topk_ids[0] in starts else 0.0
             if openers:
                 metrics["opener_mass"] = event_prob(openers, step.candidate_probs, tokens, paths, pp)
-            ids = self.eng.tokenize(context)
+            ids = encode(self.tokenizer, context)
             metrics["opener_start_mass"] = shared.start_mass(step.logprobs, {
                 toks[0] for e in self.lexicon.entries if (toks := candidate_ids(self.eng, context, e, ids))})
             prior = self._prior(context, doc)

@@ -32,6 +32,8 @@ from evalkit.engines import firststep as shared
 from evalkit.engines import leadspace
 from evalkit.engines.llamacpp.firststep import SEQ_MAX, LlamaCppEngine, log_softmax
 from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
+from evalkit.engines.llamacpp.tokenizer import tokenizer_of
+from evalkit.prompts.encoding import encode
 
 K = TypeVar("K", bound=Hashable)  # a candidate trie's key: a string, or a token path (`_lead_space`)
 CONTENT_FREE = ("N/A", "", "…", "无")  # as evalkit-hf's content-free prior (Zhao et al. 2021)
@@ -40,8 +42,7 @@ CONTENT_FREE = ("N/A", "", "…", "无")  # as evalkit-hf's content-free prior (
 def candidate_ids(eng: LlamaCppEngine, context: str, candidate: str, context_ids: list[int]) -> list[int]:
     """The candidate's tokens in its real context: ids(context + candidate) past ids(context);
     tokenised alone when the joint tokenisation merges across the boundary (`firststep.candidate_ids`' rule)."""
-    tail = shared.context_tail(eng.tokenize(context + candidate), context_ids)
-    return tail if tail is not None else eng.tokenize(candidate, special=False)
+    return shared.candidate_ids(tokenizer_of(eng), context, candidate, context_ids)
 
 
 def _lse(logits: np.ndarray) -> float:
@@ -73,7 +74,7 @@ def probe(eng: LlamaCppEngine, contexts: list[str], candidates: list[list[str]] 
     if answer_tokens is not None and len(answer_tokens) != len(contexts):
         raise ValueError(f"{len(answer_tokens)} answer lengths for {len(contexts)} contexts")
     stops = [s for s in stop if s]
-    ids_all = [eng.tokenize(c) for c in contexts]
+    ids_all = [encode(tokenizer_of(eng), c) for c in contexts]
     for i, ids in enumerate(ids_all):
         if not ids:
             raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")
@@ -185,11 +186,24 @@ def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens:
     its own prefixes; a trie with more leaves than sequences re-feeds each level's ancestors instead.
     """
     nodes = {tuple(tk[:d]) for tk in tokens.values() for d in range(1, len(tk))}
-    logits: dict[tuple[int, ...], np.ndarray] = {}
+    # node -> {child token: log P(child | node)} for the children some candidate goes on with: a whole row
+    # of logits is n_vocab floats (1 MB on a 262k vocabulary), kept only while its level is read
+    children: dict[tuple[int, ...], set[int]] = {}
+    for tk in tokens.values():
+        for d in range(1, len(tk)):
+            children.setdefault(tuple(tk[:d]), set()).add(int(tk[d]))
+    rows: dict[tuple[int, ...], dict[int, float]] = {}
+
+    def keep(got: Mapping[tuple[int, ...], np.ndarray], level: Sequence[tuple[int, ...]]) -> None:
+        for n in level:
+            row = got[n]
+            lse = _lse(row)
+            rows[n] = {t: float(row[t]) - lse for t in children.get(n, ())}
+
     fed = 0
     budget = float(tolerance)
     if tolerance <= 0:
-        logits = eng.tree(n_prompt, sorted(nodes), seq, n_base)
+        keep(eng.tree(n_prompt, sorted(nodes), seq, n_base), sorted(nodes))
         fed = len(nodes)
     else:
         kept = {tuple(tokens[c][:d]) for c in exact if c in tokens for d in range(1, len(tokens[c]))}
@@ -210,31 +224,29 @@ def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens:
                 fresh = []
                 for node in (n for n in nodes if len(n) == depth):
                     parent = node[:-1]
-                    if depth > 1 and parent not in logits:
+                    if depth > 1 and parent not in rows:
                         continue
-                    row = lp if depth == 1 else logits[parent].astype(np.float64) - _lse(logits[parent])
-                    log_p[node] = (log_p[parent] if depth > 1 else 0.0) + float(row[node[-1]])
+                    step_lp = float(lp[node[-1]]) if depth == 1 else rows[parent][node[-1]]
+                    log_p[node] = (log_p[parent] if depth > 1 else 0.0) + step_lp
                     fresh.append(node)
                 level, budget = shared.tolerance_cut(fresh, log_p, kept, budget)
                 level = list(dict.fromkeys(level))
                 if not level:
                     break
                 got, n_fed = feed(level)
-                logits.update({n: got[n] for n in level})
+                keep(got, level)
                 fed += n_fed
-    lse = {node: _lse(row) for node, row in logits.items()}
     probs = {}
     for cand, tk in tokens.items():
         if not tk:
             probs[cand] = 1.0
             continue
-        if len(tk) > 1 and tuple(tk[:-1]) not in logits:  # under a prefix left out: in the unscored mass
+        if len(tk) > 1 and tuple(tk[:-1]) not in rows:  # under a prefix left out: in the unscored mass
             probs[cand] = 0.0
             continue
         total = float(lp[tk[0]])
         for d in range(1, len(tk)):
-            node = tuple(tk[:d])
-            total += float(logits[node][tk[d]]) - lse[node]
+            total += rows[tuple(tk[:d])][tk[d]]
         probs[cand] = math.exp(total)
     return probs, float(tolerance) - budget, fed
 
@@ -342,6 +354,6 @@ def content_free_prior(eng: LlamaCppEngine, frame: str, top_k: int) -> dict[int,
     """The content-free prior (docs/metrics.md §1.3) of a prompt frame, on this engine: the mean
     first-step distribution over CONTENT_FREE inputs put in the frame, as its top-k."""
     contexts = [c for c in (frame.replace("\x00", cf) for cf in CONTENT_FREE) if c.strip()]
-    mean = np.mean([np.exp(log_softmax(eng.prefill(eng.tokenize(c)))) for c in contexts], axis=0)
+    mean = np.mean([np.exp(log_softmax(eng.prefill(encode(tokenizer_of(eng), c)))) for c in contexts], axis=0)
     top = np.argsort(-mean, kind="stable")[:top_k]
     return {int(t): float(mean[t]) for t in top}

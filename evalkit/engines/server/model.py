@@ -54,6 +54,7 @@ from evalkit.contract import FIRSTTOKEN, FirstStepResult, doc_kind
 from evalkit.engines import tokenizer_id, validate
 from evalkit.engines.server.client import Client, ServerError, completion, served_models
 from evalkit.errors import BadInput
+from evalkit.prompts.encoding import raw_ids
 from evalkit.scoring import stats
 from evalkit.scoring.firsttoken import answer_strings, candidate_strings, unstable
 from evalkit.scoring.selection import EVERYTHING, Selection
@@ -96,7 +97,7 @@ def piece_ids(tokenizer) -> dict[str, int]:
         if len(ids) == 1:
             out[text] = ids[0]
         elif text:
-            alone = tokenizer(text, add_special_tokens=False)["input_ids"]
+            alone = raw_ids(tokenizer, text)
             if len(alone) == 1 and alone[0] in ids:
                 out[text] = alone[0]
     return out
@@ -305,7 +306,7 @@ class EvalkitServer(LM):
             text = _cut(full, until)
             if answers_full:  # the response as it would have stopped: at a stop string or max_gen_toks
                 text = _cut(_first_tokens(self.tokenizer, full, max_new), until)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = raw_ids(self.tokenizer, text)
             unit, _ = firststep.first_unit_ids(lambda xs: self.tokenizer.decode(xs, skip_special_tokens=True), ids)
         metrics: dict[str, float] = {}
         if top:
@@ -409,5 +410,5 @@ def _cut(text: str, until: list[str]) -> str:
 
 def _first_tokens(tokenizer, text: str, n: int) -> str:
     """The text of the first n tokens of `text` as the tokenizer splits it."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = raw_ids(tokenizer, text)
     return tokenizer.decode(ids[:n], skip_special_tokens=True) if len(ids) > n else text

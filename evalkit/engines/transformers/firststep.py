@@ -48,13 +48,13 @@ from evalkit.engines.firststep import (  # noqa: F401  (first_ids, top_mass, top
     UNIT_RANKS,
     UNIT_TOKENS,
     FirstStep,
-    _encode,
     candidate_ids,
     first_ids,
     first_unit_ids,
     top_mass,
     topk_dict,
 )
+from evalkit.prompts.encoding import encode
 from evalkit.engines.kvpolicy import KVPolicy
 from evalkit.engines.transformers.decoder import _Decoder, _Queued, _Row
 from evalkit.engines.transformers.prefill import _read_attention
@@ -75,7 +75,6 @@ def probe(
     first_temperature: float | None = None,
     banned_first_ids: set[int] | frozenset = frozenset(),
     seed: int = 0,
-    add_special_tokens: bool = False,
     tolerance: float = 0.0,
     exact_candidates: list[list[str]] | None = None,
     attention: list[Any] | None = None,
@@ -144,7 +143,7 @@ def probe(
     "decode (40 rows)") and the share of all `contexts` done, in [0, 1]: a bar moves within a batch.
     """
     prober = Prober(model, tokenizer, top_k=top_k, max_new_tokens=max_new_tokens, stop=stop, batch_size=batch_size,
-                    first_temperature=first_temperature, add_special_tokens=add_special_tokens, tolerance=tolerance,
+                    first_temperature=first_temperature, tolerance=tolerance,
                     kv_policy=kv_policy, unit_ranks=unit_ranks, batch_tokens=batch_tokens, first_char=first_char,
                     lead_space=lead_space)
     prober.submit(None, contexts, candidates, exact_candidates=exact_candidates, attention=attention,
@@ -171,7 +170,7 @@ class Prober:
 
     def __init__(self, model, tokenizer, *, top_k: int = DEFAULT_TOP_K, max_new_tokens: int = 32,
                  stop: Sequence[str] = (), batch_size: int = DEFAULT_BATCH_SIZE,
-                 first_temperature: float | None = None, add_special_tokens: bool = False,
+                 first_temperature: float | None = None,
                  tolerance: float = 0.0, kv_policy: KVPolicy | None = None, unit_ranks: int = 0,
                  batch_tokens: int = BATCH_TOKENS, trie_positions: int = TRIE_POSITIONS,
                  first_char: bool | None = None, lead_space: bool = False) -> None:
@@ -185,7 +184,7 @@ class Prober:
             raise ValueError(f"tolerance must be in [0, 1), got {tolerance}")
         self.batch_size, self.batch_tokens = batch_size, batch_tokens
         self.engine = _Engine(model, tokenizer, top_k, max_new_tokens, stop, first_temperature, frozenset(), 0,
-                              add_special_tokens, tolerance, kv_policy, unit_ranks, None)
+                              tolerance, kv_policy, unit_ranks, None)
         self.engine.trie_positions = trie_positions
         if first_char is not None:
             self.engine.first_char = first_char
@@ -214,7 +213,7 @@ class Prober:
         if answer_tokens is not None and len(answer_tokens) != len(contexts):
             raise ValueError(f"{len(answer_tokens)} answer lengths for {len(contexts)} contexts")
         engine = self.engine
-        context_ids = [_encode(engine.tokenizer, c, engine.add_special_tokens) for c in contexts]
+        context_ids = [encode(engine.tokenizer, c) for c in contexts]
         for i, ids in enumerate(context_ids):
             if not ids:
                 raise ValueError(f"context {i} tokenises to no tokens; nothing to predict from")

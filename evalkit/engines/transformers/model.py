@@ -51,6 +51,7 @@ from evalkit.defaults import (
     MEMORY_BUDGET,
 )
 from evalkit.errors import BadInput
+from evalkit.prompts.encoding import gguf_add_bos, parse_add_bos, set_feed
 from evalkit.progress import bar as progress_bar
 from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
@@ -160,13 +161,14 @@ class EvalkitHFLM(HFLM):
         first_temperature: float | str | None = None,  # lm-eval hands model args over as text
         ban_openers: bool = False,
         lead_space: bool = True,
+        first_char: bool = True,
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
         answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
         kv_cache: str | kvpolicy.KVPolicy | None = None,  # the plan's policy, or plain lm-eval's text
         device: str | None = None,
         attention: bool = False,
-        first_char: bool = True,
+        add_bos_token: Any = None,
         **kwargs: Any,
     ) -> None:
         kwargs = offline.guard(kwargs)  # no hub kernel fetched at load or forward time unless asked
@@ -193,12 +195,15 @@ class EvalkitHFLM(HFLM):
             self._model = quantize.apply(self._model, self.quant)  # type: ignore[has-type]
         self.quant_detail = quantdetail.describe(self._model, self.quant, gguf_file=gguf_file)
         windows.windows_of(self._model)  # attention layers the engine cannot mask are refused before any prompt
+        # the ids fed (`prompts.encoding`): what the tokenizer declares, or add_bos_token; HFLM's own
+        # encoder (sampled requests, loglikelihood) reads the same
+        self.feed = set_feed(self.tokenizer, parse_add_bos(add_bos_token),
+                             gguf_add_bos=gguf_add_bos(gguf_file) if gguf_file else None)
+        self.add_bos_token = self.feed.bos
         self.tokenizer_id = tokenizer_id.at_load(self.tokenizer, f"transformers {gguf_file or pretrained}")
         self._share_requests()
         self.prompts_computed = 0  # prompts this process probed or sampled (not replayed from a journal)
         self.attention = bool(attention)
-        # the first-character distribution (`engines.firstchar`, first_char_topk); first_char=false: not read
-        self.first_char = first_char if isinstance(first_char, bool) else str(first_char).lower() != "false"
         if self.attention:
             try:
                 attn.install(self._model)
@@ -211,6 +216,8 @@ class EvalkitHFLM(HFLM):
         # the whitespace-led event (docs/metrics.md "One event for text and probability"); false: each string
         # scored right after the prompt only, the definition before m028 (bench/leadspace_cost.py compares them)
         self.lead_space = lead_space if isinstance(lead_space, bool) else str(lead_space).lower() != "false"
+        # the first-character distribution (`engines.firstchar`, first_char_topk); first_char=false: not read
+        self.first_char = first_char if isinstance(first_char, bool) else str(first_char).lower() != "false"
         self.probe_seed = int(probe_seed)
         self.tolerance = float(tolerance)
         self.answer_max_tokens = int(answer_max_tokens)

@@ -55,7 +55,7 @@ class _Settings:
     """One probe call's settings, and the rules its tokens follow (see the module docstring)."""
 
     def __init__(self, model, tokenizer, top_k, max_new_tokens, stop, first_temperature,
-                 banned_first_ids, seed, add_special_tokens, tolerance=0.0, kv_policy=None, unit_ranks=0,
+                 banned_first_ids, seed, tolerance=0.0, kv_policy=None, unit_ranks=0,
                  attention=None):
         self.model = model
         self.progress: Callable[[str, float], None] = lambda phase, share: None  # see `probe`
@@ -70,7 +70,6 @@ class _Settings:
         self.first_temperature = first_temperature
         self.banned = sorted(int(i) for i in banned_first_ids)
         self.seed = seed
-        self.add_special_tokens = add_special_tokens
         self.device = _model_device(model)
         self.float_dtype = next(
             (p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32

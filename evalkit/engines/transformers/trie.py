@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from evalkit.engines.firststep import UNIT_TOKENS, _encode, candidate_ids, context_tail, first_unit_ids, tolerance_cut
+from evalkit.prompts.encoding import raw_ids
+from evalkit.engines.firststep import UNIT_TOKENS, candidate_ids, context_tail, first_unit_ids, tolerance_cut
 from evalkit.engines.leadspace import lead_paths, lead_vocab, node_text, whitespace_levels
 from evalkit.engines.transformers.prefill import _Forwards
 from evalkit.engines.transformers.shared import FIRST_STEP_SHARE, PREFILL_SHARE
@@ -74,14 +75,14 @@ class _Trie(_Forwards):
         good if any candidate's tokens differ (a tokenizer that does not cut there)."""
         cut = self.frame_cut(context)
         if cut is None:
-            return candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
+            return candidate_ids(self.tokenizer, context, candidate, context_ids)
         tail = context[cut:]
         key = (tail, candidate)
         ids = self.tail_ids.get(key)
         if ids is None:
-            whole = candidate_ids(self.tokenizer, context, candidate, context_ids, self.add_special_tokens)
+            whole = candidate_ids(self.tokenizer, context, candidate, context_ids)
             # a merge across the boundary: the candidate is tokenised alone, whatever the context
-            ids = context_tail(_encode(self.tokenizer, tail + candidate, False), _encode(self.tokenizer, tail, False))
+            ids = context_tail(raw_ids(self.tokenizer, tail + candidate), raw_ids(self.tokenizer, tail))
             ids = whole if ids is None else ids
             if ids != whole:  # checked once per key, on the first context with this tail
                 self.frame_cuts = False  # this tokenizer does not cut at its added tokens: never again
