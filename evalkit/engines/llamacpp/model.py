@@ -438,6 +438,7 @@ class EvalkitLlamaCpp(TemplateLM):
             entropy=step.entropy,
             metrics=metrics,
             answer_text=self.tok_decode(step.answer_ids) if step.answer_ids else None,
+            token_ids=list(step.answer_ids or step.response_ids),  # what a drift base teacher-forces, as hf's
             units=step.units,
             skipped=self.skipped,
         )
