@@ -75,7 +75,7 @@ def main() -> int:
             n = best[True][2].n_samples
             rows.append((metrics or "all", n, best[False][0] / n, best[True][0] / n, best[True][0] / best[False][0]))
             if metrics is None:
-                stored = _stored(db, best[True][2].run_id)
+                stored = _stored(db, best[True][2].id)
         print()
         print(f"{'--metrics':<10} {'prompts':>7} {'CPU s/prompt without':>21} {'with':>8} {'ratio':>7}")
         for metrics, n, off, on_, ratio in rows:
