@@ -161,7 +161,7 @@ class EvalkitHFLM(HFLM):
         first_temperature: float | str | None = None,  # lm-eval hands model args over as text
         ban_openers: bool = False,
         lead_space: bool = True,
-        first_char: bool = True,
+        first_char: bool = False,
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
         answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
