@@ -161,7 +161,8 @@ def main() -> int:
 
     hflm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=1, device=args.device)
     evalkit_lm = EvalkitHFLM(pretrained=model, tokenizer=tokenizer, batch_size=8, device=args.device,
-                             temperature=TEMPERATURE, tolerance=args.tolerance)
+                             temperature=TEMPERATURE, tolerance=args.tolerance,
+                             lead_space=False)  # as a run under the chat template (runner.config.event_defaults)
 
     # warm-up (not timed): one prefill through each path's code
     probe_path(model, tokenizer, contexts[:1], docs[:1], lexicon, with_candidates=False)
