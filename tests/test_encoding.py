@@ -196,3 +196,25 @@ def test_gemma_is_fed_its_bos_on_both_engines_and_both_feed_the_same_ids(gemma_t
             assert a[0] == 2 and a.count(2) == 1
             assert a == b, (prompt, template.name)
         assert encoding.encode(hf, "<bos>" + prompt) == encoding.encode(hf, prompt), "spelled BOS: not twice"
+
+
+def test_the_default_model_declares_no_bos_so_its_numbers_do_not_move(default_model_available):
+    """SmolLM2's GGUF declares no BOS: the ids fed are the text's own on both engines, as before the door."""
+    from transformers import AutoTokenizer
+
+    from evalkit.engines.llamacpp.firststep import LlamaCppEngine
+    from evalkit.engines.llamacpp.tokenizer import tokenizer_of
+    from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
+
+    folder = default_model_dir()
+    assert not encoding.gguf_add_bos(folder / DEFAULT_GGUF)
+    hf = AutoTokenizer.from_pretrained(str(folder), gguf_file=DEFAULT_GGUF)
+    text = render_prompt(hf, get_template("chat"), "What is the capital of France?")
+    assert encoding.set_feed(hf, None, gguf_add_bos=encoding.gguf_add_bos(folder / DEFAULT_GGUF)).prefix == ()
+    assert encoding.encode(hf, text) == hf(text, add_special_tokens=False)["input_ids"]
+    try:
+        gguf = tokenizer_of(LlamaCppEngine(str(folder / DEFAULT_GGUF), n_ctx=512))
+    except (ImportError, OSError) as exc:
+        pytest.skip(f"llama.cpp engine not available: {exc}")
+    assert encoding.declared_prefix(gguf) == ()
+    assert encoding.encode(gguf, text) == gguf(text)["input_ids"]
