@@ -36,6 +36,8 @@ LLAMACPP_ARGS = {"model": "the .gguf file (none: the embedded SmolLM2)", "pretra
                               "as hf; 0: exact)",
                  "answer_max_tokens": f"how far a prompt with checkable answers is continued "
                                       f"(default {DEFAULT_ANSWER_TOKENS})",
+                 "first_char": "true|false: the first-character distribution over the whole vocabulary "
+                               "(first_char_topk, for comparisons across tokenizers; default false)",
                  "add_bos_token": "true|false: feed the BOS or not, whatever the GGUF declares "
                                   "(default: tokenizer.ggml.add_bos_token)",
                  "lead_space": "true|false: count the answers after leading whitespace in ft_hit_prob, "
