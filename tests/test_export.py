@@ -55,7 +55,9 @@ def test_parquet_round_trip(two_dbs, tmp_path):
         from_db = all_rows(lambda sql: read_query(a, sql), table)
         from_parquet = all_rows(lambda sql: merged_query([], [out], sql), table)
         assert from_parquet == from_db, table
-        assert from_db[1], f"{table} is empty: the round trip proves little"
+        # the fake LM's runs read no first characters (an opt-in of the exact engines); the table's rows
+        # are stored and read back in tests/test_firstchar.py
+        assert from_db[1] or table == "first_char_topk", f"{table} is empty: the round trip proves little"
     # the DB's views are rebuilt over the export
     lb = merged_query([], [out], "SELECT count(*) FROM leaderboard")[1][0][0]
     assert lb == read_query(a, "SELECT count(*) FROM leaderboard")[1][0][0] > 0

@@ -128,7 +128,7 @@ def probe(
     (`attention.install`). Only the prefill is read (under the KV-cache policy's masks, as the model ran it);
     nothing else changes.
 
-    `first_char` (default: `_Engine.first_char`, on) fills each step's `first_chars`: the first-character distribution over the
+    `first_char` (default: `_Engine.first_char`, off) fills each step's `first_chars`: the first-character distribution over the
     whole vocabulary (`firstchar.first_chars`), its whitespace and fragment prefixes teacher-forced over
     the prompt's cache within `tolerance`.
 
@@ -359,7 +359,7 @@ class _Engine(_Trie):
         limits = [(max(self.max_new_tokens, n), n == 0, n > 0) for n in answer_lens]
         return steps, _Queued(first, cache, mask, position_ids, limits)
 
-    first_char: bool = True  # read each prompt's first-character distribution (`firstchar`); `Prober` sets it
+    first_char: bool = False  # read each prompt's first-character distribution (`firstchar`, opt-in); `Prober` sets it
 
     def first_chars(self, logprobs: torch.Tensor, cache, mask) -> list[firstchar.FirstChars]:
         """Each row's first-character distribution (`firstchar.first_chars`), its whitespace and fragment
