@@ -112,7 +112,9 @@ def windows_of(model) -> Windows | None:
     and sliding layers whose modeling code takes no mask per layer type."""
     if model in _FOUND:
         return _FOUND[model]
-    config = model.config
+    config = getattr(model, "config", None)
+    if config is None:  # a module without a transformers config (a wrapper): no layer kinds to read
+        return None
     get_text = getattr(config, "get_text_config", None)
     if get_text is not None:
         config = get_text(decoder=True)
