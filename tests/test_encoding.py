@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from evalkit.engines.modelid import gguf_add_bos
 from evalkit.errors import BadInput
 from evalkit.prompts import encoding
 from evalkit.prompts.templates import Template, get_template, load_templates, render_prompt
@@ -51,7 +52,7 @@ def test_the_declaration_read_from_the_tokenizer_is_the_ggufs_own(family):
     if reason:
         pytest.skip(reason)
     tok = zoo_module.load_tokenizer(family)
-    says = encoding.gguf_add_bos(zoo_module.vocab_dir() / f"ggml-vocab-{family}.gguf")
+    says = gguf_add_bos(zoo_module.vocab_dir() / f"ggml-vocab-{family}.gguf")
     assert says is _gguf_add_bos(family)
     expected = (tok.bos_token_id,) if says else ()
     if family != "gemma-4":  # transformers' conversion keeps the declaration, save gemma-4's
@@ -207,10 +208,10 @@ def test_the_default_model_declares_no_bos_so_its_numbers_do_not_move(default_mo
     from evalkit.engines.plan import DEFAULT_GGUF, default_model_dir
 
     folder = default_model_dir()
-    assert not encoding.gguf_add_bos(folder / DEFAULT_GGUF)
+    assert not gguf_add_bos(folder / DEFAULT_GGUF)
     hf = AutoTokenizer.from_pretrained(str(folder), gguf_file=DEFAULT_GGUF)
     text = render_prompt(hf, get_template("chat"), "What is the capital of France?")
-    assert encoding.set_feed(hf, None, gguf_add_bos=encoding.gguf_add_bos(folder / DEFAULT_GGUF)).prefix == ()
+    assert encoding.set_feed(hf, None, gguf_add_bos=gguf_add_bos(folder / DEFAULT_GGUF)).prefix == ()
     assert encoding.encode(hf, text) == hf(text, add_special_tokens=False)["input_ids"]
     try:
         gguf = tokenizer_of(LlamaCppEngine(str(folder / DEFAULT_GGUF), n_ctx=512))

@@ -85,6 +85,13 @@ def gguf_metadata(path: Path, keys: tuple[str, ...] | None = None) -> dict[str, 
     return found
 
 
+def gguf_add_bos(path) -> bool | None:
+    """A GGUF file's `tokenizer.ggml.add_bos_token` (None: the file does not say): the declaration the hf
+    engine feeds by (`prompts.encoding.set_feed`) where transformers' conversion of the file drops it."""
+    value = gguf_metadata(Path(path), ("tokenizer.ggml.add_bos_token",)).get("tokenizer.ggml.add_bos_token")
+    return None if value is None else bool(value)
+
+
 def file_type_name(value: int | None) -> str:
     """A GGUF `general.file_type` as llama.cpp names it, in upper case (Q4_K_M, Q4_1, F16); "unknown"
     when the header has none.

@@ -135,18 +135,6 @@ def set_feed(tokenizer, add_bos_token: bool | None = None, *, gguf_add_bos: bool
     return feed
 
 
-def gguf_add_bos(path) -> bool | None:
-    """A GGUF file's `tokenizer.ggml.add_bos_token` (None: the file does not say), read with the gguf
-    package's reader (a memory map: the header alone is read)."""
-    import gguf
-
-    try:
-        field = gguf.GGUFReader(str(path)).fields.get("tokenizer.ggml.add_bos_token")
-    except (OSError, ValueError) as exc:
-        raise BadInput(f"{path}: its GGUF header does not read ({exc})") from None
-    return None if field is None else bool(field.parts[field.data[0]][0])
-
-
 def _label(tokenizer, token_id: int) -> str:
     try:
         return str(tokenizer.decode([token_id], skip_special_tokens=False))

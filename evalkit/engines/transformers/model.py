@@ -35,6 +35,7 @@ from evalkit.contract import FIRSTTOKEN, NEEDLE, FirstStepResult, doc_kind
 from evalkit.engines import firststep as shared
 from evalkit.engines import caps as caps_of
 from evalkit.engines import firstchar, kvpolicy, leadspace, tokenizer_id, validate
+from evalkit.engines.modelid import gguf_add_bos
 from evalkit.engines.transformers import attention as attn
 from evalkit.engines.transformers import firststep, kvcache, offline
 from evalkit.engines.transformers import quant as quantization
@@ -51,7 +52,7 @@ from evalkit.defaults import (
     MEMORY_BUDGET,
 )
 from evalkit.errors import BadInput
-from evalkit.prompts.encoding import gguf_add_bos, parse_add_bos, set_feed
+from evalkit.prompts.encoding import parse_add_bos, set_feed
 from evalkit.progress import bar as progress_bar
 from evalkit.progress import keep_ticking
 from evalkit.scoring import stats
