@@ -220,23 +220,6 @@ def check_selection(cfg: RunConfig) -> Selection:
     return chosen
 
 
-# the exact engines, which take the whitespace-led event's switch (`lead_space`, docs/metrics.md)
-LEAD_SPACE_ENGINES = ("transformers", "llama.cpp")
-
-
-def event_defaults(model, template: Template):
-    """The whitespace-led event (`lead_space`) on where a template leaves the model to continue text (no chat
-    template: `plain`, `qa`, a doc_to_text template), where a base model opens with " Paris" or a blank line;
-    off under a chat template, whose assistant header ends the line: there the whitespace-led paths hold
-    about the tolerance (SmolLM2 under `chat`: ws_mass 1e-4, ft_hit_prob +1e-4) at 2.6x the first step's
-    cost. A `lead_space` the user gave is kept; it is stored with the model args either way."""
-    import dataclasses
-
-    if model.engine not in LEAD_SPACE_ENGINES or "lead_space" in model.args:
-        return model
-    return dataclasses.replace(model, args={**model.args, "lead_space": not template.chat})
-
-
 def plan_run(cfg: RunConfig) -> RunPlan:
     """Check everything that needs no model, and resolve the run; raises BadInput, writes nothing."""
     from evalkit.store.db import check_writable
@@ -256,7 +239,6 @@ def plan_run(cfg: RunConfig) -> RunPlan:
     model = resolve(cfg.model, cfg.model_args, quant_name=cfg.quant, device=cfg.device, top_k=cfg.top_k,
                     temperature=cfg.temperature, first_temperature=cfg.first_temperature,
                     ban_openers=cfg.ban_openers, seed=cfg.seed, kv_cache=cfg.kv_cache, attention=cfg.attention)
-    model = event_defaults(model, template)
     check_device(cfg.device)
     check_writable(cfg.db)
     from evalkit.prompts import lm_eval_tasks

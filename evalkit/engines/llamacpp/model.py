@@ -84,7 +84,7 @@ class EvalkitLlamaCpp(TemplateLM):
     def __init__(self, model: str, *, n_ctx: int | None = None, n_threads: int | None = None,
                  flash_attn: bool = False, top_k: int = DEFAULT_TOP_K,
                  temperature: float = DEFAULT_TEMPERATURE, first_temperature: float | None = None,
-                 ban_openers: bool = False, lead_space: bool = True, first_char: bool = False,
+                 ban_openers: bool = False, lead_space: bool = False, first_char: bool = False,
                  probe_seed: int = 0, answer_max_tokens: int = DEFAULT_ANSWER_TOKENS,
                  tolerance: float = DEFAULT_TOLERANCE, kv_cache: str | kvpolicy.KVPolicy | None = None,
                  batch_size: int | str | None = DEFAULT_BATCH_SIZE, max_gen_toks: int = DEFAULT_MAX_GEN_TOKS,

@@ -161,7 +161,7 @@ class EvalkitHFLM(HFLM):
         temperature: float = DEFAULT_TEMPERATURE,
         first_temperature: float | str | None = None,  # lm-eval hands model args over as text
         ban_openers: bool = False,
-        lead_space: bool = True,
+        lead_space: bool = False,
         first_char: bool = False,
         probe_seed: int = 0,
         tolerance: float = DEFAULT_TOLERANCE,
