@@ -31,7 +31,6 @@ from evalkit.defaults import DEFAULT_BATCH_SIZE, DEFAULT_TOP_K
 from evalkit.engines import firststep as shared
 from evalkit.engines import leadspace
 from evalkit.engines.llamacpp.firststep import SEQ_MAX, LlamaCppEngine, log_softmax
-from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
 from evalkit.engines.llamacpp.tokenizer import tokenizer_of
 from evalkit.prompts.encoding import encode
 
@@ -160,9 +159,7 @@ def first_chars(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tolerance: f
 
     table = getattr(eng, "first_char_table", None)  # built once per loaded model
     if table is None:
-        from evalkit.engines.llamacpp.tokenizer import GGUFTokenizer
-
-        table = firstchar.build_char_table(vocab_table(GGUFTokenizer(eng)))
+        table = firstchar.build_char_table(vocab_table(tokenizer_of(eng)))
         setattr(eng, "first_char_table", table)
     return firstchar.first_chars(table, torch.from_numpy(lp.astype(np.float64))[None], forward, tolerance)[0]
 
@@ -257,7 +254,7 @@ _VOCABS: weakref.WeakKeyDictionary[LlamaCppEngine, leadspace.LeadVocab] = weakre
 def engine_vocab(eng: LlamaCppEngine) -> leadspace.LeadVocab:
     """The engine's vocabulary as the whitespace-led event reads it (`leadspace.lead_vocab`), built once."""
     if eng not in _VOCABS:
-        _VOCABS[eng] = leadspace.lead_vocab(GGUFTokenizer(eng))
+        _VOCABS[eng] = leadspace.lead_vocab(tokenizer_of(eng))
     return _VOCABS[eng]
 
 
