@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -311,11 +311,13 @@ class LlamaCppEngine:
         return out  # type: ignore[return-value]
 
     def tree(self, n_prompt: int, nodes: Sequence[tuple[int, ...]], seq: int = 0,
-             n_base: int = 1) -> dict[tuple[int, ...], np.ndarray]:
+             n_base: int = 1, want: Collection[tuple[int, ...]] | None = None) -> dict[tuple[int, ...], np.ndarray]:
         """Logits after each node of a token tree over the prompt of `n_prompt` tokens in sequence `seq`.
 
         `nodes` are token paths after the prompt; every proper prefix of a node must be a node
-        too (each is fed once). Returns {node: logits after its last token}. The tree's leaves take
+        too (each is fed once). Returns {node: logits after its last token} for the nodes in `want`
+        (every node when None): the others are fed for their keys and values only, without the
+        vocabulary head (on a 262k vocabulary the head costs about what the rest of a 270M model does). The tree's leaves take
         the sequences n_base .. SEQ_MAX − 1 (sequences below n_base hold prompts), each a copy of
         `seq`'s cells; one llama_decode per group of leaves (at most that many, and N_BATCH tokens).
         The cache holds only the prompts again afterwards.
@@ -343,10 +345,13 @@ class LlamaCppEngine:
             for s in seqs:
                 lib.llama_memory_seq_cp(self.mem, seq, s, -1, -1)
             try:
+                asked = [want is None or n in want for n in fed]
                 self._decode([n[-1] for n in fed], [n_prompt + len(n) - 1 for n in fed],
-                             [members[n] for n in fed], [True] * len(fed))
+                             [members[n] for n in fed], asked)
+                # llama_get_logits_ith takes the batch index and maps it to its output row itself
                 for i, node in enumerate(fed):
-                    out[node] = self.logits(i)
+                    if asked[i]:
+                        out[node] = self.logits(i)
             finally:
                 for s in seqs:
                     lib.llama_memory_seq_rm(self.mem, s, -1, -1)

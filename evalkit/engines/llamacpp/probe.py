@@ -154,7 +154,7 @@ def first_chars(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tolerance: f
 
     def forward(nodes):
         tree = {p[:d] for _, p in nodes for d in range(1, len(p) + 1)}
-        logits = eng.tree(n_prompt, sorted(tree), seq=seq, n_base=n_base)
+        logits = eng.tree(n_prompt, sorted(tree), seq=seq, n_base=n_base, want={p for _, p in nodes})
         return torch.stack([torch.from_numpy(log_softmax(logits[p])) for _, p in nodes])
 
     table = getattr(eng, "first_char_table", None)  # built once per loaded model
@@ -216,7 +216,7 @@ def _candidate_probs(eng: LlamaCppEngine, n_prompt: int, lp: np.ndarray, tokens:
             else:  # more leaves than sequences: each level re-fed with its ancestors, in groups
                 def feed(level):
                     batch = {n[:d] for n in level for d in range(1, len(n) + 1)}
-                    return eng.tree(n_prompt, sorted(batch), seq, n_base), len(batch)
+                    return eng.tree(n_prompt, sorted(batch), seq, n_base, want=set(level)), len(batch)
             for depth in range(1, depth_max + 1):
                 fresh = []
                 for node in (n for n in nodes if len(n) == depth):
@@ -269,7 +269,8 @@ def _lead_space(eng: LlamaCppEngine, step: shared.FirstStep, context: str, ids: 
 
     def forward(levels):
         (nodes,) = levels
-        got = eng.tree(len(ids), sorted({n[:d] for n in nodes for d in range(1, len(n) + 1)}), seq, n_base)
+        got = eng.tree(len(ids), sorted({n[:d] for n in nodes for d in range(1, len(n) + 1)}), seq, n_base,
+                       want=set(nodes))
         return [[got[n][ws].astype(np.float64) - _lse(got[n]) for n in nodes]]
 
     (levels,) = leadspace.whitespace_levels([lp[ws]], lv.ws_ids, tolerance, forward)
@@ -307,7 +308,7 @@ def complete_units(eng: LlamaCppEngine, n_prompt: int, top_ids: list[int], seq: 
         if not open_:
             break
         nodes = {path[:d] for path in open_ for d in range(1, len(path) + 1)}
-        logits = eng.tree(n_prompt, sorted(nodes), seq, n_base)
+        logits = eng.tree(n_prompt, sorted(nodes), seq, n_base, want=set(open_))
         nxt = []
         for path in open_:
             child = (*path, int(np.argmax(logits[path])))
