@@ -184,10 +184,18 @@ def test_the_models_are_peaked_not_uniform(zoo_run, zoo_db):
 # ---- the exact metrics against brute force ----------------------------------------------------
 
 
+def as_fed(tok, text: str) -> list[int]:
+    """The ids a model is fed for `text`, lm-eval's HF rule written out: the tokenizer's own special tokens
+    (add_special_tokens=True), unless the text already begins with the BOS token's spelling (a chat template
+    that writes it, as phi-3's and Llama 3's do): then the text's own ids, the BOS not doubled."""
+    spelled = bool(tok.bos_token) and text.startswith(tok.bos_token)
+    return tok(text, add_special_tokens=not spelled)["input_ids"]
+
+
 def in_context(tok, context: str, ctx_ids: list[int], s: str) -> list[int]:
     """`s`'s tokens after `context`: ids(context + s) past ids(context), or ids(s) alone when the
     joint tokenisation does not start with the context's (docs/metrics.md §1.1)."""
-    joint = tok(context + s, add_special_tokens=True)["input_ids"]  # as fed: the declared BOS first
+    joint = as_fed(tok, context + s)  # as fed: the declared BOS first, once
     if len(joint) > len(ctx_ids) and joint[: len(ctx_ids)] == ctx_ids:
         return joint[len(ctx_ids):]
     return tok(s, add_special_tokens=False)["input_ids"]
@@ -203,7 +211,7 @@ def brute_force(model, tok, context: str, strings: list[str]) -> float:
     without the full (strings x positions x vocabulary) tensor)."""
     from evalkit.scoring.text import covers
 
-    ctx = tok(context, add_special_tokens=True)["input_ids"]  # as fed: the BOS the tokenizer declares first
+    ctx = as_fed(tok, context)  # as fed: the BOS the tokenizer declares first, once
     toks = {s: in_context(tok, context, ctx, s) for s in dict.fromkeys(x for x in strings if x)}
     kept = [s for s in toks
             if not any(o != s and covers(o, s) and toks[s][: len(toks[o])] == toks[o] for o in toks)]
@@ -256,11 +264,7 @@ def exact_differences(pair, db, runs: list[str], every: int = 1) -> dict[str, fl
     return worst
 
 
-# phi-3 declares a BOS and has a chat template: since the engines feed the declared BOS (prompts.encoding), its
-# run and this brute force's ids (the tokenizer's own add_special_tokens=True) disagree by 2.3x; not yet reconciled
-@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.xfail(
-    reason="phi-3: the brute force's fed ids under its chat template are not yet the engine's", strict=False))
-    if f == "phi-3" else f for f in FAMILIES])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_exact_metrics_equal_brute_force(zoo, zoo_run, zoo_db, family):
     pair = zoo(family)
     runs = [zoo_run(family, "base", "plain", small=True)]
