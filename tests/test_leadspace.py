@@ -236,3 +236,20 @@ def test_the_run_summary_says_when_the_template_leaves_whitespace_first():
     text = metric_table(rows)
     assert "firsttoken_en: mean ws_mass 0.830 > 0.5: the template leaves the model to open with whitespace" in text
     assert "firsttoken_zh: mean ws_mass" not in text
+
+
+@pytest.mark.parametrize("template, args, want", [
+    ("qa", "", True),  # a target_delimiter: the answer starts after whitespace
+    ("qa", "lead_space=false", False),  # the model args say otherwise: kept
+    ("plain", "", None),  # no delimiter: off, as before
+    ("chat", "", None),
+])
+def test_a_template_with_a_delimiter_turns_the_whitespace_led_event_on(tmp_path, template, args, want):
+    from evalkit.api import _config
+    from evalkit.runner.config import plan_run
+
+    for model in ("hf", "llamacpp"):  # llamacpp: the embedded GGUF
+        extra = {"model_args": args} if args else {}
+        plan = plan_run(_config("firsttoken", model, tmp_path / "t.duckdb", {"template": template, **extra}))
+        got = plan.model.args.get("lead_space")
+        assert (None if got is None else str(got).lower() == "true") == want, (model, got)
