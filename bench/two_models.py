@@ -101,7 +101,7 @@ def main() -> int:
     print("does the first token predict the answer? AUROC of ft_hit_prob against answer_hit")
     for name, task, auroc, lo, hi, n in con.execute(
             "SELECT r.name, l.task, l.auroc, l.ci_lo, l.ci_hi, l.n FROM lead_indicators l JOIN runs r ON r.id = l.run_id "
-            "WHERE l.signal = 'lead_auroc.ft_hit_prob' ORDER BY l.task, r.name").fetchall():
+            "WHERE l.signal = 'ft_hit_prob' AND l.category = '*' ORDER BY l.task, r.name").fetchall():
         ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None else "no interval"
         print(f"  {task:<14} {name:<13} {'-' if auroc is None else f'{auroc:.3f}'} {ci} n={n}")
     print("seconds a prompt (CPU, the whole `evalkit run` process, load included)")
