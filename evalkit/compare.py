@@ -228,8 +228,9 @@ def quant_summary(quant: str | None, detail: dict | None) -> str:
 
 
 def _dimensions(con, a: str, b: str) -> dict[str, tuple]:
-    """The run dimensions (model, quant, kv_cache, template, ...) in which the two runs differ."""
-    cols = ", ".join(DIMENSIONS)
+    """The run dimensions (model, quant, kv_cache, template, ...) in which the two runs differ. The model is
+    its name as `runs` shows it (the GGUF's or config's, e.g. gemma-3-270M), not the engine it was asked by."""
+    cols = ", ".join("model := coalesce(model_name, model)" if d == "model" else d for d in DIMENSIONS)
     rows = dict(con.execute(f"SELECT id, struct_pack({cols}) FROM runs WHERE id IN (?, ?)", [a, b]).fetchall())
     da, db_ = rows.get(a) or {}, rows.get(b) or {}
     return {d: (da.get(d), db_.get(d)) for d in DIMENSIONS if da.get(d) != db_.get(d)}

@@ -204,3 +204,14 @@ def test_cli_unknown_run_is_bad_input(invoke):
     res = invoke("compare", "aaaa-9", "nope")
     assert res.exit_code == 2
     assert "unknown run 'nope'" in res.output
+
+
+def test_the_model_dimension_is_the_models_name_not_the_engine_it_was_asked_by():
+    """A GGUF run through `--model llamacpp` stores `model` = llamacpp and its name (gemma-3-270M) apart:
+    `compare` says the runs differ in model by the names `runs` shows."""
+    a = make_run("aaaa-3", base_samples(), base_topk())
+    b = make_run("bbbb-3", base_samples(), base_topk(), created="2025-01-02 00:00:00")
+    with store_db.transaction() as con:
+        con.execute("UPDATE runs SET model = 'llamacpp', model_name = 'gemma-3-270M' WHERE id = ?", [b])
+        con.execute("UPDATE runs SET model_name = 'SmolLM2-135M-Instruct' WHERE id = ?", [a])
+    assert compare_runs(None, a, b).dimensions["model"] == ("SmolLM2-135M-Instruct", "gemma-3-270M")
