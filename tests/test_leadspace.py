@@ -28,6 +28,7 @@ LEVELS = 2  # whitespace tokens a path may begin with, in these tests (the tiny 
 ANSWERS = ["Paris", "Tokyo"]
 OPENERS = ["Sure", "Sure thing", "So", "Sorry", "Well", "好的", "好"]
 QUESTIONS = ["What is the capital of France?", "法国的首都是哪里？", "Say hello."]
+SHIPPED = (leadspace.WS_LEVELS, leadspace.WS_NODES)  # what a run uses, before `two_levels` widens them
 
 
 @pytest.fixture(scope="module")
@@ -224,6 +225,43 @@ def test_gemma_llamacpp_event_equals_brute_force():
             assert step.candidate_probs[s] > 10 * plain
             ws = float(np.exp(lp(())[list(lv.ws_ids)]).sum())
             assert leadspace.ws_mass(step.logprobs, lv) == pytest.approx(ws, rel=1e-3)
+    finally:
+        eng.close()
+
+
+@pytest.mark.skipif(missing() is not None, reason=missing() or "")
+def test_gemma_opener_probabilities_equal_brute_force(monkeypatch):
+    """Every string of the opener lexicon on Gemma under qa (llama.cpp, the whitespace-led event): each string's
+    probability is the sum over its scored paths of one-prompt prefills, within 2 % (a batched tree and a lone
+    prefill of a 4-bit model round differently) plus 1e-5; opener_mass is these, summed under the covering rule
+    checked on the tiny model above. Measured: 132 strings, 1,765 paths, worst excess 4.5e-6."""
+    pytest.importorskip("llama_cpp")
+    from evalkit.engines.llamacpp.firststep import LlamaCppEngine, log_softmax
+    from evalkit.engines.llamacpp.probe import probe
+    from evalkit.scoring.lexicon import load_lexicon
+
+    monkeypatch.setattr(leadspace, "WS_LEVELS", SHIPPED[0])  # as a run scores it (the whole lexicon after
+    monkeypatch.setattr(leadspace, "WS_NODES", SHIPPED[1])  # every whitespace node would be hours)
+    openers = list(dict.fromkeys(load_lexicon().entries))
+    context = "<bos>Question: What is the capital of France?\nAnswer:"
+    eng = LlamaCppEngine(str(gemma_path()), n_ctx=4096)
+    try:
+        (step,) = probe(eng, [context], [openers], max_new_tokens=0, tolerance=1e-4, lead_space=True)
+        ids = eng.tokenize(context)
+        memo: dict = {}
+
+        def lp(prefix):
+            if prefix not in memo:
+                memo[prefix] = log_softmax(eng.prefill(ids + list(prefix)))
+            return memo[prefix]
+
+        n = 0
+        for s in openers:
+            scored = [p for p in step.candidate_paths[s] if step.path_probs[p] > 0]
+            want = sum(math.exp(sum(float(lp(tuple(p[:k]))[p[k]]) for k in range(len(p)))) for p in scored)
+            assert abs(step.candidate_probs[s] - want) <= 0.02 * want + 1e-5, s
+            n += len(scored)
+        assert n > len(openers)  # the whitespace-led paths are there: more than one path a string
     finally:
         eng.close()
 
