@@ -102,6 +102,7 @@ def test_add_bos_token_overrides_the_declaration_and_says_so(zoo):
     assert "leaves it out" in off.note()
     on = encoding.set_feed(tok, True)
     assert encoding.encode(tok, "Paris")[0] == bos and on.note() is None
+    assert (off.asked, on.asked, encoding.set_feed(tok).asked) == (False, True, None)  # what corpus mode reads
     assert on.describe().startswith(f"{tok.bos_token} (id {bos}), add_bos_token=true")
 
 

@@ -123,8 +123,9 @@ def whitespace_levels(root: Sequence[np.ndarray], ws_ids: Sequence[int], toleran
     level is fed, its least likely new prefixes are left out while their mass fits in what is left of the
     share of the prompt's `tolerance` they may spend (`tolerance_cut`, the candidate trie's own rule; `share`,
     WS_SHARE by default; what they leave of it, and the rest, is the trie's `budget`), and beyond the `cap`
-    likeliest, or beyond `levels` deep, they are left out whatever their mass (added to `unscored`). `forward(nodes_per_prompt)` feeds one level's nodes after each prompt and returns,
-    per prompt and node, the log-probabilities of `ws_ids` after it; it is called only on nonempty levels.
+    likeliest, or beyond `levels` deep, they are left out whatever their mass (added to `unscored`).
+    `forward(nodes_per_prompt)` feeds one level's nodes after each prompt and returns, per prompt and node,
+    the log-probabilities of `ws_ids` after it; it is called only on nonempty levels.
 
     >>> lp = np.log(np.array([[0.5, 0.1]]))  # after every prefix: P(" ") = 0.5, P("\\n") = 0.1
     >>> fwd = lambda lv: [[lp[0] for _ in nodes] for nodes in lv]

@@ -36,6 +36,7 @@ class Feed:
     declared: tuple[int, ...]  # what the tokenizer itself declares
     source: str  # "declared by the tokenizer" or "add_bos_token=true|false"
     labels: tuple[str, ...] = ()  # the prefix's tokens as text ("<bos>")
+    asked: bool | None = None  # add_bos_token as the model args gave it (None: not given, the declaration rules)
 
     @property
     def bos(self) -> bool:
@@ -127,7 +128,7 @@ def set_feed(tokenizer, add_bos_token: bool | None = None, *, gguf_add_bos: bool
     else:
         prefix, source = (), "add_bos_token=false"
     labels = tuple(_label(tokenizer, i) for i in prefix)
-    feed = Feed(tuple(prefix), declared, source, labels)
+    feed = Feed(tuple(prefix), declared, source, labels, add_bos_token)
     try:
         _FEEDS[tokenizer] = feed
     except TypeError:

@@ -94,7 +94,7 @@ def corpus_drift(path: str | os.PathLike, quants: list[str | None], *, model: st
     if limit and n_ctx > limit:
         raise BadInput(f"--n-ctx {n_ctx} is beyond the model's context ({limit} positions)")
     # each chunk begins with the BOS where the model has one (docs/drift.md), unless add_bos_token=false
-    bos = None if feed_of(tok).source == "add_bos_token=false" else tok.bos_token_id
+    bos = None if feed_of(tok).asked is False else tok.bos_token_id
     tokens = ([bos] if bos is not None else []) + raw_ids(tok, text)
     if len(tokens) < 2 * n_ctx:
         raise BadInput(f"{path}: {len(tokens)} tokens; scoring with --n-ctx {n_ctx} needs at least {2 * n_ctx}")

@@ -317,9 +317,9 @@ class LlamaCppEngine:
         `nodes` are token paths after the prompt; every proper prefix of a node must be a node
         too (each is fed once). Returns {node: logits after its last token} for the nodes in `want`
         (every node when None): the others are fed for their keys and values only, without the
-        vocabulary head (on a 262k vocabulary the head costs about what the rest of a 270M model does). The tree's leaves take
-        the sequences n_base .. SEQ_MAX − 1 (sequences below n_base hold prompts), each a copy of
-        `seq`'s cells; one llama_decode per group of leaves (at most that many, and N_BATCH tokens).
+        vocabulary head (on a 262k vocabulary the head costs about what the rest of a 270M model does).
+        The tree's leaves take the sequences n_base .. SEQ_MAX − 1 (sequences below n_base hold
+        prompts), each a copy of `seq`'s cells; one llama_decode per group of leaves (at most that many, and N_BATCH tokens).
         The cache holds only the prompts again afterwards.
         """
         nodes = sorted(set(nodes), key=lambda p: (len(p), p))
