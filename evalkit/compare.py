@@ -58,8 +58,9 @@ class DriftRow:
     flip_rate: float  # share of prompts whose rank-0 token (first-character event) differs
     space: EventSpace = "token_id"  # what the distributions are over (docs/metrics.md §1.5)
     k: int | None = None  # the K both top-k lists were cut to; None: not cut (same K)
-    # on "first_char_full": the mean of each prompt's bounds on the JSD of the whole distributions
-    # (`textspace.js_bounds`), and the largest mass a run's tolerance left unresolved on one prompt
+    # across tokenizers: the mean of each prompt's bounds on the JSD of the whole distributions
+    # (`textspace.js_bounds`, `textspace.js_max`); on "first_char_full" the largest mass a run's
+    # tolerance left unresolved on one prompt
     js_lo: float | None = None
     js_hi: float | None = None
     unresolved: float | None = None
@@ -488,7 +489,8 @@ def drift_rows(keys, pairing: Pairing) -> tuple[list[DriftRow], str | None]:
     elif not pairing.relation.same:
         notes.append(f"{pairing.relation.why}: top5_overlap, js_div and flip_rate compare the first non-whitespace "
                      "character each stored top-k token adds (docs/metrics.md, 'Across tokenizers'), not token ids: "
-                     "a run stored before first_char_topk")
+                     "a run without first_char_topk; js_lo..js_hi bound js_div of the whole distributions, the "
+                     "mass the stored top-k leaves undecided (past K, whitespace-only, byte fragments) anywhere")
     rows = [_drift_row(task, by_task[task], pairing) for task in sorted(by_task)]
     rows.append(_drift_row(ALL_TASKS, [d for task in sorted(by_task) for d in by_task[task]], pairing))
     return rows, "; ".join(notes) or None
@@ -497,9 +499,10 @@ def drift_rows(keys, pairing: Pairing) -> tuple[list[DriftRow], str | None]:
 def _drift_row(task: str, prompts: list[dict[str, float]], pairing: Pairing) -> DriftRow:
     mean = lambda k: sum(p[k] for p in prompts) / len(prompts)  # noqa: E731
     full = pairing.space == "first_char_full"
+    chars = pairing.space != "token_id"
     return DriftRow(task, len(prompts), mean("top5_mass_a"), mean("top5_mass_b"),
                     mean("top5_overlap"), mean("js_div"), mean("flipped"), pairing.space, pairing.k,
-                    js_lo=mean("js_lo") if full else None, js_hi=mean("js_hi") if full else None,
+                    js_lo=mean("js_lo") if chars else None, js_hi=mean("js_hi") if chars else None,
                     unresolved=max(max(p["unresolved_a"], p["unresolved_b"]) for p in prompts) if full else None)
 
 

@@ -111,8 +111,10 @@ def _bounds(rows, run: str = "") -> None:
     """The bound a first-character comparison states: where js_div of the whole distributions lies."""
     for r in rows:
         if r.js_hi is not None:
+            left = (f"; largest unresolved mass on one prompt {r.unresolved:.2g}" if r.unresolved is not None
+                    else " (the stored top-k's undecided mass placed anywhere)")
             click.echo(f"{run}{r.task}: js_div {r.js_div:.4g}, of the whole first-character distributions within "
-                       f"[{r.js_lo:.4g}, {r.js_hi:.4g}]; largest unresolved mass on one prompt {r.unresolved:.2g}")
+                       f"[{r.js_lo:.4g}, {r.js_hi:.4g}]{left}")
 
 
 def _sweep(m, fmt) -> None:

@@ -113,16 +113,21 @@ def with_distances(con, cand, base):
     prompt is its distance from the baseline there (``compare.pair_topk`` on both runs' stored
     top-k: by token id on one tokenizer, on the first-character events across two), the
     baseline's is its distance from itself, 0; the paired drop is then the mean distance, tested
-    against an absolute margin. A run that stored no top-k for the shared prompts (a text-only
+    against an absolute margin; across tokenizers with the upper bound of each prompt's distance
+    beside it (``registry.DISTANCE_BOUNDS``), which must pass too. A run that stored no top-k for the shared prompts (a text-only
     engine) is recorded in ``RunData.lacks``: the rule then fails as a metric missing on one side
     (`decide`), and is skipped only when neither run has a top-k.
     """
     from evalkit.compare import pair_topk
     from evalkit.release.decide import RunData
-    from evalkit.scoring.registry import DISTANCE_METRICS
+    from evalkit.scoring.registry import DISTANCE_BOUNDS, DISTANCE_METRICS
 
     pairing = pair_topk(con, base.run_id, cand.run_id)
-    dist = {key: {m: d[m] for m in DISTANCE_METRICS} for key, d in pairing.prompts.items()}
+    # across tokenizers each prompt's distance comes with the largest value the undecided mass allows
+    # (`registry.DISTANCE_BOUNDS`); by token id there is none
+    bounds = [(pair_key, key) for m, (pair_key, key) in DISTANCE_BOUNDS.items() if m in DISTANCE_METRICS]
+    dist = {prompt: {**{m: d[m] for m in DISTANCE_METRICS}, **{key: d[pk] for pk, key in bounds if pk in d}}
+            for prompt, d in pairing.prompts.items()}
     lacks = {run_id: f"run {run_id} stored no first-token top-k for the prompts the two runs share"
              for run_id in pairing.missing}
 

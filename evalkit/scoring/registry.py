@@ -253,6 +253,19 @@ RULE_SET_QUESTIONS: dict[str, str] = {
 # pair metrics the gate checks per prompt: the candidate's distance from the baseline on each shared prompt
 # (`release.db.with_distances`, from both runs' stored top-k); the baseline's own distance is 0
 DISTANCE_METRICS = ("js_div",)
+# a distance whose pairing can leave part of the two distributions undecided (across tokenizers: the mass
+# outside the stored events) carries its per-prompt upper bound beside it, under this key; the gate passes
+# its rule only when the bound passes too (`release.decide`)
+DISTANCE_BOUNDS = {"js_div": ("js_hi", "js_div@hi")}
+
+
+def upper_bound_key(metric: str) -> str | None:
+    """The samples key of `metric`'s per-prompt upper bound in a gated pair (`DISTANCE_BOUNDS`), or None.
+
+    >>> upper_bound_key("js_div"), upper_bound_key("ft_hit")
+    ('js_div@hi', None)
+    """
+    return DISTANCE_BOUNDS[metric][1] if metric in DISTANCE_BOUNDS else None
 assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric without a default margin"
 assert tuple(RULE_SET_METRICS) == RULE_SETS == tuple(RULE_SET_QUESTIONS), "a rule set without its metrics or question"
 

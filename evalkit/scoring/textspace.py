@@ -20,8 +20,13 @@ character is decided by the first token whenever that token holds one, whatever 
 Leading-space markers (Ġ, ▁) are skipped with the whitespace they stand for. A token ending inside
 a character cannot say which character it begins, only its first byte; a tokenizer that spends
 one token on 中 and another that spends three byte tokens on it then put their mass on different
-events ("中" against "byte:E4"), so the distance between them on Chinese text is an upper
-bound (conservative), never an understatement.
+events ("中" against "byte:E4"). The stored top-k cannot tell either way, so the point value
+`js_div` is neither bound: two runs whose mass sits on fragments of different characters both
+read `byte:?` and compare as equal. What the top-k leaves undecided — the rest past K, the
+whitespace-only tokens (the character follows them) and every `byte:*` event — is bounded
+instead: `js_hi` (`js_max`) is the largest JSD the whole distributions can have, `js_lo` the
+smallest the metric property leaves (`js_bounds`); the gate passes a `js_div` rule only on
+`js_hi` (`release.decide`).
 
 Does not: read the DB (`compare`), or compare token ids (`compare.prompt_drift` does, for runs on
 one tokenizer).
@@ -104,24 +109,34 @@ def prompt_drift_text(a: Sequence[TopToken], b: Sequence[TopToken]) -> dict[str,
     `top5_overlap`: |top-5 events of A ∩ top-5 events of B| / min(5, events of A, events of B)
     (merging can leave fewer than 5 events); `js_div`: `stats.jsd` of the merged distributions
     (base 2, union of events plus one rest bucket), 0 below `JSD_ROUNDING` (float rounding of two
-    distributions equal up to their last bits); `flipped`: the likeliest event differs.
+    distributions equal up to their last bits); `flipped`: the likeliest event differs; `js_lo` /
+    `js_hi`: where the JSD of the whole distributions lies, the mass the events do not decide (rest,
+    `<whitespace>`, `byte:*`) placed anywhere (module docstring).
 
     >>> lp = math.log
     >>> a = [TopToken(" Paris", None, lp(0.6)), TopToken(" London", None, lp(0.2))]
     >>> b = [TopToken(" Par", None, lp(0.6)), TopToken(" Lon", None, lp(0.2))]
     >>> d = prompt_drift_text(a, b)
-    >>> (d["top5_overlap"], d["js_div"], d["flipped"])
-    (1.0, 0.0, 0.0)
+    >>> (d["top5_overlap"], d["js_div"], d["flipped"], round(d["js_hi"], 6))
+    (1.0, 0.0, 0.0, 0.2)
+    >>> frag = lambda: [TopToken("\ufffd", None, lp(0.9)), TopToken("A", None, lp(0.1))]
+    >>> d = prompt_drift_text(frag(), frag())  # fragments of 中 in one, of 是 in the other: undecided
+    >>> (d["js_div"], d["js_lo"], round(d["js_hi"], 6))
+    (0.0, 0.0, 0.9)
     """
     p, q = merge(a), merge(b)
+    dp, dq = _definite(p), _definite(q)
     ra, rb = _ranked(p), _ranked(q)
     n = min(TOP_N, len(ra), len(rb))
+    js = js if (js := stats.jsd(p, q)) >= JSD_ROUNDING else 0.0
     return {
         "top5_mass_a": sum(math.exp(t.logprob) for t in a[:TOP_N]),
         "top5_mass_b": sum(math.exp(t.logprob) for t in b[:TOP_N]),
         "top5_overlap": len(set(ra[:TOP_N]) & set(rb[:TOP_N])) / n,
-        "js_div": js if (js := stats.jsd(p, q)) >= JSD_ROUNDING else 0.0,
+        "js_div": js,
         "flipped": 1.0 if ra[0] != rb[0] else 0.0,
+        "js_lo": js_bounds(js, 1 - math.fsum(dp.values()), 1 - math.fsum(dq.values()))[0],
+        "js_hi": max(js, hi if (hi := js_max(dp, dq)) >= JSD_ROUNDING else 0.0),
     }
 
 
@@ -164,16 +179,45 @@ def js_bounds(js: float, outside_a: float, outside_b: float) -> tuple[float, flo
     return round(max(0.0, root - s) ** 2, 15), round(min(1.0, (root + s) ** 2), 15)
 
 
+def js_max(p: Mapping[str, float], q: Mapping[str, float]) -> float:
+    """The largest JSD (base 2) two whole distributions can have when `p` and `q` list only some of their
+    events, each side's unlisted mass (1 − its sum) lying anywhere: that mass on events the other side
+    never has. Exact, not a bound on a bound: with f(a, b) the term an event adds to the JSD, f is convex
+    and 1-homogeneous, so f(a + α, b + β) <= f(a, b) + f(α, 0) + f(0, β) for any placement, and
+    f(α, 0) = α / 2 bits is what that placement reaches.
+
+    >>> js_max({"a": 0.5}, {"a": 0.5})  # both halves unlisted: disjoint at most
+    0.5
+    >>> js_max({"a": 1.0}, {"a": 1.0}), js_max({"a": 1.0}, {"b": 1.0})
+    (0.0, 1.0)
+    """
+    sp, sq = math.fsum(p.values()), math.fsum(q.values())
+    zp, zq = max(sp, 1.0), max(sq, 1.0)  # a side past 1 by float rounding, scaled back
+    total = 0.0
+    for e in set(p) | set(q):
+        x, y = p.get(e, 0.0) / zp, q.get(e, 0.0) / zq
+        m = (x + y) / 2
+        total += 0.5 * ((x * math.log2(x / m) if x > 0 else 0.0) + (y * math.log2(y / m) if y > 0 else 0.0))
+    return min(1.0, max(0.0, total + (max(0.0, 1 - sp / zp) + max(0.0, 1 - sq / zq)) / 2))
+
+
+def _definite(mass: Mapping[str, float]) -> dict[str, float]:
+    """The events of a stored top-k that name one first character; `<whitespace>` (the character follows)
+    and `byte:*` (one lead byte, many characters) do not, and count as unlisted for `js_max`."""
+    return {e: v for e, v in mass.items() if e != WHITESPACE and not e.startswith("byte:")}
+
+
 def prompt_drift_chars(a: FirstChars, b: FirstChars) -> dict[str, float]:
     """One prompt's drift between two runs' stored first-character distributions (`prompt_drift_text`'s
-    values, on the whole-vocabulary events), with `js_lo` / `js_hi`: the bounds `js_bounds` puts on the
-    JSD of the whole distributions.
+    values, on the whole-vocabulary events), with `js_lo` / `js_hi`: where the JSD of the whole
+    distributions lies, the mass outside the stored events (rest and unresolved) placed anywhere
+    (`js_bounds`' lower bound, `js_max`).
 
     >>> a = FirstChars([("中", 0.7), ("A", 0.3)])
     >>> b = FirstChars([("中", 0.69995), ("A", 0.3)], unresolved=5e-5)
     >>> d = prompt_drift_chars(a, b)
     >>> (d["top5_overlap"], d["flipped"], round(d["js_div"], 6), round(d["js_hi"], 6))
-    (1.0, 0.0, 2.5e-05, 0.000146)
+    (1.0, 0.0, 2.5e-05, 2.5e-05)
     """
     p, q = a.dist(), b.dist()
     ra, rb = _ranked(p), _ranked(q)
@@ -181,6 +225,7 @@ def prompt_drift_chars(a: FirstChars, b: FirstChars) -> dict[str, float]:
     js = stats.jsd(p, q)
     js = js if js >= JSD_ROUNDING else 0.0
     lo, hi = js_bounds(js, a.outside, b.outside)
+    hi = max(js, min(hi, top if (top := js_max(p, q)) >= JSD_ROUNDING else 0.0))
     return {
         "top5_mass_a": math.fsum(p[e] for e in ra[:TOP_N]),
         "top5_mass_b": math.fsum(q[e] for e in rb[:TOP_N]),
