@@ -205,6 +205,19 @@ def lead_paths(candidates: Iterable[str], spaces: Sequence[str], nodes: Mapping[
     return out
 
 
+def led(strings: Iterable[str], spaces: Sequence[str]) -> list[str]:
+    """Each string, then ω + it for each ω in `spaces`: the texts whose first token in context may open a path
+    of the whitespace-led event (`lead_paths` at the root). With the whitespace-only tokens (every other
+    path's first token) they are all the first tokens its paths can have, so their first-step mass bounds
+    the event's from above (`opener_start_mass`).
+
+    >>> led(["Sure"], [" ", "\n"])
+    ['Sure', ' Sure', '\nSure']
+    """
+    strings = list(dict.fromkeys(strings))
+    return strings + [omega + s for s in strings for omega in spaces]
+
+
 def node_text(node: Path, ws_text: Mapping[int, str]) -> str:
     return "".join(ws_text[t] for t in node)
 
