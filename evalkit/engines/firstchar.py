@@ -41,7 +41,8 @@ MIN_EVENTS, TOP_EVENTS, KEEP_MASS = 20, 512, 0.999
 MAX_DEPTH = 4  # the longest token prefix fed: a whitespace token, a lead byte and two continuations
 # the most prefixes one prompt teacher-forces, whatever its tolerance: the least likely past it are left
 # unresolved (counted in `FirstChars.unresolved`, which may then exceed the tolerance)
-MAX_POSITIONS = 192
+MAX_POSITIONS = 512
+LEVEL_CHUNK = 256  # prefixes of a level read in float64 at a time (`first_chars`)
 LOG_FLOOR = math.log(1e-12)  # a prefix less likely than this is never a node: its mass is unresolved at once
 ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff")
 
@@ -332,45 +333,15 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
             positions[r] += len(level)
         if not fed:
             break
-        out = forward([(n.row, n.prefix) for n in fed]).detach().double().cpu().reshape(len(fed), -1)
-        out = torch.log_softmax(out, dim=-1)
+        raw = forward([(n.row, n.prefix) for n in fed]).detach().reshape(len(fed), -1)
         frontier = []
-        blank = [i for i, n in enumerate(fed) if not n.pending]
-        if blank:  # whitespace so far: the whole next step through the table, weighted by the prefix
-            weights = torch.tensor([math.exp(fed[i].logp) for i in blank], dtype=torch.float64)
-            rows = torch.tensor([fed[i].row for i in blank], dtype=torch.long)
-            probs = out[blank].exp() * weights[:, None]
-            per_row = torch.zeros((B, out.shape[1]), dtype=torch.float64).index_add_(0, rows, probs)
-            acc.index_add_(1, _index(table, out.shape[1]), per_row)
-            for i in blank:
-                frontier += _children(table, fed[i].row, fed[i].prefix, out[i], fed[i].logp, unresolved)
-            # the continued mass of whitespace/fragment tokens went into the table's pending slot: it is
-            # resolved through the children, so the slot is cleared at the end
-        for i, node in enumerate(fed):
-            if not node.pending:
-                continue
-            ids, rows_after = table.after(node.pending)
-            weight = math.exp(node.logp)
-            bucket = extra[node.row]
-            dead = byte_event(node.pending[0])
-            if len(rows_after):
-                ps = out[i, ids].exp().tolist()
-            else:
-                ps = []
-            done = 0.0
-            for (t, kind, value), p in zip(rows_after, ps):
-                if p <= 0:
-                    continue
-                done += p
-                if kind == CHAR:
-                    bucket[value] = bucket.get(value, 0.0) + weight * p
-                elif node.logp + math.log(p) < LOG_FLOOR:
-                    unresolved[node.row] += weight * p
-                else:
-                    frontier.append(_Node(node.row, (*node.prefix, t), value or b"", node.logp + math.log(p)))
-            # every other token leaves the character unfinished: its lead byte's event
-            rest = max(0.0, 1.0 - math.fsum(ps)) if ps else 1.0
-            bucket[dead] = bucket.get(dead, 0.0) + weight * rest
+        # a level's rows in float64 a chunk at a time: the whole level (thousands of prefixes on Chinese
+        # prompts, each a vocabulary-sized row) held twice more in float64 took gigabytes
+        for start in range(0, len(fed), LEVEL_CHUNK):
+            part = fed[start:start + LEVEL_CHUNK]
+            out = torch.log_softmax(raw[start:start + LEVEL_CHUNK].double().cpu(), dim=-1)
+            _read_level(table, part, out, acc, extra, frontier, unresolved)
+        del raw
         depth += 1
     results = []
     for r in range(B):
@@ -380,3 +351,46 @@ def first_chars(table: CharTable, logprobs: torch.Tensor, forward: Forward | Non
         ranked = dict(sorted(((k, v) for k, v in mass.items() if v > 0), key=lambda kv: (-kv[1], kv[0])))
         results.append(FirstChars(ranked, unresolved[r], positions[r]))
     return results
+
+
+def _read_level(table: CharTable, fed: list[_Node], out: torch.Tensor, acc: torch.Tensor,
+                extra: list[dict[str, float]], frontier: list[_Node], unresolved: list[float]) -> None:
+    """Fold the next-step log-probabilities `out` of the prefixes `fed` into the rows' event masses (`acc`,
+    `extra`), their unfinished prefixes onto `frontier`, and what falls under FLOOR into `unresolved`."""
+    B = acc.shape[0]
+    blank = [i for i, n in enumerate(fed) if not n.pending]
+    if blank:  # whitespace so far: the whole next step through the table, weighted by the prefix
+        weights = torch.tensor([math.exp(fed[i].logp) for i in blank], dtype=torch.float64)
+        rows = torch.tensor([fed[i].row for i in blank], dtype=torch.long)
+        probs = out[blank].exp() * weights[:, None]
+        per_row = torch.zeros((B, out.shape[1]), dtype=torch.float64).index_add_(0, rows, probs)
+        acc.index_add_(1, _index(table, out.shape[1]), per_row)
+        for i in blank:
+            frontier += _children(table, fed[i].row, fed[i].prefix, out[i], fed[i].logp, unresolved)
+        # the continued mass of whitespace/fragment tokens went into the table's pending slot: it is
+        # resolved through the children, so the slot is cleared at the end
+    for i, node in enumerate(fed):
+        if not node.pending:
+            continue
+        ids, rows_after = table.after(node.pending)
+        weight = math.exp(node.logp)
+        bucket = extra[node.row]
+        dead = byte_event(node.pending[0])
+        if len(rows_after):
+            ps = out[i, ids].exp().tolist()
+        else:
+            ps = []
+        done = 0.0
+        for (t, kind, value), p in zip(rows_after, ps):
+            if p <= 0:
+                continue
+            done += p
+            if kind == CHAR:
+                bucket[value] = bucket.get(value, 0.0) + weight * p
+            elif node.logp + math.log(p) < LOG_FLOOR:
+                unresolved[node.row] += weight * p
+            else:
+                frontier.append(_Node(node.row, (*node.prefix, t), value or b"", node.logp + math.log(p)))
+        # every other token leaves the character unfinished: its lead byte's event
+        rest = max(0.0, 1.0 - math.fsum(ps)) if ps else 1.0
+        bucket[dead] = bucket.get(dead, 0.0) + weight * rest
