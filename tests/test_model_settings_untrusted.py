@@ -33,6 +33,26 @@ def test_a_flag_that_is_not_true_or_false(invoke, tiny_model_dir, tmp_path, arg)
     one_line(invoke, tmp_path, *hf(tiny_model_dir, f",{arg}"), expect="as true or false")
 
 
+@pytest.mark.parametrize("arg", ["first_char=flase", "lead_space=1", "ban_openers=on", "attention=yes"])
+def test_an_evalkit_switch_that_is_not_true_or_false(invoke, tiny_model_dir, tmp_path, arg):
+    """evalkit's engines read a switch as on unless it says false: a misspelt `first_char=flase` ran with the
+    first-character distribution on. It is refused before anything loads."""
+    line = one_line(invoke, tmp_path, *hf(tiny_model_dir, f",{arg}"), expect="as true or false")
+    assert line.startswith(f"evalkit: error: --model-args {arg.split('=')[0]}=") and "evalkit takes" in line
+
+
+def test_the_switches_are_the_engines_bool_arguments():
+    """`EVALKIT_FLAGS` is every bool argument of the hf and llama.cpp engines that lm-eval does not type."""
+    from evalkit.engines.llamacpp.model import EvalkitLlamaCpp
+    from evalkit.engines.plan import EVALKIT_FLAGS, LM_EVAL_TYPES
+    from evalkit.engines.transformers.model import EvalkitHFLM
+
+    found = {name for cls in (EvalkitHFLM, EvalkitLlamaCpp)
+             for name, p in inspect.signature(cls.__init__).parameters.items()
+             if p.annotation in (bool, "bool") and name not in LM_EVAL_TYPES}
+    assert found == EVALKIT_FLAGS
+
+
 def test_the_known_types_are_hflms():
     """`LM_EVAL_TYPES` holds exactly HFLM's arguments typed int or bool (with None), less add_bos_token,
     whose value evalkit reads itself."""

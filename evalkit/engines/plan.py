@@ -82,12 +82,15 @@ LM_EVAL_TYPES: dict[str, type] = {
     "truncation": bool, "logits_cache": bool, "trust_remote_code": bool, "use_fast_tokenizer": bool,
     "parallelize": bool, "gptqmodel": bool, "enable_thinking": bool,
 }
+# evalkit's engines' own switches (the bool arguments of their constructors): another value would be read as
+# a switch it is not (`first_char=flase` ran with it on)
+EVALKIT_FLAGS = frozenset({"first_char", "lead_space", "ban_openers", "attention", "flash_attn"})
 _TYPE_WORDS = {int: "a whole number (ASCII digits)", bool: "true or false"}
 _LEAST = {"max_length": 1, "max_batch_size": 1, "prefix_token_id": 0}  # a whole number's least value
 
 
 def check_type(key: str, value: Any) -> None:
-    """Refuse a model arg of a known type (`LM_EVAL_TYPES`) whose value does not have it: one line
+    """Refuse a model arg of a known type (`LM_EVAL_TYPES`, `EVALKIT_FLAGS`) whose value does not have it: one line
     naming the arg, the value and the type.
 
     >>> check_type("max_length", 32)
@@ -95,8 +98,12 @@ def check_type(key: str, value: Any) -> None:
     Traceback (most recent call last):
     ...
     evalkit.errors.BadInput: --model-args max_length='٣٢': lm-eval takes max_length as a whole number (ASCII digits)
+    >>> check_type("first_char", "flase")
+    Traceback (most recent call last):
+    ...
+    evalkit.errors.BadInput: --model-args first_char='flase': evalkit takes first_char as true or false
     """
-    want = LM_EVAL_TYPES.get(key)
+    want = bool if key in EVALKIT_FLAGS else LM_EVAL_TYPES.get(key)
     if want is None:
         return
     ok = isinstance(value, bool) if want is bool else isinstance(value, int) and not isinstance(value, bool)
@@ -104,7 +111,8 @@ def check_type(key: str, value: Any) -> None:
         raise BadInput(f"--model-args {key}={value}: lm-eval takes {key} as a whole number from {_LEAST.get(key, 0)}")
     if not ok:
         shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
-        raise BadInput(f"--model-args {key}={shown}: lm-eval takes {key} as {_TYPE_WORDS[want]}")
+        raise BadInput(f"--model-args {key}={shown}: {'evalkit' if key in EVALKIT_FLAGS else 'lm-eval'} takes {key} "
+                       f"as {_TYPE_WORDS[want]}")
 
 
 def _typed(value: str):
