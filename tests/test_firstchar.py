@@ -234,6 +234,13 @@ def test_js_bound_holds_against_the_whole_distributions():
         listed = stats.jsd(dict(enumerate(p[:keep])), dict(enumerate(q[:keep])))
         lo, hi = textspace.js_bounds(listed, 1 - sum(p[:keep]), 1 - sum(q[:keep]))
         assert lo - 1e-12 <= whole <= hi + 1e-12
+        # the exact maximum: never below the whole distributions' JSD, and reached by the unlisted mass
+        # on events the other side never has
+        top = textspace.js_max(dict(enumerate(p[:keep])), dict(enumerate(q[:keep])))
+        assert whole <= top + 1e-12
+        apart = stats.jsd({**dict(enumerate(p[:keep])), -1: max(0.0, 1 - sum(p[:keep]))},
+                          {**dict(enumerate(q[:keep])), -2: max(0.0, 1 - sum(q[:keep]))})
+        assert top == pytest.approx(apart, abs=1e-12)
 
 
 # --- stored runs: compare and the gate --------------------------------------------------------
