@@ -322,6 +322,7 @@ def test_opener_starts_hold_every_first_token_an_opener_path_can_have(flat_tiny,
         assert led - plain  # what the entries' own first tokens leave out
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(missing() is not None, reason=missing() or "")
 def test_gemma_under_qa_opener_start_mass_bounds_opener_mass(tmp_path, invoke):
     """Gemma-3-270M under `qa` answers after a lone space: its opener paths begin with whitespace tokens or
