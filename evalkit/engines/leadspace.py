@@ -211,8 +211,8 @@ def led(strings: Iterable[str], spaces: Sequence[str]) -> list[str]:
     path's first token) they are all the first tokens its paths can have, so their first-step mass bounds
     the event's from above (`opener_start_mass`).
 
-    >>> led(["Sure"], [" ", "\n"])
-    ['Sure', ' Sure', '\nSure']
+    >>> led(["Sure"], [" ", "\\n"])
+    ['Sure', ' Sure', '\\nSure']
     """
     strings = list(dict.fromkeys(strings))
     return strings + [omega + s for s in strings for omega in spaces]
