@@ -448,6 +448,8 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     if envvars.world_size() > 1 and computed is not None:  # each rank says what its share was
         print(f"evalkit: rank {envvars.rank()} of {envvars.world_size()} computed {computed} prompts",
               file=sys.stderr, flush=True)
+    if envvars.world_size() > 1:
+        _leave_process_group()
     if results is None:  # non-zero ranks under a launch get None: rank 0 gathered their samples
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0,
                          prompts_computed=computed), None
@@ -483,6 +485,16 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
 
     chars = first_char_rows(run_id, results)  # first_char_topk (`engines.firstchar`)
     return result, (metric_rows, sample_rows, topk_rows, lead_rows, attention_rows, flag_rows, chars)
+
+
+def _leave_process_group() -> None:
+    """Tear down the launch's process group once the samples are gathered (nothing after it is collective):
+    a process that exits with it still up can abort in its communication threads' teardown ("terminate
+    called without an active exception", seen once in seven CI-size runs on a loaded machine)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _simple_evaluate(plan: RunPlan, lm, tasks: list[str], manager, limit: int | None, metadata: dict[str, Any]):
