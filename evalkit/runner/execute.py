@@ -12,8 +12,10 @@ format output.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
+import functools
 import json
 import logging
 import subprocess
@@ -449,7 +451,7 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
         print(f"evalkit: rank {envvars.rank()} of {envvars.world_size()} computed {computed} prompts",
               file=sys.stderr, flush=True)
     if envvars.world_size() > 1:
-        _leave_process_group()
+        _leave_process_group_at_exit()
     if results is None:  # non-zero ranks under a launch get None: rank 0 gathered their samples
         return RunResult(run_id, "done", [], 0, load_s, eval_s, time.monotonic() - t0,
                          prompts_computed=computed), None
@@ -487,10 +489,16 @@ def _evaluate(plan: RunPlan, lm, run_id: str, load_s: float, t0: float):
     return result, (metric_rows, sample_rows, topk_rows, lead_rows, attention_rows, flag_rows, chars)
 
 
+@functools.cache
+def _leave_process_group_at_exit() -> None:
+    """Tear down the launch's process group as the process exits: one that exits with it still up can abort
+    in its communication threads' teardown ("terminate called without an active exception", seen once in
+    seven CI-size runs on a loaded machine). At exit, not after a run: the next `--kv-cache` policy or
+    `--quant` variant of the same process gathers its samples through the same group."""
+    atexit.register(_leave_process_group)
+
+
 def _leave_process_group() -> None:
-    """Tear down the launch's process group once the samples are gathered (nothing after it is collective):
-    a process that exits with it still up can abort in its communication threads' teardown ("terminate
-    called without an active exception", seen once in seven CI-size runs on a loaded machine)."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
