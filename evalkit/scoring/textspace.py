@@ -45,6 +45,9 @@ TOP_N = 5
 WHITESPACE = "<whitespace>"  # a token adding only whitespace, or nothing
 BYTE_UNKNOWN = "byte:?"  # a token ending inside a character whose lead byte the run did not store
 REPLACEMENT = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
+# each side's unlisted mass as an event of its own (`js_max`); no event is named so (an event is one
+# character, byte:XX, or a <role>)
+_REST_A, _REST_B = "rest of A", "rest of B"
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def prompt_drift_text(a: Sequence[TopToken], b: Sequence[TopToken]) -> dict[str,
         "js_div": js,
         "flipped": 1.0 if ra[0] != rb[0] else 0.0,
         "js_lo": js_bounds(js, 1 - math.fsum(dp.values()), 1 - math.fsum(dq.values()))[0],
-        "js_hi": max(js, hi if (hi := js_max(dp, dq)) >= JSD_ROUNDING else 0.0),
+        "js_hi": max(js, js_max(dp, dq)),
     }
 
 
@@ -182,23 +185,19 @@ def js_bounds(js: float, outside_a: float, outside_b: float) -> tuple[float, flo
 def js_max(p: Mapping[str, float], q: Mapping[str, float]) -> float:
     """The largest JSD (base 2) two whole distributions can have when `p` and `q` list only some of their
     events, each side's unlisted mass (1 − its sum) lying anywhere: that mass on events the other side
-    never has. Exact, not a bound on a bound: with f(a, b) the term an event adds to the JSD, f is convex
-    and 1-homogeneous, so f(a + α, b + β) <= f(a, b) + f(α, 0) + f(0, β) for any placement, and
-    f(α, 0) = α / 2 bits is what that placement reaches.
+    never has, `stats.jsd` with each side's rest as an event of its own. Exact, not a bound on a bound:
+    with f(a, b) the term an event adds to the JSD, f is convex and 1-homogeneous, so
+    f(a + α, b + β) <= f(a, b) + f(α, 0) + f(0, β) for any placement, which that placement reaches.
+    0 below `JSD_ROUNDING`, as `js_div`.
 
     >>> js_max({"a": 0.5}, {"a": 0.5})  # both halves unlisted: disjoint at most
     0.5
-    >>> js_max({"a": 1.0}, {"a": 1.0}), js_max({"a": 1.0}, {"b": 1.0})
-    (0.0, 1.0)
+    >>> js_max({"a": 1.0}, {"a": 1.0}), js_max({"a": 1.0}, {"b": 1.0}), js_max({}, {})
+    (0.0, 1.0, 1.0)
     """
-    sp, sq = math.fsum(p.values()), math.fsum(q.values())
-    zp, zq = max(sp, 1.0), max(sq, 1.0)  # a side past 1 by float rounding, scaled back
-    total = 0.0
-    for e in set(p) | set(q):
-        x, y = p.get(e, 0.0) / zp, q.get(e, 0.0) / zq
-        m = (x + y) / 2
-        total += 0.5 * ((x * math.log2(x / m) if x > 0 else 0.0) + (y * math.log2(y / m) if y > 0 else 0.0))
-    return min(1.0, max(0.0, total + (max(0.0, 1 - sp / zp) + max(0.0, 1 - sq / zq)) / 2))
+    rest_a, rest_b = max(0.0, 1.0 - math.fsum(p.values())), max(0.0, 1.0 - math.fsum(q.values()))
+    top = stats.jsd({**p, _REST_A: rest_a}, {**q, _REST_B: rest_b})
+    return top if top >= JSD_ROUNDING else 0.0
 
 
 def _definite(mass: Mapping[str, float]) -> dict[str, float]:
@@ -224,8 +223,8 @@ def prompt_drift_chars(a: FirstChars, b: FirstChars) -> dict[str, float]:
     n = min(TOP_N, len(ra), len(rb))
     js = stats.jsd(p, q)
     js = js if js >= JSD_ROUNDING else 0.0
-    lo, hi = js_bounds(js, a.outside, b.outside)
-    hi = max(js, min(hi, top if (top := js_max(p, q)) >= JSD_ROUNDING else 0.0))
+    lo = js_bounds(js, a.outside, b.outside)[0]
+    hi = max(js, js_max(p, q))
     return {
         "top5_mass_a": math.fsum(p[e] for e in ra[:TOP_N]),
         "top5_mass_b": math.fsum(q[e] for e in rb[:TOP_N]),
