@@ -120,13 +120,13 @@ def with_distances(con, cand, base):
     """
     from evalkit.compare import pair_topk
     from evalkit.release.decide import RunData
-    from evalkit.scoring.registry import DISTANCE_BOUNDS, DISTANCE_METRICS
+    from evalkit.scoring.registry import DISTANCE_BOUNDS, DISTANCE_METRICS, upper_bound_key
 
     pairing = pair_topk(con, base.run_id, cand.run_id)
     # across tokenizers each prompt's distance comes with the largest value the undecided mass allows
     # (`registry.DISTANCE_BOUNDS`); by token id there is none
-    bounds = [(pair_key, key) for m, (pair_key, key) in DISTANCE_BOUNDS.items() if m in DISTANCE_METRICS]
-    dist = {prompt: {**{m: d[m] for m in DISTANCE_METRICS}, **{key: d[pk] for pk, key in bounds if pk in d}}
+    dist = {prompt: {**{m: d[m] for m in DISTANCE_METRICS},
+                     **{upper_bound_key(m): d[hi] for m, hi in DISTANCE_BOUNDS.items() if hi in d}}
             for prompt, d in pairing.prompts.items()}
     lacks = {run_id: f"run {run_id} stored no first-token top-k for the prompts the two runs share"
              for run_id in pairing.missing}

@@ -421,14 +421,7 @@ def _check_regression(
             **common,
         )
 
-    cand_vals: list[float] = []
-    base_vals: list[float] = []
-    for key in keys:
-        a = _value(candidate.samples[key].get(rule.metric))
-        b = _value(baseline.samples[key].get(rule.metric))
-        if a is not None and b is not None:
-            cand_vals.append(a)
-            base_vals.append(b)
+    cand_vals, base_vals = _paired_values(candidate, baseline, keys, rule.metric)
     word = "drop" if higher else "increase"
     if candidate.run_id == baseline.run_id:
         return VerdictRow(status="pass", reason="the candidate is the baseline: no drop by identity",
@@ -442,19 +435,14 @@ def _check_regression(
         t = paired.paired_binary(cand_vals, base_vals, higher_is_better=higher, margin=margin.value,
                                  alpha=tests["alpha"])
     else:
-        t = paired.paired_continuous(
-            cand_vals, base_vals, higher_is_better=higher, alpha=tests["alpha"], n_boot=tests["n_boot"],
-            seed=tests["seed"], **{margin.kind: margin.value})
+        t = _continuous(cand_vals, base_vals, higher, margin, tests)
     common["limit"] = t.limit
     status, reason = t.status, _test_reason(word, t, _margin_text(t.limit, rule))
     bound = registry.upper_bound_key(rule.metric)
     if status == "pass" and bound is not None:
-        his = [(a, b) for key in keys if (a := _value(candidate.samples[key].get(bound))) is not None
-               and (b := _value(baseline.samples[key].get(bound))) is not None]
-        if his:
-            t_hi = paired.paired_continuous(
-                [a for a, _ in his], [b for _, b in his], higher_is_better=higher, alpha=tests["alpha"],
-                n_boot=tests["n_boot"], seed=tests["seed"], **{margin.kind: margin.value})
+        cand_his, base_his = _paired_values(candidate, baseline, keys, bound)
+        if cand_his:
+            t_hi = _continuous(cand_his, base_his, higher, margin, tests)
             if t_hi.status != "pass":  # what the stored events leave undecided could still break the margin
                 status = "inconclusive"
                 reason += (f"; not decided: the mass the stored events leave undecided allows "
@@ -464,6 +452,27 @@ def _check_regression(
         status=status, reason=reason,
         observed=_mean(cand_vals), baseline=_mean(base_vals), drop=t.estimate, ci=(t.lo, t.hi), n=t.n,
         method=t.method, p_fail=t.p_fail, decide_n=t.decide_n, **common)
+
+
+def _paired_values(candidate: RunData, baseline: RunData, keys: list[tuple[str, str]],
+                   name: str) -> tuple[list[float], list[float]]:
+    """The values of `name` (a metric, or a distance's bound) on the prompts of `keys` where both runs have one."""
+    cand_vals: list[float] = []
+    base_vals: list[float] = []
+    for key in keys:
+        a = _value(candidate.samples[key].get(name))
+        b = _value(baseline.samples[key].get(name))
+        if a is not None and b is not None:
+            cand_vals.append(a)
+            base_vals.append(b)
+    return cand_vals, base_vals
+
+
+def _continuous(cand_vals: list[float], base_vals: list[float], higher: bool, margin: registry.Margin,
+                tests: dict) -> paired.Evidence:
+    """The paired bootstrap of a regression under its margin (absolute or relative)."""
+    return paired.paired_continuous(cand_vals, base_vals, higher_is_better=higher, alpha=tests["alpha"],
+                                    n_boot=tests["n_boot"], seed=tests["seed"], **{margin.kind: margin.value})
 
 
 def _not_computed(metric: str, *runs: RunData) -> str | None:

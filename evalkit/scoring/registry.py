@@ -254,20 +254,22 @@ RULE_SET_QUESTIONS: dict[str, str] = {
 # (`release.db.with_distances`, from both runs' stored top-k); the baseline's own distance is 0
 DISTANCE_METRICS = ("js_div",)
 # a distance whose pairing can leave part of the two distributions undecided (across tokenizers: the mass
-# outside the stored events) carries its per-prompt upper bound beside it, under this key; the gate passes
-# its rule only when the bound passes too (`release.decide`)
-DISTANCE_BOUNDS = {"js_div": ("js_hi", "js_div@hi")}
+# outside the stored events) carries its per-prompt upper bound beside it: the key of the bound in the
+# pairing's prompt (`compare.pair_topk`); the gate passes its rule only when the bound passes too
+DISTANCE_BOUNDS = {"js_div": "js_hi"}
+assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric without a default margin"
+assert tuple(RULE_SET_METRICS) == RULE_SETS == tuple(RULE_SET_QUESTIONS), "a rule set without its metrics or question"
+assert set(DISTANCE_BOUNDS) <= set(DISTANCE_METRICS), "a bound on a distance the gate does not check"
 
 
 def upper_bound_key(metric: str) -> str | None:
-    """The samples key of `metric`'s per-prompt upper bound in a gated pair (`DISTANCE_BOUNDS`), or None.
+    """The samples key under which a gated pair carries `metric`'s per-prompt upper bound
+    (`DISTANCE_BOUNDS`; `release.db.with_distances`), or None for a metric without one.
 
     >>> upper_bound_key("js_div"), upper_bound_key("ft_hit")
     ('js_div@hi', None)
     """
-    return DISTANCE_BOUNDS[metric][1] if metric in DISTANCE_BOUNDS else None
-assert all(METRICS[m].margin for m in HEADLINE_METRICS), "a headline metric without a default margin"
-assert tuple(RULE_SET_METRICS) == RULE_SETS == tuple(RULE_SET_QUESTIONS), "a rule set without its metrics or question"
+    return f"{metric}@hi" if metric in DISTANCE_BOUNDS else None
 
 
 # what `evalkit run --metrics gate` computes: what the default rules read. A 0/1 headline metric is read
