@@ -376,15 +376,10 @@ def _read_level(table: CharTable, fed: list[_Node], out: torch.Tensor, acc: torc
         weight = math.exp(node.logp)
         bucket = extra[node.row]
         dead = byte_event(node.pending[0])
-        if len(rows_after):
-            ps = out[i, ids].exp().tolist()
-        else:
-            ps = []
-        done = 0.0
+        ps = out[i, ids].exp().tolist() if len(rows_after) else []
         for (t, kind, value), p in zip(rows_after, ps):
             if p <= 0:
                 continue
-            done += p
             if kind == CHAR:
                 bucket[value] = bucket.get(value, 0.0) + weight * p
             elif node.logp + math.log(p) < LOG_FLOOR:
