@@ -207,15 +207,29 @@ def lead_paths(candidates: Iterable[str], spaces: Sequence[str], nodes: Mapping[
 
 def led(strings: Iterable[str], spaces: Sequence[str]) -> list[str]:
     """Each string, then ω + it for each ω in `spaces`: the texts whose first token in context may open a path
-    of the whitespace-led event (`lead_paths` at the root). With the whitespace-only tokens (every other
-    path's first token) they are all the first tokens its paths can have, so their first-step mass bounds
-    the event's from above (`opener_start_mass`).
+    of the whitespace-led event (`lead_paths` at the root).
 
     >>> led(["Sure"], [" ", "\\n"])
     ['Sure', ' Sure', '\\nSure']
     """
     strings = list(dict.fromkeys(strings))
     return strings + [omega + s for s in strings for omega in spaces]
+
+
+def start_ids(strings: Iterable[str], vocab: LeadVocab | None, first_ids: Callable[[list[str]], set[int]]) -> set[int]:
+    """Every first token a path of `strings` can have, `first_ids(texts)` giving the first token of each text in
+    its context: each string's own and, with the whitespace-led event (`vocab` given), each ω + string's
+    (`led`) and every whitespace-only token (every other path's first token). Their first-step mass bounds
+    the strings' event from above (`opener_start_mass` of the opener lexicon), on either engine.
+
+    >>> first = lambda texts: {len(t) for t in texts}  # a "tokenizer" whose first token is the text's length
+    >>> sorted(start_ids(["Sure"], None, first)), sorted(start_ids(["Sure"], LeadVocab((" ",), (1, 2)), first))
+    ([4], [1, 2, 4, 5])
+    """
+    strings = list(strings)
+    if vocab is None:
+        return first_ids(strings)
+    return first_ids(led(strings, vocab.spaces)) | set(vocab.ws_ids)
 
 
 def node_text(node: Path, ws_text: Mapping[int, str]) -> str:

@@ -421,11 +421,9 @@ class EvalkitLlamaCpp(TemplateLM):
             if openers:
                 metrics["opener_mass"] = event_prob(openers, step.candidate_probs, tokens, paths, pp)
             ids = encode(self.tokenizer, context)
-            # with the whitespace-led event every first token its paths can have: still a bound on opener_mass
-            entries = leadspace.led(self.lexicon.entries, lead.spaces) if self.lead_space else self.lexicon.entries
-            metrics["opener_start_mass"] = shared.start_mass(step.logprobs, {
-                toks[0] for e in entries if (toks := candidate_ids(self.eng, context, e, ids))}
-                | (set(lead.ws_ids) if self.lead_space else set()))
+            metrics["opener_start_mass"] = shared.start_mass(step.logprobs, leadspace.start_ids(
+                self.lexicon.entries, lead if self.lead_space else None,
+                lambda texts: {toks[0] for e in texts if (toks := candidate_ids(self.eng, context, e, ids))}))
             prior = self._prior(context, doc)
             if prior is not None:
                 p = {t: math.exp(lp) for t, lp in zip(step.topk_ids, step.topk_logprobs)}

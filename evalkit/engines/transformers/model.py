@@ -314,8 +314,7 @@ class EvalkitHFLM(HFLM):
         """The first tokens the lexicon's openers begin with after this context (`opener_start_mass`), kept
         per template suffix where the suffix begins with an added token (a boundary no merge crosses, so the
         tokens after it do not depend on the prompt). With the whitespace-led event, every first token its
-        paths can have (`leadspace.led`, and the whitespace-only tokens), so the mass stays a bound on
-        opener_mass."""
+        paths can have (`leadspace.start_ids`), so the mass stays a bound on opener_mass."""
         frame = shared.prompt_frame(context, doc)
         suffix = frame.split("\x00", 1)[1] if frame else ""
         added = [str(getattr(t, "content", t)) for t in (getattr(self.tokenizer, "added_tokens_decoder", None)
@@ -323,12 +322,9 @@ class EvalkitHFLM(HFLM):
         key = suffix if suffix and any(a and suffix.startswith(a) for a in added) else None
         if key is not None and key in self._starts:
             return self._starts[key]
-        if self.lead_space:
-            lead = leadspace.lead_vocab(self.tokenizer)
-            found = shared.first_ids(self.tokenizer, context, leadspace.led(self.lexicon.entries, lead.spaces))
-            found |= set(lead.ws_ids)
-        else:
-            found = shared.first_ids(self.tokenizer, context, self.lexicon.entries)
+        found = leadspace.start_ids(self.lexicon.entries,
+                                    leadspace.lead_vocab(self.tokenizer) if self.lead_space else None,
+                                    lambda texts: shared.first_ids(self.tokenizer, context, texts))
         if key is not None:
             self._starts[key] = found
         return found
